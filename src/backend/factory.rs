@@ -1,0 +1,38 @@
+//! Builds a backend stack from its name.
+
+use super::{Backend, ScalarBackend, TracingBackend};
+use std::sync::Arc;
+
+/// Every name `create_backend` accepts.
+pub const BACKEND_NAMES: &[&str] = &["scalar"];
+
+#[derive(Clone, Debug, Default)]
+pub struct BackendOptions {
+    /// Worker threads for the multi-threaded backends (0 = the default for this machine).
+    pub threads: usize,
+    /// Wrap the stack in the tracing decorator.
+    pub tracing: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("unknown backend {name:?} (supported: {supported})")]
+    Unknown { name: String, supported: String },
+}
+
+pub fn create_backend(name: &str, opts: &BackendOptions) -> Result<Arc<dyn Backend>, BackendError> {
+    let base: Box<dyn Backend> = match name.trim() {
+        "scalar" => Box::new(ScalarBackend::new()),
+        other => {
+            return Err(BackendError::Unknown {
+                name: other.to_string(),
+                supported: BACKEND_NAMES.join(", "),
+            })
+        }
+    };
+    Ok(if opts.tracing {
+        Arc::new(TracingBackend::new(base))
+    } else {
+        Arc::from(base)
+    })
+}

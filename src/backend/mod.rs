@@ -1,0 +1,119 @@
+//! The compute backends: the [`Backend`] trait every kernel set implements, the decorator
+//! stack built on it (`scalar` at the base, `tracing` around any of them) and the
+//! [`factory`] that builds a stack from its name.
+//!
+//! Operations write into buffers the caller allocated once per sequence, and weights stay in
+//! their stored layout ([`Matrix`]), so a decode step allocates nothing.
+
+pub mod factory;
+pub mod scalar;
+pub mod tracing;
+
+pub use factory::{create_backend, BackendOptions, BACKEND_NAMES};
+pub use scalar::ScalarBackend;
+pub use tracing::TracingBackend;
+
+use crate::tensor::{GgmlType, Matrix};
+
+/// Shape of one attention call: `n_tokens` queries at absolute positions
+/// `pos0 .. pos0 + n_tokens`, each attending causally to cache positions `0 ..= its own`.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    pub n_tokens: usize,
+    pub pos0: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Positions the cache holds per KV head (its stride between heads, in rows).
+    pub capacity: usize,
+    pub scale: f32,
+}
+
+/// A set of kernels. Every slice argument is sized by the caller; shapes are validated when
+/// the model is loaded, so implementations may index without re-checking.
+pub trait Backend: Send + Sync {
+    fn name(&self) -> &str;
+
+    /// Whether `matmul` and `get_row` accept matrices of this type.
+    fn supports(&self, dtype: GgmlType) -> bool;
+
+    /// `out[t][r] = Σ_c x[t][c] · w[r][c]` for `t < n`: `x` is `n × w.cols`, `out` is
+    /// `n × w.rows`, both row-major.
+    fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]);
+
+    /// Row `row` of `w` as f32 (the token-embedding lookup).
+    fn get_row(&self, w: &Matrix, row: usize, out: &mut [f32]);
+
+    /// RMSNorm of each `weight.len()`-long row of `x`, in place: `x / sqrt(mean(x²) + eps) * weight`.
+    fn rms_norm(&self, x: &mut [f32], weight: &[f32], eps: f32);
+
+    /// Rotary position embedding in the NEOX (half-split) layout, in place. `x` is
+    /// `n_tokens × n_heads × head_dim`; token `t` sits at position `pos0 + t`;
+    /// `inv_freq` has `head_dim / 2` entries.
+    fn rope(&self, x: &mut [f32], n_heads: usize, head_dim: usize, pos0: usize, inv_freq: &[f32]);
+
+    /// Causal grouped-query attention over a KV cache laid out
+    /// `[n_kv_heads][capacity][head_dim]`. `q` and `out` are `n_tokens × n_heads × head_dim`.
+    fn attention(
+        &self,
+        shape: &AttentionShape,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        out: &mut [f32],
+    );
+
+    /// `gate = silu(gate) * up`, element-wise (the SwiGLU gate).
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32]);
+
+    /// `x += y`, element-wise.
+    fn add(&self, x: &mut [f32], y: &[f32]);
+
+    /// Adds `bias` to every `bias.len()`-long row of `x`.
+    fn add_bias(&self, x: &mut [f32], bias: &[f32]) {
+        for row in x.chunks_exact_mut(bias.len()) {
+            self.add(row, bias);
+        }
+    }
+}
+
+/// Lets a boxed stack be decorated like a concrete backend.
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn supports(&self, dtype: GgmlType) -> bool {
+        (**self).supports(dtype)
+    }
+    fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
+        (**self).matmul(w, x, n, out)
+    }
+    fn get_row(&self, w: &Matrix, row: usize, out: &mut [f32]) {
+        (**self).get_row(w, row, out)
+    }
+    fn rms_norm(&self, x: &mut [f32], weight: &[f32], eps: f32) {
+        (**self).rms_norm(x, weight, eps)
+    }
+    fn rope(&self, x: &mut [f32], n_heads: usize, head_dim: usize, pos0: usize, inv_freq: &[f32]) {
+        (**self).rope(x, n_heads, head_dim, pos0, inv_freq)
+    }
+    fn attention(
+        &self,
+        shape: &AttentionShape,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        out: &mut [f32],
+    ) {
+        (**self).attention(shape, q, k_cache, v_cache, out)
+    }
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        (**self).silu_mul(gate, up)
+    }
+    fn add(&self, x: &mut [f32], y: &[f32]) {
+        (**self).add(x, y)
+    }
+    fn add_bias(&self, x: &mut [f32], bias: &[f32]) {
+        (**self).add_bias(x, bias)
+    }
+}

@@ -1,0 +1,10 @@
+//! Inferno: an LLM inference engine for GGUF models, served over gRPC.
+
+pub mod backend;
+pub mod cli;
+pub mod engine;
+pub mod gguf;
+pub mod model;
+pub mod sampling;
+pub mod tensor;
+pub mod tokenizer;

@@ -1,0 +1,47 @@
+//! The model: hyper-parameters ([`config`]), weights ([`weights`]), the per-sequence KV cache
+//! ([`kv_cache`]) and the forward pass shared by the Qwen architectures ([`qwen`]).
+
+pub mod config;
+pub mod kv_cache;
+pub mod qwen;
+pub mod weights;
+
+pub use config::{Architecture, ModelConfig};
+pub use kv_cache::KvCache;
+pub use qwen::{Logits, Model, State};
+pub use weights::ModelWeights;
+
+use crate::gguf::GgufError;
+use crate::tensor::GgmlType;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("unsupported architecture {arch:?} (supported: {supported})")]
+    UnsupportedArchitecture { arch: String, supported: String },
+    #[error("invalid model hyper-parameters: {0}")]
+    BadConfig(String),
+    #[error("tensor {0:?} is missing from the model file")]
+    MissingTensor(String),
+    #[error("tensor {name:?} has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        name: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
+    #[error("tensor {name:?} has type {dtype}, which the {backend} backend does not support")]
+    UnsupportedDtype {
+        name: String,
+        dtype: GgmlType,
+        backend: String,
+    },
+    #[error("token id {id} is outside the vocabulary (size {vocab})")]
+    TokenOutOfRange { id: u32, vocab: usize },
+    #[error("the sequence needs {needed} positions but the context holds {capacity}")]
+    ContextOverflow { needed: usize, capacity: usize },
+    #[error("no tokens to process")]
+    EmptyInput,
+    #[error("logits buffer holds {got} values, {needed} needed")]
+    LogitsBuffer { needed: usize, got: usize },
+}

@@ -1,0 +1,342 @@
+//! Choosing the next token from logits: greedy, or temperature sampling filtered by
+//! top-k, top-p and min-p, after a repetition penalty; reproducible from a seed.
+//!
+//! The filter order is llama.cpp's: penalties → top-k → top-p → min-p → temperature → draw.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SamplingParams {
+    /// 0 chooses greedily; otherwise logits are divided by it before the draw.
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens (0 = off).
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches `top_p` (1 = off).
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` × the most likely one (0 = off).
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of recently seen tokens (1 = off).
+    pub repeat_penalty: f32,
+    /// How many of the most recent tokens the penalty looks at.
+    pub repeat_last_n: usize,
+    /// Seed for the draw; `None` picks one at random (reported by [`Sampler::seed`]).
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        let bad = |field: &'static str, value: f32, want: &'static str| {
+            Err(SamplingError::Invalid { field, value, want })
+        };
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return bad("temperature", self.temperature, "a finite number >= 0");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", self.top_p, "in (0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", self.min_p, "in [0, 1]");
+        }
+        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
+            return bad("repeat_penalty", self.repeat_penalty, "a finite number > 0");
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SamplingError {
+    #[error("invalid {field} {value}: must be {want}")]
+    Invalid {
+        field: &'static str,
+        value: f32,
+        want: &'static str,
+    },
+}
+
+/// Samples tokens for one sequence; buffers are sized once for the vocabulary.
+pub struct Sampler {
+    params: SamplingParams,
+    seed: u64,
+    rng: ChaCha8Rng,
+    /// (token, logit or probability) candidates, reused every step.
+    cand: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, vocab: usize) -> Result<Self, SamplingError> {
+        params.validate()?;
+        let seed = params.seed.unwrap_or_else(rand::random);
+        Ok(Self {
+            params,
+            seed,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            cand: Vec::with_capacity(vocab),
+        })
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next token. `history` is the sequence so far (prompt and output), used by
+    /// the repetition penalty.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let p = &self.params;
+        self.cand.clear();
+        self.cand
+            .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        if p.repeat_penalty != 1.0 {
+            let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
+            for (i, &tok) in window.iter().enumerate() {
+                // Each distinct token is penalised once.
+                if window[..i].contains(&tok) {
+                    continue;
+                }
+                if let Some(c) = self.cand.get_mut(tok as usize) {
+                    c.1 = if c.1 > 0.0 {
+                        c.1 / p.repeat_penalty
+                    } else {
+                        c.1 * p.repeat_penalty
+                    };
+                }
+            }
+        }
+        if p.temperature == 0.0 {
+            return argmax(&self.cand);
+        }
+        let by_logit_desc =
+            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if p.top_k > 0 && p.top_k < self.cand.len() {
+            self.cand.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
+            self.cand.truncate(p.top_k);
+        }
+        self.cand.sort_unstable_by(by_logit_desc);
+
+        // Probabilities at temperature 1 decide the top-p and min-p cut.
+        softmax_in_place(&mut self.cand, 1.0);
+        if p.top_p < 1.0 {
+            let mut cum = 0.0f32;
+            let mut keep = self.cand.len();
+            for (i, c) in self.cand.iter().enumerate() {
+                cum += c.1;
+                if cum >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            self.cand.truncate(keep.max(1));
+        }
+        if p.min_p > 0.0 {
+            let floor = self.cand[0].1 * p.min_p;
+            let keep = self.cand.iter().take_while(|c| c.1 >= floor).count();
+            self.cand.truncate(keep.max(1));
+        }
+        // Back to logits for the temperature: log p differs from the logit by a constant.
+        for c in self.cand.iter_mut() {
+            c.1 = c.1.max(f32::MIN_POSITIVE).ln();
+        }
+        softmax_in_place(&mut self.cand, p.temperature);
+        let r: f32 = self.rng.random::<f32>();
+        let mut cum = 0.0f32;
+        for c in &self.cand {
+            cum += c.1;
+            if r < cum {
+                return c.0;
+            }
+        }
+        self.cand.last().map(|c| c.0).unwrap_or(0)
+    }
+}
+
+/// The highest logit's token; the lowest id wins a tie.
+fn argmax(cand: &[(u32, f32)]) -> u32 {
+    let mut best = (0u32, f32::NEG_INFINITY);
+    for &(i, l) in cand {
+        if l > best.1 {
+            best = (i, l);
+        }
+    }
+    best.0
+}
+
+/// Replaces each candidate's logit by its probability at `temperature`.
+fn softmax_in_place(cand: &mut [(u32, f32)], temperature: f32) {
+    let max = cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
+    let mut sum = 0.0f32;
+    for c in cand.iter_mut() {
+        c.1 = ((c.1 - max) / temperature).exp();
+        sum += c.1;
+    }
+    for c in cand.iter_mut() {
+        c.1 /= sum;
+    }
+}
+
+/// Natural-log probability of every token, written into `out` (for logprobs reporting).
+pub fn log_softmax(logits: &[f32], out: &mut [f32]) {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
+    let lse = max + sum.ln();
+    for (o, &l) in out.iter_mut().zip(logits) {
+        *o = l - lse;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        vec![1.0, 3.0, 2.0, 0.5, 2.9, -1.0]
+    }
+
+    #[test]
+    fn greedy_takes_argmax() {
+        let mut s = Sampler::new(SamplingParams::greedy(), 6).unwrap();
+        assert_eq!(s.sample(&logits(), &[]), 1);
+    }
+
+    #[test]
+    fn repeat_penalty_moves_greedy_choice() {
+        let params = SamplingParams {
+            repeat_penalty: 1.5,
+            ..SamplingParams::greedy()
+        };
+        let mut s = Sampler::new(params, 6).unwrap();
+        // 3.0 / 1.5 = 2.0 < 2.9
+        assert_eq!(s.sample(&logits(), &[1, 1, 1]), 4);
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let params = SamplingParams {
+            temperature: 5.0,
+            top_k: 1,
+            seed: Some(7),
+            ..SamplingParams::default()
+        };
+        let mut s = Sampler::new(params, 6).unwrap();
+        for _ in 0..50 {
+            assert_eq!(s.sample(&logits(), &[]), 1);
+        }
+    }
+
+    #[test]
+    fn top_p_and_min_p_restrict_the_support() {
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.6,
+            min_p: 0.0,
+            seed: Some(1),
+            ..SamplingParams::default()
+        };
+        let mut s = Sampler::new(params, 6).unwrap();
+        for _ in 0..200 {
+            let t = s.sample(&logits(), &[]);
+            assert!(t == 1 || t == 4, "token {t} outside the top-p set");
+        }
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.5,
+            seed: Some(1),
+            ..SamplingParams::default()
+        };
+        let mut s = Sampler::new(params, 6).unwrap();
+        for _ in 0..200 {
+            let t = s.sample(&logits(), &[]);
+            assert!([1, 4, 2].contains(&t), "token {t} below min-p");
+        }
+    }
+
+    #[test]
+    fn seed_makes_draws_reproducible() {
+        let params = SamplingParams {
+            temperature: 1.5,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: Some(42),
+            ..SamplingParams::default()
+        };
+        let run = || {
+            let mut s = Sampler::new(params.clone(), 6).unwrap();
+            (0..64)
+                .map(|_| s.sample(&logits(), &[]))
+                .collect::<Vec<_>>()
+        };
+        let a = run();
+        assert_eq!(a, run());
+        assert!(a.iter().any(|&t| t != a[0]), "high temperature should vary");
+    }
+
+    #[test]
+    fn invalid_values_are_refused() {
+        for p in [
+            SamplingParams {
+                temperature: -1.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: 1.5,
+                ..Default::default()
+            },
+            SamplingParams {
+                min_p: -0.1,
+                ..Default::default()
+            },
+            SamplingParams {
+                repeat_penalty: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: f32::NAN,
+                ..Default::default()
+            },
+        ] {
+            assert!(Sampler::new(p, 6).is_err());
+        }
+    }
+
+    #[test]
+    fn log_softmax_normalises() {
+        let mut out = vec![0.0; 6];
+        log_softmax(&logits(), &mut out);
+        let total: f32 = out.iter().map(|l| l.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-5);
+    }
+}

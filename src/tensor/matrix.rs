@@ -1,0 +1,42 @@
+//! A 2-D weight matrix kept in its stored layout (plain floats or quantized blocks).
+
+use super::GgmlType;
+use crate::gguf::TensorBytes;
+
+/// `rows` rows of `cols` values each, row-major, as stored in the GGUF file: for a linear
+/// layer `rows` is the output size and `cols` the input size.
+#[derive(Clone)]
+pub struct Matrix {
+    pub name: String,
+    pub dtype: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: TensorBytes,
+}
+
+impl Matrix {
+    /// Bytes in one row.
+    pub fn row_bytes(&self) -> usize {
+        // Shapes are validated when the matrix is built, so the row size exists.
+        self.dtype.row_size(self.cols as u64).unwrap_or(0) as usize
+    }
+
+    pub fn row(&self, r: usize) -> &[u8] {
+        let rb = self.row_bytes();
+        &self.data.as_slice()[r * rb..(r + 1) * rb]
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.data.as_slice()
+    }
+}
+
+impl std::fmt::Debug for Matrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Matrix({} {} [{} x {}])",
+            self.name, self.dtype, self.rows, self.cols
+        )
+    }
+}
