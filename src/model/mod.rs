@@ -4,6 +4,7 @@
 pub mod config;
 pub mod kv_cache;
 pub mod qwen;
+pub mod synth;
 pub mod weights;
 
 pub use config::{Architecture, ModelConfig};
