@@ -253,7 +253,7 @@ pub fn build(spec: &SynthSpec) -> Result<GgufWriter, SynthError> {
     tokenizer_metadata(&mut w, spec.vocab);
 
     let dt = spec.dtype;
-    let mut mat =
+    let mat =
         |w: &mut GgufWriter, name: &str, rows: usize, cols: usize, rng: &mut ChaCha8Rng| {
             let std = 1.0 / (cols as f32).sqrt();
             let data = random_matrix(rng, rows, cols, std, dt);

@@ -1,0 +1,164 @@
+//! The `inferno` binary end to end: commands on a synthetic model, and errors that print one
+//! clear line and exit non-zero.
+
+use inferno::gguf::{GgufWriter, Value};
+use inferno::model::synth::{self, SynthSpec};
+use inferno::tensor::GgmlType;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn inferno(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run inferno")
+}
+
+fn demo_model(dir: &Path) -> PathBuf {
+    let path = dir.join("demo.gguf");
+    let spec = SynthSpec::preset("demo", GgmlType::Q8_0).unwrap();
+    synth::build(&spec).unwrap().write_to(&path).unwrap();
+    path
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A failed command prints exactly one `error:` line, no panic or backtrace.
+fn assert_clean_error(o: &Output, needle: &str) {
+    assert!(!o.status.success(), "expected failure");
+    let err = stderr(o);
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert_eq!(
+        err.lines().filter(|l| !l.trim().is_empty()).count(),
+        1,
+        "one line: {err}"
+    );
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(err.contains(needle), "expected {needle:?} in {err:?}");
+}
+
+#[test]
+fn generate_tokenize_logits_info_on_a_synthetic_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_model(dir.path());
+    let m = model.to_str().unwrap();
+
+    let o = inferno(&["tokenize", "--model", m, "hi <|im_end|>"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ids: Vec<u32> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(ids, vec![104, 105, 32, 258]);
+
+    let o = inferno(&[
+        "generate",
+        "--model",
+        m,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+        "--output",
+        "json",
+        "Hello",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 12);
+    assert_eq!(v["finish_reason"], "LENGTH");
+    assert!(v["metrics"]["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
+
+    // Text mode streams the same greedy text and reports the metrics on stderr.
+    let o2 = inferno(&[
+        "generate",
+        "--model",
+        m,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+        "Hello",
+    ]);
+    assert!(o2.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&o2.stdout).trim_end_matches('\n'),
+        v["text"].as_str().unwrap()
+    );
+    for key in [
+        "time_to_first_token_ms",
+        "decode_tokens_per_second",
+        "per_forward_ms",
+    ] {
+        assert!(stderr(&o2).contains(key), "{key} missing");
+    }
+
+    let o = inferno(&["logits", "--model", m, "--ids", "1,2,3", "--all"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let vocab = v["n_vocab"].as_u64().unwrap() as usize;
+    assert_eq!(v["logits"].as_array().unwrap().len(), 3);
+    assert_eq!(v["logits"][2].as_array().unwrap().len(), vocab);
+    let last = inferno(&["logits", "--model", m, "--ids", "1,2,3"]);
+    let last: serde_json::Value = serde_json::from_slice(&last.stdout).unwrap();
+    assert_eq!(last["logits"][0], v["logits"][2]);
+
+    let o = inferno(&["info", "--model", m]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("architecture: qwen3") && out.contains("blk.0.attn_q.weight"),
+        "{out}"
+    );
+}
+
+#[test]
+fn errors_are_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.gguf");
+    assert_clean_error(
+        &inferno(&["generate", "--model", missing.to_str().unwrap(), "x"]),
+        "missing.gguf",
+    );
+
+    let not_gguf = dir.path().join("notes.txt");
+    std::fs::write(&not_gguf, b"this is not a model file at all").unwrap();
+    assert_clean_error(
+        &inferno(&["info", "--model", not_gguf.to_str().unwrap()]),
+        "GGUF",
+    );
+
+    let model = demo_model(dir.path());
+    let bytes = std::fs::read(&model).unwrap();
+    let truncated = dir.path().join("truncated.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    assert_clean_error(
+        &inferno(&["generate", "--model", truncated.to_str().unwrap(), "x"]),
+        "truncated.gguf",
+    );
+
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", Value::String("llama".into()));
+    let llama = dir.path().join("llama.gguf");
+    w.write_to(&llama).unwrap();
+    assert_clean_error(
+        &inferno(&["generate", "--model", llama.to_str().unwrap(), "x"]),
+        "unsupported architecture \"llama\"",
+    );
+
+    let m = model.to_str().unwrap();
+    let long = "a".repeat(300);
+    assert_clean_error(
+        &inferno(&["generate", "--model", m, "--ctx-size", "64", &long]),
+        "context",
+    );
+    assert_clean_error(
+        &inferno(&["generate", "--model", m, "--top-p", "1.5", "x"]),
+        "top_p",
+    );
+    assert_clean_error(
+        &inferno(&["generate", "--model", m, "--backend", "quantum", "x"]),
+        "unknown backend",
+    );
+}
