@@ -1,0 +1,310 @@
+//! The GGUF file format: a validating reader that exposes metadata and zero-copy tensor bytes
+//! over a memory map or an owned buffer, and a writer for GGUF v3 files.
+//!
+//! The reader accepts little-endian GGUF versions 2 and 3 (which share one layout) and refuses
+//! anything malformed with a [`GgufError`] naming the problem, the key or tensor and the byte
+//! offset. Strings (keys, names and string values) must be valid UTF-8; a file with invalid
+//! UTF-8 is refused rather than altered. Parsing never reads out of bounds, never panics, and
+//! never reserves memory for a count that the remaining bytes cannot back.
+
+mod error;
+mod reader;
+mod value;
+mod writer;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::fs::File;
+use std::ops::Deref;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use crate::tensor::GgmlType;
+pub use error::GgufError;
+pub use value::Value;
+pub use writer::GgufWriter;
+
+/// The four bytes every GGUF file starts with.
+pub const MAGIC: [u8; 4] = *b"GGUF";
+/// Data alignment used when a file has no `general.alignment` key.
+pub const DEFAULT_ALIGNMENT: u64 = 32;
+/// Deepest nesting of arrays inside a metadata value that the reader and writer accept.
+pub const MAX_ARRAY_DEPTH: usize = 16;
+/// Most dimensions a tensor may have.
+pub const MAX_DIMS: usize = 4;
+
+/// Backing bytes of a GGUF file: a read-only memory map or an owned buffer.
+pub enum Storage {
+    Mmap(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Deref for Storage {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Storage::Mmap(m) => m,
+            Storage::Owned(v) => v,
+        }
+    }
+}
+
+impl fmt::Debug for Storage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self {
+            Storage::Mmap(_) => "Mmap",
+            Storage::Owned(_) => "Owned",
+        };
+        write!(f, "Storage::{kind}({} bytes)", self.len())
+    }
+}
+
+/// Zero-copy view of a tensor's bytes that keeps the storage alive.
+#[derive(Clone)]
+pub struct TensorBytes {
+    storage: Arc<Storage>,
+    start: usize,
+    len: usize,
+}
+
+impl TensorBytes {
+    pub fn as_slice(&self) -> &[u8] {
+        // Ranges are validated against the storage when the view is made.
+        &self.storage[self.start..self.start + self.len]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Owned bytes, e.g. for repacked or synthetic weights.
+    pub fn from_vec(v: Vec<u8>) -> Self {
+        let len = v.len();
+        TensorBytes {
+            storage: Arc::new(Storage::Owned(v)),
+            start: 0,
+            len,
+        }
+    }
+}
+
+impl Deref for TensorBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl AsRef<[u8]> for TensorBytes {
+    fn as_ref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl fmt::Debug for TensorBytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TensorBytes({} bytes)", self.len)
+    }
+}
+
+/// Where a tensor is and what it holds, as described by the file's tensor table.
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    pub name: String,
+    /// Shape in ggml order: `dims[0]` is the fastest-varying dimension (the row length).
+    pub dims: Vec<u64>,
+    pub dtype: GgmlType,
+    /// Start of the tensor's bytes, relative to the data section.
+    pub offset: u64,
+    /// Size of the tensor's bytes.
+    pub n_bytes: u64,
+}
+
+impl TensorInfo {
+    /// Number of elements (saturating, though parsed tensors never overflow).
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().fold(1u64, |acc, &d| acc.saturating_mul(d))
+    }
+}
+
+/// A parsed and validated GGUF file, holding its bytes.
+pub struct GgufFile {
+    storage: Arc<Storage>,
+    version: u32,
+    alignment: u64,
+    metadata: Vec<(String, Value)>,
+    key_index: HashMap<String, usize>,
+    tensors: Vec<TensorInfo>,
+    tensor_index: HashMap<String, usize>,
+    data_offset: u64,
+}
+
+impl fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("version", &self.version)
+            .field("file_size", &self.file_size())
+            .field("metadata_entries", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .field("data_offset", &self.data_offset)
+            .finish()
+    }
+}
+
+impl GgufFile {
+    /// Memory-maps and parses the file at `path` (read-only).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
+        let path = path.as_ref();
+        let io_err = |source| GgufError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = File::open(path).map_err(io_err)?;
+        let len = file.metadata().map_err(io_err)?.len();
+        let storage = if len == 0 {
+            // Some platforms refuse to map an empty file; it is invalid GGUF either way.
+            Storage::Owned(Vec::new())
+        } else {
+            // SAFETY: the map is read-only and the file is treated as immutable while it is
+            // open, as model files are. Another process truncating or rewriting the file in
+            // the meantime is outside what this reader can defend against.
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
+            Storage::Mmap(map)
+        };
+        Self::from_storage(storage)
+    }
+
+    /// Parses a GGUF file image held in memory.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, GgufError> {
+        Self::from_storage(Storage::Owned(bytes))
+    }
+
+    /// Parses a GGUF file image from either kind of storage.
+    pub fn from_storage(storage: Storage) -> Result<Self, GgufError> {
+        let p = reader::parse(&storage)?;
+        Ok(GgufFile {
+            storage: Arc::new(storage),
+            version: p.version,
+            alignment: p.alignment,
+            metadata: p.metadata,
+            key_index: p.key_index,
+            tensors: p.tensors,
+            tensor_index: p.tensor_index,
+            data_offset: p.data_offset,
+        })
+    }
+
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Data alignment in bytes (`general.alignment`, or 32).
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// All metadata entries, in file order.
+    pub fn metadata(&self) -> &[(String, Value)] {
+        &self.metadata
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.key_index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    fn require(&self, key: &str) -> Result<&Value, GgufError> {
+        self.get(key)
+            .ok_or_else(|| GgufError::MissingKey(key.to_owned()))
+    }
+
+    fn wrong_type(key: &str, expected: &'static str, found: &Value) -> GgufError {
+        GgufError::WrongType {
+            key: key.to_owned(),
+            expected,
+            found: found.describe(),
+        }
+    }
+
+    pub fn get_str(&self, key: &str) -> Result<&str, GgufError> {
+        let v = self.require(key)?;
+        v.as_str().ok_or_else(|| Self::wrong_type(key, "string", v))
+    }
+
+    /// Any non-negative integer value.
+    pub fn get_u64(&self, key: &str) -> Result<u64, GgufError> {
+        let v = self.require(key)?;
+        v.as_u64()
+            .ok_or_else(|| Self::wrong_type(key, "non-negative integer", v))
+    }
+
+    /// Any integer value in `u32` range.
+    pub fn get_u32(&self, key: &str) -> Result<u32, GgufError> {
+        let v = self.require(key)?;
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| Self::wrong_type(key, "integer in u32 range", v))
+    }
+
+    /// Any numeric value, converted to `f32`.
+    pub fn get_f32(&self, key: &str) -> Result<f32, GgufError> {
+        let v = self.require(key)?;
+        v.as_f32().ok_or_else(|| Self::wrong_type(key, "number", v))
+    }
+
+    pub fn get_array(&self, key: &str) -> Result<&[Value], GgufError> {
+        let v = self.require(key)?;
+        v.as_array()
+            .ok_or_else(|| Self::wrong_type(key, "array", v))
+    }
+
+    /// The model architecture (`general.architecture`).
+    pub fn architecture(&self) -> Result<&str, GgufError> {
+        self.get_str("general.architecture")
+    }
+
+    /// All tensor infos, in file order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    pub fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// The bytes of tensor `name`, without copying.
+    pub fn tensor_data(&self, name: &str) -> Result<TensorBytes, GgufError> {
+        let info = self
+            .tensor_info(name)
+            .ok_or_else(|| GgufError::MissingTensor(name.to_owned()))?;
+        // Parsing checked that data_offset + offset + n_bytes lies within the storage, so
+        // these fit in usize and index in bounds.
+        Ok(TensorBytes {
+            storage: Arc::clone(&self.storage),
+            start: (self.data_offset + info.offset) as usize,
+            len: info.n_bytes as usize,
+        })
+    }
+
+    /// Start of the tensor data section, from the start of the file.
+    pub fn data_offset(&self) -> u64 {
+        self.data_offset
+    }
+
+    pub fn file_size(&self) -> u64 {
+        self.storage.len() as u64
+    }
+
+    /// The whole file image.
+    pub fn bytes(&self) -> &[u8] {
+        &self.storage
+    }
+}
+
+#[cfg(test)]
+mod tests;
