@@ -59,6 +59,13 @@ fn logits_match_transformers_and_llama_cpp() {
                 agree: 0,
                 total: 0,
             };
+            // HF run on the weights as stored in this file (dequantized to f32).
+            let mut vs_hf_deq = Score {
+                max_rel: 0.0,
+                max_abs: 0.0,
+                agree: 0,
+                total: 0,
+            };
             for seq in m["sequences"].as_array().unwrap() {
                 let ids = ids(&seq["ids"]);
                 let (ours, vocab) = our_logits(file, &ids);
@@ -67,6 +74,9 @@ fn logits_match_transformers_and_llama_cpp() {
                 assert_eq!(hf.len(), ours.len(), "{name}: reference shape");
                 score(&ours, &hf, vocab, &mut vs_hf);
                 score(&llama, &hf, vocab, &mut llama_vs_hf);
+                if let Some(f) = seq["hf_dequant_logits"][dtype].as_str() {
+                    score(&ours, &read_f32(f), vocab, &mut vs_hf_deq);
+                }
             }
             report += &format!(
                 "{name} {dtype}: ours vs HF max|Δ| {:.3e} (rel {:.3e}), argmax {}/{}; \
@@ -80,6 +90,22 @@ fn logits_match_transformers_and_llama_cpp() {
                 llama_vs_hf.agree,
                 llama_vs_hf.total,
             );
+            if vs_hf_deq.total > 0 {
+                report += &format!(
+                    "{name} {dtype}: ours vs HF on this file's dequantized weights max|Δ| {:.3e} \
+                     (rel {:.3e}), argmax {}/{}\n",
+                    vs_hf_deq.max_abs, vs_hf_deq.max_rel, vs_hf_deq.agree, vs_hf_deq.total,
+                );
+            }
+            // F16 weights are widened to f32 and everything after is f32, so against HF run on
+            // the same rounded weights only summation order differs, as for F32.
+            if dtype == "f16" {
+                assert!(
+                    vs_hf_deq.total > 0 && vs_hf_deq.max_rel <= 1e-4,
+                    "{name} f16 vs HF on dequantized weights: {}",
+                    vs_hf_deq.max_rel
+                );
+            }
             match dtype {
                 // An F32 path end to end (weights, activations, KV cache): only summation
                 // order differs from transformers.
