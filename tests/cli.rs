@@ -162,3 +162,29 @@ fn errors_are_one_clear_line() {
         "unknown backend",
     );
 }
+
+/// `inferno tokenize` works on a vocab-only GGUF (tokenizer metadata, no tensors) and gives
+/// the HF tokenizer's ids.
+#[test]
+fn tokenize_on_a_vocab_only_file_matches_hf() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer");
+    let cases: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("cases.json")).unwrap()).unwrap();
+    let vocab = dir.join("qwen3-vocab.gguf");
+    let cases = cases["cases"].as_array().unwrap();
+    for case in cases
+        .iter()
+        .filter(|c| c["category"] == "cjk" || c["category"] == "code")
+        .take(4)
+    {
+        let o = inferno(&[
+            "tokenize",
+            "--model",
+            vocab.to_str().unwrap(),
+            case["text"].as_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let ids: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(ids, case["ids"], "{}", case["text"]);
+    }
+}
