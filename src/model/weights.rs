@@ -61,13 +61,16 @@ impl Loader<'_> {
                 backend: self.backend.name().to_string(),
             });
         }
-        Ok(Matrix {
+        let mut m = Matrix {
             name: name.to_string(),
             dtype: info.dtype,
             rows,
             cols,
             data: self.gguf.tensor_data(name)?,
-        })
+            prepared: None,
+        };
+        self.backend.prepare(&mut m);
+        Ok(m)
     }
 
     /// A 1-D vector of `len` values (norm gains, biases), widened to f32.
@@ -83,17 +86,22 @@ impl Loader<'_> {
                 found: info.dims.clone(),
             });
         }
+        // Vectors are widened to f32 on load, so any type the scalar code reads will do.
+        let unsupported = || ModelError::UnsupportedDtype {
+            name: name.to_string(),
+            dtype: info.dtype,
+            backend: self.backend.name().to_string(),
+        };
+        if !tensor::is_supported(info.dtype) {
+            return Err(unsupported());
+        }
         let mut out = vec![0.0f32; len];
         tensor::dequantize_row(
             info.dtype,
             self.gguf.tensor_data(name)?.as_slice(),
             &mut out,
         )
-        .map_err(|_| ModelError::UnsupportedDtype {
-            name: name.to_string(),
-            dtype: info.dtype,
-            backend: "vector loader".to_string(),
-        })?;
+        .map_err(|_| unsupported())?;
         Ok(out)
     }
 

@@ -2,6 +2,8 @@
 
 use super::GgmlType;
 use crate::gguf::TensorBytes;
+use std::any::Any;
+use std::sync::Arc;
 
 /// `rows` rows of `cols` values each, row-major, as stored in the GGUF file: for a linear
 /// layer `rows` is the output size and `cols` the input size.
@@ -12,6 +14,10 @@ pub struct Matrix {
     pub rows: usize,
     pub cols: usize,
     pub data: TensorBytes,
+    /// A backend's own copy of the weights in the layout its kernels want (e.g. the SIMD
+    /// backends' interleaved Q8_0), made once at load by `Backend::prepare`; `data` stays the
+    /// reference.
+    pub prepared: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl Matrix {

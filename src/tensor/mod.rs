@@ -3,6 +3,8 @@
 
 pub mod dtype;
 pub mod float;
+pub mod k_quants;
+pub mod legacy;
 pub mod matrix;
 pub mod q8_0;
 
@@ -25,10 +27,101 @@ pub enum TensorError {
 
 /// Whether rows of this type can be dequantized and multiplied by the scalar code.
 pub fn is_supported(dtype: GgmlType) -> bool {
-    matches!(
-        dtype,
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0
-    )
+    matches!(dtype, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) || quant_dot(dtype).is_some()
+}
+
+/// How a quantized weight type is multiplied: the activation row is first quantized to
+/// `activation` with `quantize`, then each weight row is combined with it by `dot`, an
+/// integer dot product per block scaled by the blocks' scales (llama.cpp's scheme).
+///
+/// The function pointers take whole blocks: `quantize(x, out)` needs `x.len()` a multiple of
+/// the activation block size and `out` of [`GgmlType::row_size`] bytes; `dot(w_row, x_q)`
+/// takes one weight row and the quantized activation row of the same length. Slices that
+/// are too short are cut to whole blocks rather than read past, so callers that split a
+/// matrix into row ranges (threads, tiles) can call them directly on validated shapes.
+#[derive(Clone, Copy, Debug)]
+pub struct QuantDot {
+    pub weight: GgmlType,
+    pub activation: GgmlType,
+    pub quantize: fn(&[f32], &mut [u8]),
+    pub dot: fn(&[u8], &[u8]) -> f32,
+}
+
+/// The integer-dot scheme for a quantized weight type; `None` for float types (multiplied
+/// in f32) and for types this build cannot multiply.
+pub fn quant_dot(weight: GgmlType) -> Option<QuantDot> {
+    use GgmlType::*;
+    let (activation, quantize, dot): (GgmlType, fn(&[f32], &mut [u8]), fn(&[u8], &[u8]) -> f32) =
+        match weight {
+            Q8_0 => (Q8_0, q8_0::quantize, q8_0::dot),
+            Q4_0 => (Q8_0, q8_0::quantize, legacy::dot_q4_0_q8_0),
+            Q5_0 => (Q8_0, q8_0::quantize, legacy::dot_q5_0_q8_0),
+            Q4_1 => (Q8_1, legacy::quantize_q8_1, legacy::dot_q4_1_q8_1),
+            Q5_1 => (Q8_1, legacy::quantize_q8_1, legacy::dot_q5_1_q8_1),
+            Q2_K => (Q8_K, k_quants::quantize_q8_k, k_quants::dot_q2_k_q8_k),
+            Q3_K => (Q8_K, k_quants::quantize_q8_k, k_quants::dot_q3_k_q8_k),
+            Q4_K => (Q8_K, k_quants::quantize_q8_k, k_quants::dot_q4_k_q8_k),
+            Q5_K => (Q8_K, k_quants::quantize_q8_k, k_quants::dot_q5_k_q8_k),
+            Q6_K => (Q8_K, k_quants::quantize_q8_k, k_quants::dot_q6_k_q8_k),
+            _ => return None,
+        };
+    Some(QuantDot {
+        weight,
+        activation,
+        quantize,
+        dot,
+    })
+}
+
+/// The type activations are quantized to before multiplying with `weight`; `None` means
+/// the float path (F32/F16/BF16 weights, f32 activations) or an unsupported type.
+pub fn activation_type(weight: GgmlType) -> Option<GgmlType> {
+    quant_dot(weight).map(|k| k.activation)
+}
+
+/// Quantizes the activation row `x` to `act` (Q8_0, Q8_1 or Q8_K) into `out`, which must
+/// hold exactly `act.row_size(x.len())` bytes.
+pub fn quantize_activation(act: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), TensorError> {
+    let quantize: fn(&[f32], &mut [u8]) = match act {
+        GgmlType::Q8_0 => q8_0::quantize,
+        GgmlType::Q8_1 => legacy::quantize_q8_1,
+        GgmlType::Q8_K => k_quants::quantize_q8_k,
+        other => return Err(TensorError::UnsupportedType(other)),
+    };
+    check_len(act, x.len(), out.len())?;
+    quantize(x, out);
+    Ok(())
+}
+
+/// Dot product of one `weight`-typed row with an activation row quantized by
+/// [`quantize_activation`] to `activation_type(weight)`; both must hold the same number of
+/// values.
+pub fn vec_dot(weight: GgmlType, w_row: &[u8], x_q: &[u8]) -> Result<f32, TensorError> {
+    let k = quant_dot(weight).ok_or(TensorError::UnsupportedType(weight))?;
+    let blocks = w_row.len() / weight.type_size();
+    let n = blocks * weight.block_size();
+    check_len(weight, n, w_row.len())?;
+    check_len(k.activation, n, x_q.len())?;
+    Ok((k.dot)(w_row, x_q))
+}
+
+/// Errors unless `bytes` is exactly the size of `n` values of `dtype`.
+fn check_len(dtype: GgmlType, n: usize, bytes: usize) -> Result<(), TensorError> {
+    match dtype.row_size(n as u64) {
+        Some(expected) if expected as usize == bytes => Ok(()),
+        Some(expected) => Err(TensorError::SizeMismatch {
+            dtype,
+            n,
+            expected: expected as usize,
+            got: bytes,
+        }),
+        None => Err(TensorError::SizeMismatch {
+            dtype,
+            n,
+            expected: 0,
+            got: bytes,
+        }),
+    }
 }
 
 /// Dequantizes `out.len()` values stored as `dtype` in `src`.
@@ -50,6 +143,15 @@ pub fn dequantize_row(dtype: GgmlType, src: &[u8], out: &mut [f32]) -> Result<()
         GgmlType::F16 => float::f16_to_f32(src, out),
         GgmlType::BF16 => float::bf16_to_f32(src, out),
         GgmlType::Q8_0 => q8_0::dequantize(src, out),
+        GgmlType::Q4_0 => legacy::dequantize_q4_0(src, out),
+        GgmlType::Q4_1 => legacy::dequantize_q4_1(src, out),
+        GgmlType::Q5_0 => legacy::dequantize_q5_0(src, out),
+        GgmlType::Q5_1 => legacy::dequantize_q5_1(src, out),
+        GgmlType::Q2_K => k_quants::dequantize_q2_k(src, out),
+        GgmlType::Q3_K => k_quants::dequantize_q3_k(src, out),
+        GgmlType::Q4_K => k_quants::dequantize_q4_k(src, out),
+        GgmlType::Q5_K => k_quants::dequantize_q5_k(src, out),
+        GgmlType::Q6_K => k_quants::dequantize_q6_k(src, out),
         other => return Err(TensorError::UnsupportedType(other)),
     }
     Ok(())

@@ -1,0 +1,282 @@
+//! The 32-element "legacy" block formats Q4_0, Q4_1, Q5_0 and Q5_1, and Q8_1, the activation
+//! format the two offset types (Q4_1, Q5_1) are multiplied with.
+//!
+//! Layouts (little-endian, per block of 32 values):
+//!
+//! | type | bytes | fields                                   | value                  |
+//! |------|------:|------------------------------------------|------------------------|
+//! | Q4_0 | 18    | d: f16, qs: [u8; 16]                     | d · (q − 8)            |
+//! | Q4_1 | 20    | d: f16, m: f16, qs: [u8; 16]             | d · q + m              |
+//! | Q5_0 | 22    | d: f16, qh: u32, qs: [u8; 16]            | d · (q − 16)           |
+//! | Q5_1 | 24    | d: f16, m: f16, qh: u32, qs: [u8; 16]    | d · q + m              |
+//! | Q8_1 | 36    | d: f16, s: f16, qs: [i8; 32]             | d · q (s = d · Σq)     |
+//!
+//! Byte `j` of `qs` holds element `j` in its low nibble and element `j + 16` in its high
+//! nibble; bit `i` of `qh` is the fifth bit of element `i`.
+//!
+//! Dot products follow llama.cpp's pairing: Q4_0 and Q5_0 weights against Q8_0 activations,
+//! Q4_1 and Q5_1 against Q8_1, each block an exact integer sum scaled once in f32. The
+//! offset `m` is folded in through the activation block's precomputed `s`.
+
+use half::f16;
+
+pub const BLOCK: usize = 32;
+pub const Q4_0_BYTES: usize = 18;
+pub const Q4_1_BYTES: usize = 20;
+pub const Q5_0_BYTES: usize = 22;
+pub const Q5_1_BYTES: usize = 24;
+pub const Q8_1_BYTES: usize = 36;
+
+#[inline]
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+#[inline]
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// The 4-bit values of a block, in element order.
+#[inline]
+fn nibbles(qs: &[u8]) -> [u8; BLOCK] {
+    let mut q = [0u8; BLOCK];
+    for (j, &b) in qs[..BLOCK / 2].iter().enumerate() {
+        q[j] = b & 0x0f;
+        q[j + BLOCK / 2] = b >> 4;
+    }
+    q
+}
+
+/// `HIGH_BIT[b][i]` is 16 when bit `i` of `b` is set: the fifth bits of eight consecutive
+/// elements from one byte of `qh`, as a whole-array OR the compiler can vectorize (a
+/// per-element variable shift defeats that and made these types 5× slower).
+const HIGH_BIT: [[u8; 8]; 256] = {
+    let mut t = [[0u8; 8]; 256];
+    let mut b = 0;
+    while b < 256 {
+        let mut i = 0;
+        while i < 8 {
+            t[b][i] = (((b >> i) & 1) as u8) << 4;
+            i += 1;
+        }
+        b += 1;
+    }
+    t
+};
+
+/// The 5-bit values of a block: nibbles plus one bit each from `qh`.
+#[inline]
+fn five_bits(qh: u32, qs: &[u8]) -> [u8; BLOCK] {
+    let mut q = nibbles(qs);
+    for (k, byte) in qh.to_le_bytes().iter().enumerate() {
+        for (v, &h) in q[8 * k..8 * k + 8]
+            .iter_mut()
+            .zip(&HIGH_BIT[*byte as usize])
+        {
+            *v |= h;
+        }
+    }
+    q
+}
+
+pub fn dequantize_q4_0(src: &[u8], out: &mut [f32]) {
+    for (b, o) in src
+        .chunks_exact(Q4_0_BYTES)
+        .zip(out.chunks_exact_mut(BLOCK))
+    {
+        let d = f16_at(b, 0);
+        for (v, &q) in o.iter_mut().zip(&nibbles(&b[2..])) {
+            *v = d * (q as i32 - 8) as f32;
+        }
+    }
+}
+
+pub fn dequantize_q4_1(src: &[u8], out: &mut [f32]) {
+    for (b, o) in src
+        .chunks_exact(Q4_1_BYTES)
+        .zip(out.chunks_exact_mut(BLOCK))
+    {
+        let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+        for (v, &q) in o.iter_mut().zip(&nibbles(&b[4..])) {
+            *v = d * q as f32 + m;
+        }
+    }
+}
+
+pub fn dequantize_q5_0(src: &[u8], out: &mut [f32]) {
+    for (b, o) in src
+        .chunks_exact(Q5_0_BYTES)
+        .zip(out.chunks_exact_mut(BLOCK))
+    {
+        let d = f16_at(b, 0);
+        for (v, &q) in o.iter_mut().zip(&five_bits(u32_at(b, 2), &b[6..])) {
+            *v = d * (q as i32 - 16) as f32;
+        }
+    }
+}
+
+pub fn dequantize_q5_1(src: &[u8], out: &mut [f32]) {
+    for (b, o) in src
+        .chunks_exact(Q5_1_BYTES)
+        .zip(out.chunks_exact_mut(BLOCK))
+    {
+        let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+        for (v, &q) in o.iter_mut().zip(&five_bits(u32_at(b, 4), &b[8..])) {
+            *v = d * q as f32 + m;
+        }
+    }
+}
+
+/// Quantizes `x` (a multiple of 32 long) into Q8_1 blocks: as Q8_0 (scale max|x| / 127,
+/// rounding half away from zero), plus `s = Σq · d` with the unrounded f32 scale, stored
+/// as f16 — the order llama.cpp's reference uses.
+pub fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(BLOCK).zip(out.chunks_exact_mut(Q8_1_BYTES)) {
+        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in ob[4..].iter_mut().zip(xb) {
+            let qi = (v * id).round() as i8;
+            sum += qi as i32;
+            *q = qi as u8;
+        }
+        ob[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        ob[2..4].copy_from_slice(&f16::from_f32(sum as f32 * d).to_bits().to_le_bytes());
+    }
+}
+
+/// Q8_1 back to f32 (`d · q`; `s` is redundant). Used by tests and diagnostics.
+pub fn dequantize_q8_1(src: &[u8], out: &mut [f32]) {
+    for (b, o) in src
+        .chunks_exact(Q8_1_BYTES)
+        .zip(out.chunks_exact_mut(BLOCK))
+    {
+        let d = f16_at(b, 0);
+        for (v, &q) in o.iter_mut().zip(&b[4..]) {
+            *v = (q as i8) as f32 * d;
+        }
+    }
+}
+
+#[inline]
+fn isum(w: &[u8; BLOCK], offset: i32, x: &[u8]) -> i32 {
+    let mut s = 0i32;
+    for (&a, &b) in w.iter().zip(x) {
+        s += (a as i32 - offset) * (b as i8) as i32;
+    }
+    s
+}
+
+/// Q4_0 weights · Q8_0 activations: `Σ_blocks isum · (d_w · d_x)`.
+pub fn dot_q4_0_q8_0(w: &[u8], x: &[u8]) -> f32 {
+    let mut acc = 0.0f32;
+    for (wb, xb) in w
+        .chunks_exact(Q4_0_BYTES)
+        .zip(x.chunks_exact(super::q8_0::BLOCK_BYTES))
+    {
+        let s = isum(&nibbles(&wb[2..]), 8, &xb[2..]);
+        acc += s as f32 * (f16_at(wb, 0) * f16_at(xb, 0));
+    }
+    acc
+}
+
+/// Q5_0 weights · Q8_0 activations, ordered as Q4_0's.
+pub fn dot_q5_0_q8_0(w: &[u8], x: &[u8]) -> f32 {
+    let mut acc = 0.0f32;
+    for (wb, xb) in w
+        .chunks_exact(Q5_0_BYTES)
+        .zip(x.chunks_exact(super::q8_0::BLOCK_BYTES))
+    {
+        let s = isum(&five_bits(u32_at(wb, 2), &wb[6..]), 16, &xb[2..]);
+        acc += s as f32 * (f16_at(wb, 0) * f16_at(xb, 0));
+    }
+    acc
+}
+
+/// Q4_1 weights · Q8_1 activations: per block `(d_w · d_x) · isum + m_w · s_x`.
+pub fn dot_q4_1_q8_1(w: &[u8], x: &[u8]) -> f32 {
+    let mut acc = 0.0f32;
+    for (wb, xb) in w.chunks_exact(Q4_1_BYTES).zip(x.chunks_exact(Q8_1_BYTES)) {
+        let s = isum(&nibbles(&wb[4..]), 0, &xb[4..]);
+        acc += (f16_at(wb, 0) * f16_at(xb, 0)) * s as f32 + f16_at(wb, 2) * f16_at(xb, 2);
+    }
+    acc
+}
+
+/// Q5_1 weights · Q8_1 activations, ordered as Q4_1's.
+pub fn dot_q5_1_q8_1(w: &[u8], x: &[u8]) -> f32 {
+    let mut acc = 0.0f32;
+    for (wb, xb) in w.chunks_exact(Q5_1_BYTES).zip(x.chunks_exact(Q8_1_BYTES)) {
+        let s = isum(&five_bits(u32_at(wb, 4), &wb[8..]), 0, &xb[4..]);
+        acc += (f16_at(wb, 0) * f16_at(xb, 0)) * s as f32 + f16_at(wb, 2) * f16_at(xb, 2);
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f16_bytes(v: f32) -> [u8; 2] {
+        f16::from_f32(v).to_bits().to_le_bytes()
+    }
+
+    #[test]
+    fn nibble_and_high_bit_order() {
+        // Element j in the low nibble of byte j, element j+16 in the high nibble; qh bit i
+        // is the fifth bit of element i.
+        let mut b = vec![0u8; Q5_1_BYTES];
+        b[..2].copy_from_slice(&f16_bytes(1.0));
+        b[2..4].copy_from_slice(&f16_bytes(0.0));
+        b[4..8].copy_from_slice(&(1u32 << 20 | 1u32 << 3).to_le_bytes());
+        for j in 0..16 {
+            b[8 + j] = (j as u8) | (((15 - j) as u8) << 4);
+        }
+        let mut out = [0.0f32; 32];
+        dequantize_q5_1(&b, &mut out);
+        for j in 0..16 {
+            let hi = if j == 3 { 16.0 } else { 0.0 };
+            assert_eq!(out[j], j as f32 + hi, "element {j}");
+            let hi = if j + 16 == 20 { 16.0 } else { 0.0 };
+            assert_eq!(out[j + 16], (15 - j) as f32 + hi, "element {}", j + 16);
+        }
+    }
+
+    #[test]
+    fn q8_1_sum_field_matches_values() {
+        let x: Vec<f32> = (0..64)
+            .map(|i| ((i * 29 % 31) as f32 - 13.0) * 0.21)
+            .collect();
+        let mut q = vec![0u8; 2 * Q8_1_BYTES];
+        quantize_q8_1(&x, &mut q);
+        let mut y = vec![0.0f32; 64];
+        dequantize_q8_1(&q, &mut y);
+        for (b, yb) in q.chunks_exact(Q8_1_BYTES).zip(y.chunks_exact(32)) {
+            let s = f16_at(b, 2);
+            let sum: f32 = yb.iter().sum();
+            assert!((s - sum).abs() <= 2e-3 * sum.abs().max(1.0), "{s} vs {sum}");
+        }
+        // Half a step, plus the f16 rounding of the scale times the largest |q| (127).
+        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let step = amax / 127.0;
+        for (a, b) in x.iter().zip(&y) {
+            assert!((a - b).abs() <= step * (0.5 + 127.0 / 2048.0), "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn offset_types_fold_the_minimum_through_s() {
+        // A Q4_1 block with every nibble 0 is the constant m; its dot with x is m · Σx.
+        let mut w = vec![0u8; Q4_1_BYTES];
+        w[..2].copy_from_slice(&f16_bytes(0.5));
+        w[2..4].copy_from_slice(&f16_bytes(-2.0));
+        let x: Vec<f32> = (0..32).map(|i| i as f32 * 0.25).collect();
+        let mut xq = vec![0u8; Q8_1_BYTES];
+        quantize_q8_1(&x, &mut xq);
+        let want = -2.0 * x.iter().sum::<f32>();
+        let got = dot_q4_1_q8_1(&w, &xq);
+        assert!((got - want).abs() <= 1e-3 * want.abs(), "{got} vs {want}");
+    }
+}

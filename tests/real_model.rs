@@ -1,0 +1,165 @@
+//! A real published checkpoint end to end: Qwen2.5-Coder-0.5B-Instruct Q4_K_M (architecture
+//! qwen2; Q5_0, Q8_0, Q4_K, Q6_K and F32 tensors). For each recorded chat prompt the chat
+//! template and tokenizer must give llama.cpp's prompt ids, and greedy decoding must give
+//! llama.cpp's first 32 tokens (`tests/fixtures/real_model/expected.json`, made by
+//! `gen_expected.py`).
+//!
+//! The model (~490 MB) is found through `INFERNO_TEST_MODEL` or in the cache that
+//! `scripts/fetch-test-model.sh` fills. When it is absent the test passes with a notice,
+//! except under `CI=true`, where it fails: CI must run it.
+
+use inferno::backend::{create_backend, BackendOptions};
+use inferno::gguf::GgufFile;
+use inferno::model::{Architecture, Logits, Model};
+use inferno::tensor::GgmlType;
+use inferno::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use serde_json::Value;
+use std::path::PathBuf;
+
+const FILE: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+
+fn model_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("INFERNO_TEST_MODEL") {
+        return Some(PathBuf::from(p));
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    let p = cache.join("inferno-models").join(FILE);
+    p.exists().then_some(p)
+}
+
+fn in_ci() -> bool {
+    matches!(std::env::var("CI").as_deref(), Ok("true") | Ok("1"))
+}
+
+fn argmax_and_gap(row: &[f32]) -> (u32, f32) {
+    let (mut best, mut second) = (0usize, f32::NEG_INFINITY);
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            second = row[best];
+            best = i;
+        } else if i != best && v > second {
+            second = v;
+        }
+    }
+    (best as u32, row[best] - second)
+}
+
+#[test]
+fn greedy_tokens_match_llama_cpp_on_qwen2_5_coder_q4_k_m() {
+    let Some(path) = model_path() else {
+        let msg =
+            format!("{FILE} not found (set INFERNO_TEST_MODEL or run scripts/fetch-test-model.sh)");
+        if in_ci() {
+            panic!("{msg}");
+        }
+        eprintln!("skipping the real-model test: {msg}");
+        return;
+    };
+    let expected: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/real_model/expected.json"),
+        )
+        .expect("expected.json"),
+    )
+    .expect("expected.json is JSON");
+
+    let gguf = GgufFile::open(&path).expect("model file opens");
+    let be = create_backend("scalar", &BackendOptions::default()).expect("backend");
+    let model = Model::load(&gguf, be).expect("model loads");
+    let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
+    let template = ChatTemplate::from_gguf(&gguf)
+        .expect("chat template parses")
+        .expect("the file has a chat template");
+    assert_eq!(model.config.arch, Architecture::Qwen2);
+    // The mix this file is known for; if it changes, the test no longer covers these types.
+    let types: Vec<GgmlType> = gguf.tensors().iter().map(|t| t.dtype).collect();
+    for t in [
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::F32,
+    ] {
+        assert!(types.contains(&t), "the file has no {t} tensor");
+    }
+
+    let vocab = model.config.vocab;
+    let mut logits = vec![0.0f32; vocab];
+    let mut failures = Vec::new();
+    for (k, case) in expected["cases"].as_array().unwrap().iter().enumerate() {
+        let messages: Vec<ChatMessage> = case["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let rendered = template.render(&messages, true, None).expect("render");
+        assert_eq!(
+            rendered,
+            case["rendered"].as_str().unwrap(),
+            "case {k}: rendered prompt"
+        );
+        let ids = tok.encode(&rendered, true).expect("encode");
+        let want_prompt: Vec<u32> = case["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(
+            ids, want_prompt,
+            "case {k}: prompt ids differ from llama.cpp's"
+        );
+        let want: Vec<u32> = case["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+
+        let mut st = model.new_state(ids.len() + want.len() + 1, 64);
+        model
+            .forward(&mut st, &ids, Logits::Last(&mut logits))
+            .expect("prompt");
+        let (mut got, mut gaps) = (Vec::new(), Vec::new());
+        for _ in 0..want.len() {
+            let (id, gap) = argmax_and_gap(&logits);
+            got.push(id);
+            gaps.push(gap);
+            if tok.is_eog(id) {
+                break;
+            }
+            model
+                .forward(&mut st, &[id], Logits::Last(&mut logits))
+                .expect("decode");
+        }
+        let text = tok.decode(&got, false).expect("decode text");
+        println!(
+            "case {k}: {:?}\n  smallest top-2 gap: ours {:.4}, llama.cpp {:.4}",
+            text,
+            gaps.iter().cloned().fold(f32::INFINITY, f32::min),
+            case["top2_gap"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .fold(f64::INFINITY, f64::min)
+        );
+        if got != want {
+            let at = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+            failures.push(format!(
+                "case {k}: first difference at token {at}: ours {:?} (gap {:.4}), llama.cpp {:?} \
+                 (its gap {}); ours {text:?}, llama.cpp {:?}",
+                got.get(at),
+                gaps.get(at).copied().unwrap_or(f32::NAN),
+                want.get(at),
+                case["top2_gap"][at],
+                case["text"].as_str().unwrap_or("")
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
