@@ -1,10 +1,10 @@
 //! Builds a backend stack from its name.
 
-use super::{Backend, ScalarBackend, TracingBackend};
+use super::{Backend, ParallelBackend, PoolBackend, ScalarBackend, SimdBackend, TracingBackend};
 use std::sync::Arc;
 
 /// Every name `create_backend` accepts.
-pub const BACKEND_NAMES: &[&str] = &["scalar"];
+pub const BACKEND_NAMES: &[&str] = &["scalar", "simd", "parallel", "pool"];
 
 #[derive(Clone, Debug, Default)]
 pub struct BackendOptions {
@@ -23,6 +23,15 @@ pub enum BackendError {
 pub fn create_backend(name: &str, opts: &BackendOptions) -> Result<Arc<dyn Backend>, BackendError> {
     let base: Box<dyn Backend> = match name.trim() {
         "scalar" => Box::new(ScalarBackend::new()),
+        "simd" => Box::new(SimdBackend::new(ScalarBackend::new())),
+        "parallel" => Box::new(ParallelBackend::new(
+            SimdBackend::new(ScalarBackend::new()),
+            opts.threads,
+        )),
+        "pool" => Box::new(PoolBackend::new(
+            SimdBackend::new(ScalarBackend::new()),
+            opts.threads,
+        )),
         other => {
             return Err(BackendError::Unknown {
                 name: other.to_string(),

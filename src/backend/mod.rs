@@ -6,11 +6,18 @@
 //! their stored layout ([`Matrix`]), so a decode step allocates nothing.
 
 pub mod factory;
+pub mod parallel;
+pub mod pool;
 pub mod scalar;
+pub mod simd;
+pub mod threadpool;
 pub mod tracing;
 
 pub use factory::{create_backend, BackendOptions, BACKEND_NAMES};
+pub use parallel::ParallelBackend;
+pub use pool::PoolBackend;
 pub use scalar::ScalarBackend;
+pub use simd::SimdBackend;
 pub use tracing::TracingBackend;
 
 use crate::tensor::{GgmlType, Matrix};
@@ -36,6 +43,10 @@ pub trait Backend: Send + Sync {
 
     /// Whether `matmul` and `get_row` accept matrices of this type.
     fn supports(&self, dtype: GgmlType) -> bool;
+
+    /// Called once per weight matrix at load: a backend may attach a repacked copy of the
+    /// weights to `w.prepared` for its kernels. The default keeps the stored layout.
+    fn prepare(&self, _w: &mut Matrix) {}
 
     /// `out[t][r] = Σ_c x[t][c] · w[r][c]` for `t < n`: `x` is `n × w.cols`, `out` is
     /// `n × w.rows`, both row-major.
@@ -84,6 +95,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn supports(&self, dtype: GgmlType) -> bool {
         (**self).supports(dtype)
+    }
+    fn prepare(&self, w: &mut Matrix) {
+        (**self).prepare(w)
     }
     fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
         (**self).matmul(w, x, n, out)

@@ -1,7 +1,7 @@
 //! The reference backend: plain loops, one core, defining the numerics of every operation.
 
 use super::{AttentionShape, Backend};
-use crate::tensor::{self, float, q8_0, GgmlType, Matrix};
+use crate::tensor::{self, float, GgmlType, Matrix, QuantDot};
 use std::cell::RefCell;
 
 thread_local! {
@@ -30,6 +30,21 @@ pub fn with_quant_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     })
 }
 
+/// `out[i] = w[rows.start + i] · x_q` for a range of rows of a quantized matrix, with `x_q`
+/// one activation row already quantized to `k.activation`: the unit of work a
+/// multi-threaded backend hands each thread.
+pub fn quant_rows(
+    k: &QuantDot,
+    w: &Matrix,
+    rows: std::ops::Range<usize>,
+    x_q: &[u8],
+    out: &mut [f32],
+) {
+    for (r, o) in rows.zip(out.iter_mut()) {
+        *o = (k.dot)(w.row(r), x_q);
+    }
+}
+
 /// One output value of a float-weight matmul.
 fn dot_float_row(dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 {
     match dtype {
@@ -53,29 +68,28 @@ impl Backend for ScalarBackend {
         let (rows, cols) = (w.rows, w.cols);
         debug_assert_eq!(x.len(), n * cols);
         debug_assert_eq!(out.len(), n * rows);
-        match w.dtype {
-            GgmlType::Q8_0 => {
-                let qrow = cols / q8_0::BLOCK * q8_0::BLOCK_BYTES;
+        match tensor::quant_dot(w.dtype) {
+            Some(k) => {
+                // Shapes were validated at load, so the activation row size exists.
+                let qrow = k.activation.row_size(cols as u64).unwrap_or(0) as usize;
                 with_quant_scratch(n * qrow, |qx| {
                     for t in 0..n {
-                        q8_0::quantize(
+                        (k.quantize)(
                             &x[t * cols..(t + 1) * cols],
                             &mut qx[t * qrow..(t + 1) * qrow],
                         );
                     }
                     for t in 0..n {
-                        let xq = &qx[t * qrow..(t + 1) * qrow];
-                        for (r, o) in out[t * rows..(t + 1) * rows].iter_mut().enumerate() {
-                            *o = q8_0::dot(w.row(r), xq);
-                        }
+                        let o = &mut out[t * rows..(t + 1) * rows];
+                        quant_rows(&k, w, 0..rows, &qx[t * qrow..(t + 1) * qrow], o);
                     }
                 })
             }
-            dtype => {
+            None => {
                 for t in 0..n {
                     let xr = &x[t * cols..(t + 1) * cols];
                     for (r, o) in out[t * rows..(t + 1) * rows].iter_mut().enumerate() {
-                        *o = dot_float_row(dtype, w.row(r), xr);
+                        *o = dot_float_row(w.dtype, w.row(r), xr);
                     }
                 }
             }

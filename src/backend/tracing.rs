@@ -27,6 +27,10 @@ impl<B: Backend> Backend for TracingBackend<B> {
         self.inner.supports(dtype)
     }
 
+    fn prepare(&self, w: &mut Matrix) {
+        self.inner.prepare(w)
+    }
+
     fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
         let _s = trace_span!("matmul", weight = %w.name, dtype = %w.dtype, n, rows = w.rows, cols = w.cols)
             .entered();

@@ -1,0 +1,150 @@
+//! Micro-benchmarks of each kernel, on Qwen3-0.6B's shapes (hidden 1024, FFN 3072, 16/8
+//! heads of 128), for the scalar reference and every instruction set this CPU has, plus the
+//! thread pool's dispatch cost. Run with `cargo bench --bench kernels`.
+
+use divan::{black_box, Bencher};
+use inferno::backend::simd::{Isa, SimdBackend};
+use inferno::backend::threadpool::ThreadPool;
+use inferno::backend::{AttentionShape, Backend, PoolBackend, ScalarBackend};
+use inferno::gguf::TensorBytes;
+use inferno::tensor::{q8_0, GgmlType, Matrix};
+
+fn main() {
+    divan::main();
+}
+
+/// "scalar" and the name of every available instruction set.
+fn kernels() -> Vec<&'static str> {
+    let mut v = vec!["scalar"];
+    v.extend(Isa::available().into_iter().map(Isa::name));
+    v
+}
+
+fn backend(name: &str) -> Box<dyn Backend> {
+    match Isa::from_name(name) {
+        Some(isa) => Box::new(SimdBackend::with_isa(ScalarBackend::new(), isa)),
+        None => Box::new(ScalarBackend::new()),
+    }
+}
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    // A cheap deterministic pseudo-random sequence in [-1, 1).
+    let mut s = seed.wrapping_mul(2654435761).max(1);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s as f32 / u32::MAX as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn q8_matrix(rows: usize, cols: usize) -> Matrix {
+    let v = values(rows * cols, 7);
+    let mut data = vec![0u8; rows * cols / 32 * 34];
+    q8_0::quantize(&v, &mut data);
+    Matrix {
+        name: "w".into(),
+        dtype: GgmlType::Q8_0,
+        rows,
+        cols,
+        data: TensorBytes::from_vec(data),
+        prepared: None,
+    }
+}
+
+fn bench_matmul(b: Bencher, be: &dyn Backend, rows: usize, cols: usize, n: usize) {
+    let mut w = q8_matrix(rows, cols);
+    be.prepare(&mut w);
+    let x = values(n * cols, 3);
+    let mut out = vec![0.0f32; n * rows];
+    b.counter(divan::counter::BytesCount::new(w.data.len()))
+        .bench_local(|| be.matmul(black_box(&w), black_box(&x), n, &mut out));
+}
+
+/// A decode matvec: the FFN up projection (3072 × 1024), one token.
+#[divan::bench(args = kernels())]
+fn q8_matvec_3072x1024(b: Bencher, k: &str) {
+    bench_matmul(b, backend(k).as_ref(), 3072, 1024, 1);
+}
+
+/// The FFN down projection (1024 × 3072), one token.
+#[divan::bench(args = kernels())]
+fn q8_matvec_1024x3072(b: Bencher, k: &str) {
+    bench_matmul(b, backend(k).as_ref(), 1024, 3072, 1);
+}
+
+/// A prefill matmul: 64 tokens through the 3072 × 1024 projection.
+#[divan::bench(args = kernels(), sample_count = 20)]
+fn q8_matmul_64x3072x1024(b: Bencher, k: &str) {
+    bench_matmul(b, backend(k).as_ref(), 3072, 1024, 64);
+}
+
+/// The decode matvec on the pool at 1 and 2 threads.
+#[divan::bench(args = [1, 2])]
+fn pool_q8_matvec_3072x1024(b: Bencher, threads: usize) {
+    let be = PoolBackend::new(SimdBackend::new(ScalarBackend::new()), threads);
+    bench_matmul(b, &be, 3072, 1024, 1);
+}
+
+/// Publishing an empty job to the pool and waiting for it.
+#[divan::bench(args = [2, 4])]
+fn pool_dispatch(b: Bencher, threads: usize) {
+    let pool = ThreadPool::new(threads);
+    b.bench_local(|| pool.run(threads * 2, &|i| _ = black_box(i)));
+}
+
+#[divan::bench(args = kernels())]
+fn rms_norm_1024(b: Bencher, k: &str) {
+    let be = backend(k);
+    let mut x = values(1024, 1);
+    let g = values(1024, 2);
+    b.bench_local(|| be.rms_norm(black_box(&mut x), &g, 1e-6));
+}
+
+#[divan::bench(args = kernels())]
+fn silu_mul_3072(b: Bencher, k: &str) {
+    let be = backend(k);
+    let x = values(3072, 1);
+    let up = values(3072, 2);
+    let mut g = x.clone();
+    b.bench_local(|| {
+        g.copy_from_slice(&x);
+        be.silu_mul(black_box(&mut g), &up)
+    });
+}
+
+#[divan::bench(args = kernels())]
+fn rope_16x128(b: Bencher, k: &str) {
+    let be = backend(k);
+    let inv: Vec<f32> = (0..64).map(|i| 1e6f32.powf(-(i as f32) / 64.0)).collect();
+    let mut x = values(16 * 128, 1);
+    let mut pos = 0;
+    b.bench_local(|| {
+        // A new position each call, as in decode (the angle table is per position).
+        pos += 1;
+        be.rope(black_box(&mut x), 16, 128, pos, &inv)
+    });
+}
+
+/// One decode step's attention for one layer at 512 positions of context.
+#[divan::bench(args = kernels())]
+fn attention_decode_ctx512(b: Bencher, k: &str) {
+    let be = backend(k);
+    let (n_heads, n_kv, hd, ctx) = (16, 8, 128, 512);
+    let q = values(n_heads * hd, 1);
+    let kc = values(n_kv * ctx * hd, 2);
+    let vc = values(n_kv * ctx * hd, 3);
+    let shape = AttentionShape {
+        n_tokens: 1,
+        pos0: ctx - 1,
+        n_heads,
+        n_kv_heads: n_kv,
+        head_dim: hd,
+        capacity: ctx,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
+    let mut out = vec![0.0f32; n_heads * hd];
+    b.bench_local(|| be.attention(&shape, black_box(&q), &kc, &vc, &mut out));
+}

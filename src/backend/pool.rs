@@ -1,0 +1,229 @@
+//! The `pool` backend: the `simd` kernels run on a persistent [`ThreadPool`], for decode as
+//! well as prefill.
+//!
+//! Every matmul is split by 16-row groups of output rows, attention by (token, KV head)
+//! items, RMSNorm by rows and SiLU×up by 8-aligned element ranges, into chunks the threads
+//! claim as they go; every output value is computed start to finish by one thread with the
+//! same code and order as `simd`, so results are byte-identical to `simd` at any thread
+//! count. The caller works too.
+
+use super::simd::{with_act_scratch, Kernels, OutPtr, PackedQ8, SimdBackend, GROUP};
+use super::threadpool::{default_threads, split, ThreadPool};
+use super::{AttentionShape, Backend, ScalarBackend};
+use crate::tensor::{q8_0, GgmlType, Matrix};
+
+/// Products with fewer 16-row groups than this run on the caller alone (dispatch would cost
+/// more than it saves).
+const MIN_GROUPS_TO_SPLIT: usize = 4;
+/// Chunks per thread a job is cut into.
+const CHUNKS_PER_THREAD: usize = 8;
+/// Element-wise operations smaller than this run on the caller alone.
+const MIN_ELEMENTS_TO_SPLIT: usize = 16 * 1024;
+
+pub struct PoolBackend {
+    simd: SimdBackend<ScalarBackend>,
+    k: Kernels,
+    pool: ThreadPool,
+}
+
+/// A raw mutable pointer shared by the threads of one job, each touching its own part.
+#[derive(Clone, Copy)]
+struct SharedMut<T>(*mut T);
+// SAFETY: used only for disjoint writes into a buffer that outlives the job.
+unsafe impl<T> Send for SharedMut<T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    /// `len` elements from `start`.
+    ///
+    /// # Safety
+    /// The range must be inside the buffer and touched by no other thread meanwhile.
+    unsafe fn slice<'a>(self, start: usize, len: usize) -> &'a mut [T] {
+        // SAFETY: the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
+    }
+}
+
+impl PoolBackend {
+    /// `threads == 0` picks [`default_threads`].
+    pub fn new(simd: SimdBackend<ScalarBackend>, threads: usize) -> Self {
+        let threads = if threads == 0 {
+            default_threads()
+        } else {
+            threads
+        };
+        let k = simd.kernels();
+        Self {
+            simd,
+            k,
+            pool: ThreadPool::new(threads),
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    pub fn thread_pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+
+    /// Chunks to cut `units` of work into: several per thread, so a thread that falls behind
+    /// (or is descheduled) leaves its unclaimed chunks to the others.
+    fn chunks(&self, units: usize) -> usize {
+        units.min(self.pool.n_threads() * CHUNKS_PER_THREAD)
+    }
+
+    fn matmul_q8(&self, w: &Matrix, p: &PackedQ8, x: &[f32], n: usize, out: &mut [f32]) {
+        let k = self.k;
+        let cols = w.cols;
+        let nb = cols / q8_0::BLOCK;
+        let o = OutPtr(out.as_mut_ptr());
+        with_act_scratch(|act| {
+            act.reserve(n, cols);
+            if n * cols >= MIN_ELEMENTS_TO_SPLIT && n > 1 {
+                let (q, d, s) = (
+                    SharedMut(act.quants.as_mut_ptr()),
+                    SharedMut(act.scales.as_mut_ptr()),
+                    SharedMut(act.sums.as_mut_ptr()),
+                );
+                let nc = self.chunks(n);
+                self.pool.run(nc, &|c| {
+                    let (t0, t1) = split(n, c, nc);
+                    // SAFETY: token rows t0..t1 of the scratch are this thread's alone, and
+                    // the scratch (reserved above) outlives the job.
+                    let (q, d, s) = unsafe {
+                        (
+                            q.slice(t0 * cols, (t1 - t0) * cols),
+                            d.slice(t0 * nb, (t1 - t0) * nb),
+                            s.slice(t0 * nb, (t1 - t0) * nb),
+                        )
+                    };
+                    k.quantize(&x[t0 * cols..t1 * cols], q, d, s);
+                });
+            } else {
+                k.quantize_into(x, n, cols, act);
+            }
+            let a = act.view(n, cols);
+            if p.groups < MIN_GROUPS_TO_SPLIT {
+                // SAFETY: `out` holds n × rows floats and is ours alone.
+                unsafe { k.gemm_q8(p, &a, n, 0, p.groups, o, w.rows) };
+                return;
+            }
+            let nc = self.chunks(p.groups);
+            self.pool.run(nc, &|c| {
+                let (g0, g1) = split(p.groups, c, nc);
+                // SAFETY: threads take disjoint groups, hence disjoint output rows of `out`,
+                // which outlives the job.
+                unsafe { k.gemm_q8(p, &a, n, g0, g1, o, w.rows) };
+            });
+        });
+    }
+}
+
+impl Backend for PoolBackend {
+    fn name(&self) -> &str {
+        "pool"
+    }
+
+    fn supports(&self, dtype: GgmlType) -> bool {
+        self.simd.supports(dtype)
+    }
+
+    fn prepare(&self, w: &mut Matrix) {
+        self.simd.prepare(w)
+    }
+
+    fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
+        assert!(x.len() >= n * w.cols && out.len() >= n * w.rows);
+        if let Some(p) = PackedQ8::of(w) {
+            return self.matmul_q8(w, p, x, n, out);
+        }
+        match w.dtype {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+                let k = self.k;
+                let o = OutPtr(out.as_mut_ptr());
+                let nc = self.chunks(w.rows.div_ceil(GROUP));
+                self.pool.run(nc, &|c| {
+                    let (g0, g1) = split(w.rows.div_ceil(GROUP), c, nc);
+                    let (r0, r1) = (g0 * GROUP, (g1 * GROUP).min(w.rows));
+                    // SAFETY: disjoint rows of `out`, which outlives the job.
+                    unsafe { k.gemm_float(w, x, n, r0, r1, o, w.rows) };
+                });
+            }
+            _ => self.simd.matmul(w, x, n, out),
+        }
+    }
+
+    fn get_row(&self, w: &Matrix, row: usize, out: &mut [f32]) {
+        self.simd.get_row(w, row, out)
+    }
+
+    fn rms_norm(&self, x: &mut [f32], weight: &[f32], eps: f32) {
+        let dim = weight.len();
+        if dim == 0 || x.len() < MIN_ELEMENTS_TO_SPLIT || x.len() / dim < 2 {
+            return self.simd.rms_norm(x, weight, eps);
+        }
+        let rows = x.len() / dim;
+        let k = self.k;
+        let xp = SharedMut(x.as_mut_ptr());
+        let nc = self.chunks(rows);
+        self.pool.run(nc, &|c| {
+            let (r0, r1) = split(rows, c, nc);
+            // SAFETY: rows r0..r1 are this thread's alone; `x` outlives the job.
+            let part = unsafe { xp.slice(r0 * dim, (r1 - r0) * dim) };
+            k.rms_norm(part, weight, eps);
+        });
+    }
+
+    fn rope(&self, x: &mut [f32], n_heads: usize, head_dim: usize, pos0: usize, inv_freq: &[f32]) {
+        self.simd.rope(x, n_heads, head_dim, pos0, inv_freq)
+    }
+
+    fn attention(
+        &self,
+        shape: &AttentionShape,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        out: &mut [f32],
+    ) {
+        let k = self.k;
+        let len = out.len();
+        let o = OutPtr(out.as_mut_ptr());
+        let items = shape.n_tokens * shape.n_kv_heads;
+        let nc = self.chunks(items);
+        self.pool.run(nc, &|c| {
+            let (i0, i1) = split(items, c, nc);
+            // SAFETY: each item writes only its own heads of `out`, which outlives the job.
+            unsafe { k.attention(shape, q, k_cache, v_cache, o, len, i0, i1) };
+        });
+    }
+
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        let len = gate.len().min(up.len());
+        if len < MIN_ELEMENTS_TO_SPLIT {
+            return self.simd.silu_mul(gate, up);
+        }
+        let k = self.k;
+        let g = SharedMut(gate.as_mut_ptr());
+        // Split in whole 8-lane vectors so every element takes the same (vector or tail)
+        // path as on one thread.
+        let units = len.div_ceil(8);
+        let nc = self.chunks(units);
+        self.pool.run(nc, &|c| {
+            let (u0, u1) = split(units, c, nc);
+            let (e0, e1) = (u0 * 8, (u1 * 8).min(len));
+            if e1 > e0 {
+                // SAFETY: elements e0..e1 are this thread's alone; `gate` outlives the job.
+                let part = unsafe { g.slice(e0, e1 - e0) };
+                k.silu_mul(part, &up[e0..e1]);
+            }
+        });
+    }
+
+    fn add(&self, x: &mut [f32], y: &[f32]) {
+        self.simd.add(x, y)
+    }
+}

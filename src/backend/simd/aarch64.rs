@@ -1,0 +1,170 @@
+//! AArch64 kernels: NEON activation quantization and the Q8_0 matrix product with `sdot`
+//! (signed 8-bit dot products of four bytes into each 32-bit lane).
+//!
+//! The product uses the interleaved layout of [`super::PackedQ8`] (see `x86.rs`): a 64-byte
+//! slice holds four bytes of each of 16 rows, i.e. four 16-byte registers of four rows each,
+//! and `sdot` with the activation's four bytes broadcast to every lane adds each row's
+//! four products into its own lane. Lanes then follow the scalar definition exactly: an exact
+//! integer sum per block, then `acc += isum as f32 * (d_w * d_x)` as a separate multiply and
+//! add. The packed scales are stored widened to f32 for this path.
+//!
+//! `sdot` is emitted with inline assembly: its intrinsic is not stable in Rust yet.
+
+use super::{ActQ8Ref, PackedQ8, GROUP};
+use std::arch::aarch64::*;
+use std::arch::asm;
+
+/// `acc[i] += Σ_{j<4} a[4i+j] · b[4i+j]` over signed bytes.
+#[inline(always)]
+unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+    let mut acc = acc;
+    // SAFETY: a pure register operation; the callers run only where the CPU reports the
+    // dot-product extension.
+    unsafe {
+        asm!(
+            ".arch_extension dotprod",
+            "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+            acc = inout(vreg) acc,
+            a = in(vreg) a,
+            b = in(vreg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
+/// Q8_0 quantization identical to `q8_0::quantize`: `FCVTAS` rounds to nearest with ties
+/// away from zero, as `f32::round` does.
+///
+/// # Safety
+/// NEON must be present (it always is on AArch64); `q` holds `x.len()` values, `d` and `s`
+/// one per block.
+#[target_feature(enable = "neon")]
+pub unsafe fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32]) {
+    let nb = x.len() / 32;
+    for b in 0..nb {
+        // SAFETY: block `b` lies inside `x`.
+        let v: [float32x4_t; 8] = unsafe {
+            let p = x.as_ptr().add(b * 32);
+            std::array::from_fn(|i| vld1q_f32(p.add(i * 4)))
+        };
+        let mut m = vabsq_f32(v[0]);
+        for vi in &v[1..] {
+            m = vmaxq_f32(m, vabsq_f32(*vi));
+        }
+        let amax = vmaxvq_f32(m).max(0.0);
+        let dd = amax / 127.0;
+        let id = if dd != 0.0 { 1.0 / dd } else { 0.0 };
+        d[b] = half::f16::from_f32(dd).to_f32();
+        let qi: [int32x4_t; 8] = std::array::from_fn(|i| vcvtaq_s32_f32(vmulq_n_f32(v[i], id)));
+        let mut sum = qi[0];
+        for qv in &qi[1..] {
+            sum = vaddq_s32(sum, *qv);
+        }
+        s[b] = vaddvq_s32(sum);
+        let h: [int16x8_t; 4] =
+            std::array::from_fn(|i| vcombine_s16(vqmovn_s32(qi[2 * i]), vqmovn_s32(qi[2 * i + 1])));
+        let lo = vcombine_s8(vqmovn_s16(h[0]), vqmovn_s16(h[1]));
+        let hi = vcombine_s8(vqmovn_s16(h[2]), vqmovn_s16(h[3]));
+        // SAFETY: the block's 32 bytes lie inside `q`.
+        unsafe {
+            vst1q_s8(q.as_mut_ptr().add(b * 32), lo);
+            vst1q_s8(q.as_mut_ptr().add(b * 32 + 16), hi);
+        }
+    }
+}
+
+/// One group of 16 rows times `T` tokens.
+#[inline]
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn group_sdot<const T: usize>(
+    w: &PackedQ8,
+    g: usize,
+    a: &ActQ8Ref<'_>,
+    t0: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let nb = w.nb;
+    let cols = w.cols;
+    let qbase = w.group_quants(g).as_ptr() as *const i8;
+    let sbase = w.group_scales32(g).as_ptr();
+    let mut acc = [[vdupq_n_f32(0.0); 4]; T];
+    for b in 0..nb {
+        let mut isum = [[vdupq_n_s32(0); 4]; T];
+        // SAFETY: block `b` of group `g` holds 8 slices × 64 bytes.
+        let wq = unsafe { qbase.add(b * 512) };
+        for k in 0..8 {
+            // SAFETY: inside the block.
+            let wv: [int8x16_t; 4] =
+                std::array::from_fn(|j| unsafe { vld1q_s8(wq.add(k * 64 + j * 16)) });
+            for (t, is) in isum.iter_mut().enumerate() {
+                // SAFETY: token t0+t has `cols` quants; this slice is inside block `b`.
+                let xv = unsafe {
+                    (a.quants.as_ptr().add((t0 + t) * cols + b * 32 + k * 4) as *const i32)
+                        .read_unaligned()
+                };
+                let xb = vreinterpretq_s8_s32(vdupq_n_s32(xv));
+                for j in 0..4 {
+                    // SAFETY: the dot-product extension is enabled for this function.
+                    is[j] = unsafe { sdot(is[j], wv[j], xb) };
+                }
+            }
+        }
+        // SAFETY: 16 f32 scales per block.
+        let dw: [float32x4_t; 4] =
+            std::array::from_fn(|j| unsafe { vld1q_f32(sbase.add(b * 16 + j * 4)) });
+        for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
+            let dx = vdupq_n_f32(a.scales[(t0 + t) * nb + b]);
+            for j in 0..4 {
+                ac[j] = vaddq_f32(ac[j], vmulq_f32(vcvtq_f32_s32(is[j]), vmulq_f32(dw[j], dx)));
+            }
+        }
+    }
+    let rows = w.rows_in_group(g);
+    for (t, ac) in acc.iter().enumerate() {
+        let mut lanes = [0.0f32; GROUP];
+        // SAFETY: `lanes` holds 16 floats; the destination rows are the caller's.
+        unsafe {
+            for j in 0..4 {
+                vst1q_f32(lanes.as_mut_ptr().add(j * 4), ac[j]);
+            }
+            std::ptr::copy_nonoverlapping(
+                lanes.as_ptr(),
+                out.add((t0 + t) * ldo + g * GROUP),
+                rows,
+            );
+        }
+    }
+}
+
+/// Q8_0 product for the rows of groups `g0..g1` and tokens `0..n` with `sdot`.
+///
+/// # Safety
+/// NEON and the dot-product extension must be present; `w` packed with f32 scales; `out`
+/// writable at `t * ldo + r` for those tokens and rows.
+#[target_feature(enable = "neon,dotprod")]
+pub unsafe fn gemm_q8_sdot(
+    w: &PackedQ8,
+    a: &ActQ8Ref<'_>,
+    n: usize,
+    g0: usize,
+    g1: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    for g in g0..g1 {
+        let mut t = 0;
+        // SAFETY (all): forwarded from our own contract.
+        while t + 4 <= n {
+            unsafe { group_sdot::<4>(w, g, a, t, out, ldo) };
+            t += 4;
+        }
+        match n - t {
+            3 => unsafe { group_sdot::<3>(w, g, a, t, out, ldo) },
+            2 => unsafe { group_sdot::<2>(w, g, a, t, out, ldo) },
+            1 => unsafe { group_sdot::<1>(w, g, a, t, out, ldo) },
+            _ => {}
+        }
+    }
+}

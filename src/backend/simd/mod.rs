@@ -1,0 +1,782 @@
+//! The `simd` backend and the vector kernels shared by the multi-threaded backends.
+//!
+//! It owns:
+//! - [`Isa`]: the instruction set picked at run time (AVX-512 VNNI, AVX2, NEON with `sdot`,
+//!   or portable code), overridable with `INFERNO_SIMD` for comparisons;
+//! - [`PackedQ8`]: Q8_0 weights repacked at load into 16-row interleaved groups, the layout
+//!   the integer kernels want (built through [`Backend::prepare`]);
+//! - [`ActQ8`]: activations quantized to Q8_0 for the integer products;
+//! - [`Kernels`]: entry points that compute a given share of an operation (rows of a matmul,
+//!   heads of an attention), so `simd` runs all of it on one thread and `parallel` / `pool`
+//!   hand the shares to threads — each output value is computed by the same code in the same
+//!   order whatever the split, so results are identical at any thread count;
+//! - [`SimdBackend`], which decorates a reference backend (normally `scalar`) and forwards it
+//!   the types it has no kernel for.
+//!
+//! Numerics: the Q8_0 products, RoPE and `add` reproduce the scalar backend bit for bit. The
+//! float-weight products, RMSNorm's sum of squares and attention's dot products sum in a
+//! different order, and SiLU and softmax use a vector exponential (within 2 ulp), so those
+//! differ from `scalar` by a few ulp per operation.
+
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
+pub mod portable;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use super::{AttentionShape, Backend};
+use crate::tensor::{q8_0, GgmlType, Matrix};
+use rayon::prelude::*;
+use std::any::Any;
+use std::cell::RefCell;
+use std::sync::{Arc, OnceLock};
+
+/// Rows interleaved in one packed group: one 64-byte vector holds 4 bytes of each.
+pub const GROUP: usize = 16;
+
+/// An instruction set the kernels can use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Plain Rust, any CPU.
+    Portable,
+    /// AVX2 + FMA + F16C (`maddubs` for the integer products).
+    Avx2,
+    /// AVX-512 F/BW + VNNI (`vpdpbusd`) for the integer products, AVX2 for the rest.
+    Avx512Vnni,
+    /// NEON with the dot-product extension (`sdot`).
+    Neon,
+}
+
+impl Isa {
+    pub const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512Vnni, Isa::Neon];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512vnni",
+            Isa::Neon => "neon",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Isa> {
+        Self::ALL
+            .into_iter()
+            .find(|i| i.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// Whether this CPU can run it.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => {
+                Isa::Avx2.is_available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("dotprod"),
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// The best available instruction set.
+    pub fn best() -> Isa {
+        [Isa::Avx512Vnni, Isa::Avx2, Isa::Neon]
+            .into_iter()
+            .find(|i| i.is_available())
+            .unwrap_or(Isa::Portable)
+    }
+
+    /// The instruction set new backends use: `INFERNO_SIMD` when it names an available one,
+    /// else the best available. Decided once per process.
+    pub fn selected() -> Isa {
+        static SELECTED: OnceLock<Isa> = OnceLock::new();
+        *SELECTED.get_or_init(|| {
+            std::env::var("INFERNO_SIMD")
+                .ok()
+                .and_then(|v| Isa::from_name(&v))
+                .filter(|i| i.is_available())
+                .unwrap_or_else(Isa::best)
+        })
+    }
+
+    /// Every instruction set this CPU can run (for tests and benchmarks).
+    pub fn available() -> Vec<Isa> {
+        Self::ALL.into_iter().filter(|i| i.is_available()).collect()
+    }
+
+    /// Whether the AVX2 kernels for the non-matmul operations apply.
+    fn x86_vector(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::Avx512Vnni)
+    }
+}
+
+// -----------------------------------------------------------------------------------------
+// Packed Q8_0 weights
+// -----------------------------------------------------------------------------------------
+
+/// A 64-byte aligned line, so packed slices never straddle cache lines.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+/// Q8_0 weights regrouped for the integer kernels: rows in groups of 16 (the last padded with
+/// zero rows); per group and block of 32 columns, 8 slices of 64 bytes, slice `k` holding
+/// bytes `4k..4k+4` of the block for each of the 16 rows; the 16 block scales beside, as f16
+/// (x86, portable) or widened to f32 (NEON, which has no stable f16 conversion intrinsic).
+/// For VNNI the quants are stored offset by 128 (`w ^ 0x80`).
+pub struct PackedQ8 {
+    pub rows: usize,
+    pub cols: usize,
+    /// Blocks per row.
+    pub nb: usize,
+    pub groups: usize,
+    offset: bool,
+    quants: Vec<Line>,
+    scales16: Vec<u16>,
+    scales32: Vec<f32>,
+}
+
+impl PackedQ8 {
+    /// Repacks a Q8_0 matrix for `isa`'s kernels; `None` for other types or a bad size.
+    pub fn pack(isa: Isa, m: &Matrix) -> Option<PackedQ8> {
+        if m.dtype != GgmlType::Q8_0 || m.cols % q8_0::BLOCK != 0 || m.rows == 0 {
+            return None;
+        }
+        let nb = m.cols / q8_0::BLOCK;
+        let row_bytes = nb * q8_0::BLOCK_BYTES;
+        let data = m.bytes();
+        if data.len() != m.rows.checked_mul(row_bytes)? {
+            return None;
+        }
+        let groups = m.rows.div_ceil(GROUP);
+        let offset = isa == Isa::Avx512Vnni;
+        let f32_scales = isa == Isa::Neon;
+        let glines = nb * 8; // 64-byte lines per group
+        let mut quants = vec![Line([0; 64]); groups * glines];
+        let mut scales16 = vec![0u16; if f32_scales { 0 } else { groups * nb * GROUP }];
+        let mut scales32 = vec![0f32; if f32_scales { groups * nb * GROUP } else { 0 }];
+        let fill = |g: usize, ql: &mut [Line], s16: &mut [u16], s32: &mut [f32]| {
+            for r in 0..GROUP {
+                let row = g * GROUP + r;
+                let src = (row < m.rows).then(|| &data[row * row_bytes..(row + 1) * row_bytes]);
+                for b in 0..nb {
+                    let (scale, qs): (u16, &[u8]) = match src {
+                        Some(s) => {
+                            let blk = &s[b * q8_0::BLOCK_BYTES..(b + 1) * q8_0::BLOCK_BYTES];
+                            (u16::from_le_bytes([blk[0], blk[1]]), &blk[2..])
+                        }
+                        None => (0, &[0u8; 32][..]),
+                    };
+                    if f32_scales {
+                        s32[b * GROUP + r] = half::f16::from_bits(scale).to_f32();
+                    } else {
+                        s16[b * GROUP + r] = scale;
+                    }
+                    for k in 0..8 {
+                        let line = &mut ql[b * 8 + k].0;
+                        for j in 0..4 {
+                            let v = qs[k * 4 + j];
+                            line[r * 4 + j] = if offset { v ^ 0x80 } else { v };
+                        }
+                    }
+                }
+            }
+        };
+        let sg = if f32_scales { 0 } else { nb * GROUP };
+        let sg32 = if f32_scales { nb * GROUP } else { 0 };
+        // Packing a whole model is ~0.6 GB of shuffling: spread it over the cores.
+        quants
+            .par_chunks_mut(glines)
+            .zip(par_chunks_or_empty(&mut scales16, sg, groups))
+            .zip(par_chunks_or_empty(&mut scales32, sg32, groups))
+            .enumerate()
+            .for_each(|(g, ((ql, s16), s32))| fill(g, ql, s16, s32));
+        Some(PackedQ8 {
+            rows: m.rows,
+            cols: m.cols,
+            nb,
+            groups,
+            offset,
+            quants,
+            scales16,
+            scales32,
+        })
+    }
+
+    /// Real rows in group `g` (16 except perhaps the last).
+    #[inline]
+    pub fn rows_in_group(&self, g: usize) -> usize {
+        GROUP.min(self.rows - g * GROUP)
+    }
+
+    /// All quants of group `g`: `nb` blocks of 512 bytes.
+    #[inline]
+    pub fn group_quants(&self, g: usize) -> &[u8] {
+        let lines = &self.quants[g * self.nb * 8..(g + 1) * self.nb * 8];
+        // SAFETY: `Line` is 64 plain bytes with no padding; the slice covers exactly them.
+        unsafe { std::slice::from_raw_parts(lines.as_ptr() as *const u8, lines.len() * 64) }
+    }
+
+    /// The 512 bytes of block `b` of group `g`.
+    pub fn block_quants(&self, g: usize, b: usize) -> &[u8] {
+        &self.group_quants(g)[b * 512..(b + 1) * 512]
+    }
+
+    #[inline]
+    pub fn group_scales16(&self, g: usize) -> &[u16] {
+        &self.scales16[g * self.nb * GROUP..(g + 1) * self.nb * GROUP]
+    }
+
+    #[inline]
+    pub fn group_scales32(&self, g: usize) -> &[f32] {
+        &self.scales32[g * self.nb * GROUP..(g + 1) * self.nb * GROUP]
+    }
+
+    /// Scale of row `r` of group `g`, block `b`, as f32.
+    pub fn scale(&self, g: usize, b: usize, r: usize) -> f32 {
+        let i = (g * self.nb + b) * GROUP + r;
+        if self.scales32.is_empty() {
+            half::f16::from_bits(self.scales16[i]).to_f32()
+        } else {
+            self.scales32[i]
+        }
+    }
+
+    /// A stored quant byte as the signed weight.
+    #[inline]
+    pub fn weight_value(&self, byte: u8) -> i8 {
+        (if self.offset { byte ^ 0x80 } else { byte }) as i8
+    }
+
+    /// Whether `isa`'s kernel can read this packing (else the portable kernel is used).
+    fn fits(&self, isa: Isa) -> bool {
+        match isa {
+            Isa::Avx512Vnni => self.offset && !self.scales16.is_empty(),
+            Isa::Avx2 => !self.offset && !self.scales16.is_empty(),
+            Isa::Neon => !self.offset && !self.scales32.is_empty(),
+            Isa::Portable => true,
+        }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.quants.len() * 64 + self.scales16.len() * 2 + self.scales32.len() * 4
+    }
+
+    /// The packed form stored on `m` by [`SimdBackend::prepare`], if any.
+    pub fn of(m: &Matrix) -> Option<&PackedQ8> {
+        m.prepared.as_ref()?.downcast_ref::<PackedQ8>()
+    }
+}
+
+/// `chunk`-sized parallel chunks of `v`, or `n` empty slices when `v` is empty.
+fn par_chunks_or_empty<T: Send>(
+    v: &mut [T],
+    chunk: usize,
+    n: usize,
+) -> rayon::vec::IntoIter<&mut [T]> {
+    if chunk == 0 {
+        (0..n)
+            .map(|_| <&mut [T]>::default())
+            .collect::<Vec<_>>()
+            .into_par_iter()
+    } else {
+        v.chunks_mut(chunk).collect::<Vec<_>>().into_par_iter()
+    }
+}
+
+// -----------------------------------------------------------------------------------------
+// Quantized activations
+// -----------------------------------------------------------------------------------------
+
+/// Activation rows quantized to Q8_0 in split form: quants, widened scales, and per-block
+/// sums of the quants (the VNNI kernel's offset correction).
+#[derive(Default)]
+pub struct ActQ8 {
+    pub quants: Vec<i8>,
+    pub scales: Vec<f32>,
+    pub sums: Vec<i32>,
+}
+
+/// A read-only view of [`ActQ8`], shared by the threads of one product.
+#[derive(Clone, Copy)]
+pub struct ActQ8Ref<'a> {
+    pub quants: &'a [i8],
+    pub scales: &'a [f32],
+    pub sums: &'a [i32],
+}
+
+impl ActQ8 {
+    /// Makes room for `n` rows of `cols` values; grows only, so steady state allocates nothing.
+    pub fn reserve(&mut self, n: usize, cols: usize) {
+        let nb = cols / q8_0::BLOCK;
+        if self.quants.len() < n * cols {
+            self.quants.resize(n * cols, 0);
+        }
+        if self.scales.len() < n * nb {
+            self.scales.resize(n * nb, 0.0);
+            self.sums.resize(n * nb, 0);
+        }
+    }
+
+    pub fn view(&self, n: usize, cols: usize) -> ActQ8Ref<'_> {
+        let nb = cols / q8_0::BLOCK;
+        ActQ8Ref {
+            quants: &self.quants[..n * cols],
+            scales: &self.scales[..n * nb],
+            sums: &self.sums[..n * nb],
+        }
+    }
+}
+
+thread_local! {
+    static ACT: RefCell<ActQ8> = RefCell::new(ActQ8::default());
+    static ROPE: RefCell<RopeTable> = RefCell::new(RopeTable::default());
+}
+
+/// Runs `f` with this thread's activation scratch (grown to the largest request, then reused).
+pub fn with_act_scratch<R>(f: impl FnOnce(&mut ActQ8) -> R) -> R {
+    ACT.with(|c| f(&mut c.borrow_mut()))
+}
+
+// -----------------------------------------------------------------------------------------
+// RoPE angles
+// -----------------------------------------------------------------------------------------
+
+/// Cosines and sines of the last positions asked for, shared by the 2 × n_layers RoPE calls
+/// of one forward pass. Computed exactly as the scalar backend computes them.
+#[derive(Default)]
+struct RopeTable {
+    pos0: usize,
+    n: usize,
+    inv_freq: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl RopeTable {
+    fn update(&mut self, pos0: usize, n: usize, inv_freq: &[f32]) {
+        if self.pos0 == pos0 && self.n == n && self.inv_freq == inv_freq && !self.cos.is_empty() {
+            return;
+        }
+        let half = inv_freq.len();
+        if self.inv_freq.len() != half {
+            self.inv_freq.resize(half, 0.0);
+        }
+        self.inv_freq.copy_from_slice(inv_freq);
+        if self.cos.len() < n * half {
+            self.cos.resize(n * half, 0.0);
+            self.sin.resize(n * half, 0.0);
+        }
+        for t in 0..n {
+            let pos = (pos0 + t) as f32;
+            for (i, &f) in inv_freq.iter().enumerate() {
+                let angle = (pos * f) as f64;
+                self.cos[t * half + i] = angle.cos() as f32;
+                self.sin[t * half + i] = angle.sin() as f32;
+            }
+        }
+        self.pos0 = pos0;
+        self.n = n;
+    }
+}
+
+// -----------------------------------------------------------------------------------------
+// Kernels
+// -----------------------------------------------------------------------------------------
+
+/// A raw output pointer handed to the threads of one operation, each writing its own share.
+#[derive(Clone, Copy)]
+pub struct OutPtr(pub *mut f32);
+// SAFETY: only used to let threads write disjoint parts of one buffer that outlives the job.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// The vector kernels for one instruction set. Each entry point computes a share of an
+/// operation so callers can split it over threads.
+#[derive(Clone, Copy, Debug)]
+pub struct Kernels {
+    pub isa: Isa,
+}
+
+impl Kernels {
+    pub fn new(isa: Isa) -> Self {
+        let isa = if isa.is_available() {
+            isa
+        } else {
+            Isa::Portable
+        };
+        Self { isa }
+    }
+
+    /// Quantizes rows of `x` (each `cols` long) into the given split-form slices.
+    pub fn quantize(&self, x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32]) {
+        assert!(q.len() >= x.len() && d.len() * q8_0::BLOCK >= x.len() && s.len() >= d.len());
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the ISA was checked at construction; sizes checked above.
+            Isa::Avx2 | Isa::Avx512Vnni => unsafe { x86::quantize_rows(x, q, d, s) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: NEON is part of the AArch64 baseline; sizes checked above.
+            Isa::Neon => unsafe { aarch64::quantize_rows(x, q, d, s) },
+            _ => portable::quantize_rows(x, q, d, s),
+        }
+    }
+
+    /// Quantizes `n` rows of `x` into `act` (grown as needed), on this thread.
+    pub fn quantize_into(&self, x: &[f32], n: usize, cols: usize, act: &mut ActQ8) {
+        act.reserve(n, cols);
+        let nb = cols / q8_0::BLOCK;
+        self.quantize(
+            &x[..n * cols],
+            &mut act.quants[..n * cols],
+            &mut act.scales[..n * nb],
+            &mut act.sums[..n * nb],
+        );
+    }
+
+    /// `out[t * ldo + r]` for tokens `t < n` and the rows of groups `g0..g1`.
+    ///
+    /// # Safety
+    /// `out` must be valid for writes at those offsets and no other thread may access them
+    /// during the call; `a` holds `n` rows of `w.cols` quants.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_q8(
+        &self,
+        w: &PackedQ8,
+        a: &ActQ8Ref<'_>,
+        n: usize,
+        g0: usize,
+        g1: usize,
+        out: OutPtr,
+        ldo: usize,
+    ) {
+        assert!(a.quants.len() >= n * w.cols && a.scales.len() >= n * w.nb && g1 <= w.groups);
+        let isa = if w.fits(self.isa) {
+            self.isa
+        } else {
+            Isa::Portable
+        };
+        // SAFETY (all arms): the ISA is available (checked at construction) and fits the
+        // packing; the sizes were checked above; `out` is the caller's promise.
+        unsafe {
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => x86::gemm_q8_avx2(w, a, n, g0, g1, out.0, ldo),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512Vnni => x86::gemm_q8_vnni(w, a, n, g0, g1, out.0, ldo),
+                #[cfg(target_arch = "aarch64")]
+                Isa::Neon => aarch64::gemm_q8_sdot(w, a, n, g0, g1, out.0, ldo),
+                _ => portable::gemm_q8(w, a, n, g0, g1, out.0, ldo),
+            }
+        }
+    }
+
+    /// One float-weight dot product.
+    #[inline]
+    pub fn dot_float(&self, dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the ISA was checked at construction; `w` is one row matching `x`.
+            Isa::Avx2 | Isa::Avx512Vnni if w.len() >= x.len() * dtype.type_size() => unsafe {
+                x86::dot_float(dtype, w, x)
+            },
+            _ => portable::dot_float(dtype, w, x),
+        }
+    }
+
+    /// Float-weight product for rows `r0..r1` and tokens `t < n`.
+    ///
+    /// # Safety
+    /// As for [`Kernels::gemm_q8`], for the rows `r0..r1`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_float(
+        &self,
+        w: &Matrix,
+        x: &[f32],
+        n: usize,
+        r0: usize,
+        r1: usize,
+        out: OutPtr,
+        ldo: usize,
+    ) {
+        let cols = w.cols;
+        for r in r0..r1 {
+            let row = w.row(r);
+            for t in 0..n {
+                let v = self.dot_float(w.dtype, row, &x[t * cols..(t + 1) * cols]);
+                // SAFETY: the caller owns this output element.
+                unsafe { *out.0.add(t * ldo + r) = v };
+            }
+        }
+    }
+
+    pub fn rms_norm(&self, x: &mut [f32], weight: &[f32], eps: f32) {
+        if weight.is_empty() {
+            return;
+        }
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the ISA was checked at construction.
+            i if i.x86_vector() => unsafe { x86::rms_norm(x, weight, eps) },
+            _ => portable::rms_norm(x, weight, eps),
+        }
+    }
+
+    pub fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the ISA was checked at construction.
+            i if i.x86_vector() => unsafe { x86::silu_mul(gate, up) },
+            _ => portable::silu_mul(gate, up),
+        }
+    }
+
+    pub fn add(&self, x: &mut [f32], y: &[f32]) {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the ISA was checked at construction.
+            i if i.x86_vector() => unsafe { x86::add(x, y) },
+            _ => {
+                for (a, &b) in x.iter_mut().zip(y) {
+                    *a += b;
+                }
+            }
+        }
+    }
+
+    pub fn rope(
+        &self,
+        x: &mut [f32],
+        n_heads: usize,
+        head_dim: usize,
+        pos0: usize,
+        inv_freq: &[f32],
+    ) {
+        let row = n_heads * head_dim;
+        if row == 0 || inv_freq.len() * 2 != head_dim {
+            return;
+        }
+        let n = x.len() / row;
+        ROPE.with(|t| {
+            let mut t = t.borrow_mut();
+            t.update(pos0, n, inv_freq);
+            let half = head_dim / 2;
+            let (cos, sin) = (&t.cos[..n * half], &t.sin[..n * half]);
+            match self.isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the ISA was checked at construction.
+                i if i.x86_vector() => unsafe { x86::rope_apply(x, n_heads, head_dim, cos, sin) },
+                _ => portable::rope_apply(x, n_heads, head_dim, cos, sin),
+            }
+        })
+    }
+
+    /// Attention work items `i0..i1` (clipped to `n_tokens × n_kv_heads`): item
+    /// `t * n_kv_heads + kvh` is query token `t` with every query head of KV head `kvh`.
+    ///
+    /// # Safety
+    /// `out` points to `n_tokens × n_heads × head_dim` floats of which this call writes its
+    /// items' heads; no other thread writes those during the call.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn attention(
+        &self,
+        s: &AttentionShape,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        out: OutPtr,
+        out_len: usize,
+        i0: usize,
+        i1: usize,
+    ) {
+        let hd = s.head_dim;
+        if s.n_kv_heads == 0 || hd == 0 {
+            return;
+        }
+        let group = s.n_heads / s.n_kv_heads;
+        let total = s.n_tokens * s.n_kv_heads;
+        for item in i0..i1.min(total) {
+            let (t, kvh) = (item / s.n_kv_heads, item % s.n_kv_heads);
+            let kv_len = s.pos0 + t + 1;
+            let base = (t * s.n_heads + kvh * group) * hd;
+            let qg = &q[base..base + group * hd];
+            let kb = kvh * s.capacity * hd;
+            let (k, v) = (
+                &k_cache[kb..kb + kv_len * hd],
+                &v_cache[kb..kb + kv_len * hd],
+            );
+            assert!(base + group * hd <= out_len);
+            // SAFETY: in bounds (checked above) and owned by this item alone.
+            let og = unsafe { std::slice::from_raw_parts_mut(out.0.add(base), group * hd) };
+            self.attend_group(s, qg, k, v, kv_len, og);
+        }
+    }
+
+    fn attend_group(
+        &self,
+        s: &AttentionShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        kv_len: usize,
+        out: &mut [f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        if self.isa.x86_vector() && s.head_dim % 8 == 0 {
+            let hd = s.head_dim;
+            for (qb, ob) in q
+                .chunks(x86::MAX_GROUP * hd)
+                .zip(out.chunks_mut(x86::MAX_GROUP * hd))
+            {
+                // SAFETY: the ISA was checked at construction; head_dim is a multiple of 8
+                // and `k`/`v` hold `kv_len` rows (sliced by the caller).
+                unsafe { x86::attend_group(s, qb, k, v, kv_len, ob) };
+            }
+            return;
+        }
+        portable::attend_group(s, q, k, v, kv_len, out);
+    }
+}
+
+// -----------------------------------------------------------------------------------------
+// The backend
+// -----------------------------------------------------------------------------------------
+
+/// Vector kernels on one thread, decorating a reference backend for everything else.
+pub struct SimdBackend<B> {
+    inner: B,
+    k: Kernels,
+    name: String,
+}
+
+impl<B: Backend> SimdBackend<B> {
+    /// With the process's selected instruction set ([`Isa::selected`]).
+    pub fn new(inner: B) -> Self {
+        Self::with_isa(inner, Isa::selected())
+    }
+
+    /// With a given instruction set (the portable kernels if this CPU lacks it).
+    pub fn with_isa(inner: B, isa: Isa) -> Self {
+        let k = Kernels::new(isa);
+        Self {
+            inner,
+            k,
+            name: "simd".to_string(),
+        }
+    }
+
+    pub fn kernels(&self) -> Kernels {
+        self.k
+    }
+
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+}
+
+/// Packs Q8_0 matrices for `k`'s instruction set (shared by the backends built on `simd`).
+pub fn prepare_matrix(k: &Kernels, w: &mut Matrix) {
+    if w.dtype == GgmlType::Q8_0 && PackedQ8::of(w).is_none() {
+        if let Some(p) = PackedQ8::pack(k.isa, w) {
+            w.prepared = Some(Arc::new(p) as Arc<dyn Any + Send + Sync>);
+        }
+    }
+}
+
+impl<B: Backend> Backend for SimdBackend<B> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn supports(&self, dtype: GgmlType) -> bool {
+        self.inner.supports(dtype)
+    }
+
+    fn prepare(&self, w: &mut Matrix) {
+        self.inner.prepare(w);
+        prepare_matrix(&self.k, w);
+    }
+
+    fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
+        assert!(x.len() >= n * w.cols && out.len() >= n * w.rows);
+        if let Some(p) = PackedQ8::of(w) {
+            with_act_scratch(|act| {
+                self.k.quantize_into(x, n, w.cols, act);
+                let a = act.view(n, w.cols);
+                // SAFETY: `out` holds n × rows floats (checked above) and is ours alone.
+                unsafe {
+                    self.k
+                        .gemm_q8(p, &a, n, 0, p.groups, OutPtr(out.as_mut_ptr()), w.rows)
+                };
+            });
+            return;
+        }
+        match w.dtype {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+                // SAFETY: as above.
+                unsafe {
+                    self.k
+                        .gemm_float(w, x, n, 0, w.rows, OutPtr(out.as_mut_ptr()), w.rows)
+                }
+            }
+            _ => self.inner.matmul(w, x, n, out),
+        }
+    }
+
+    fn get_row(&self, w: &Matrix, row: usize, out: &mut [f32]) {
+        self.inner.get_row(w, row, out)
+    }
+
+    fn rms_norm(&self, x: &mut [f32], weight: &[f32], eps: f32) {
+        self.k.rms_norm(x, weight, eps)
+    }
+
+    fn rope(&self, x: &mut [f32], n_heads: usize, head_dim: usize, pos0: usize, inv_freq: &[f32]) {
+        self.k.rope(x, n_heads, head_dim, pos0, inv_freq)
+    }
+
+    fn attention(
+        &self,
+        shape: &AttentionShape,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        out: &mut [f32],
+    ) {
+        let len = out.len();
+        // SAFETY: one thread computes every item into `out`, which it borrows mutably.
+        unsafe {
+            self.k.attention(
+                shape,
+                q,
+                k_cache,
+                v_cache,
+                OutPtr(out.as_mut_ptr()),
+                len,
+                0,
+                usize::MAX,
+            )
+        }
+    }
+
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        self.k.silu_mul(gate, up)
+    }
+
+    fn add(&self, x: &mut [f32], y: &[f32]) {
+        self.k.add(x, y)
+    }
+}

@@ -1,0 +1,689 @@
+//! x86-64 kernels: AVX2 (+FMA, F16C) for everything, and an AVX-512 VNNI (`vpdpbusd`)
+//! version of the Q8_0 matrix product. Callers check the CPU features first (see
+//! [`super::Isa`]); every function here is `unsafe` for that reason.
+//!
+//! The Q8_0 products work on the interleaved layout of [`super::PackedQ8`]: one 4-byte slice
+//! of 16 consecutive rows side by side, so each 32-bit lane of a vector belongs to one output
+//! row and a block's integer sum for 16 rows ends up in lanes without horizontal reductions.
+//! Each lane then follows the scalar definition exactly: an exact integer sum per block, then
+//! `acc += isum as f32 * (d_w * d_x)` with a separate multiply and add, block after block.
+
+use super::{ActQ8Ref, PackedQ8, GROUP};
+use crate::backend::AttentionShape;
+use crate::tensor::GgmlType;
+use std::arch::x86_64::*;
+
+// ---------------------------------------------------------------------------------------
+// Small helpers
+// ---------------------------------------------------------------------------------------
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hmax(v: __m256) -> f32 {
+    let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_max_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
+/// `e^x` for 8 lanes: range reduction by ln 2 and a degree-7 polynomial, within 2 ulp of the
+/// true value on [-87, 88]; inputs are clamped to that range (tiny results flush towards 0).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub fn exp256(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(-87.33654)),
+        _mm256_set1_ps(88.0),
+    );
+    let n = _mm256_round_ps(
+        _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+    );
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm256_set1_ps(1.0 / 5040.0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 720.0));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 120.0));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 24.0));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 6.0));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0));
+    let e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+        23,
+    );
+    _mm256_mul_ps(p, _mm256_castsi256_ps(e))
+}
+
+// ---------------------------------------------------------------------------------------
+// Activation quantization
+// ---------------------------------------------------------------------------------------
+
+/// Q8_0 quantization of `x` (whole blocks), identical to `q8_0::quantize`: the same scale
+/// `amax / 127`, the same reciprocal, and rounding half away from zero (done as truncation
+/// plus a correction, since the vector rounding mode rounds half to even).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `q` holds `x.len()` values, `d` and `s` one per
+/// block.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32]) {
+    let nb = x.len() / 32;
+    debug_assert!(q.len() >= nb * 32 && d.len() >= nb && s.len() >= nb);
+    let sign = _mm256_set1_ps(-0.0);
+    let half = _mm256_set1_ps(0.5);
+    let one = _mm256_set1_ps(1.0);
+    let perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for b in 0..nb {
+        // SAFETY: block `b` lies inside `x` (nb whole blocks).
+        let v: [__m256; 4] = unsafe {
+            let p = x.as_ptr().add(b * 32);
+            [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ]
+        };
+        let a01 = _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1]));
+        let a23 = _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]));
+        let amax = hmax(_mm256_max_ps(a01, a23));
+        let dd = amax / 127.0;
+        let id = if dd != 0.0 { 1.0 / dd } else { 0.0 };
+        d[b] = half::f16::from_f32(dd).to_f32();
+        let idv = _mm256_set1_ps(id);
+        let mut qi = [_mm256_setzero_si256(); 4];
+        for (o, &vv) in qi.iter_mut().zip(&v) {
+            let y = _mm256_mul_ps(vv, idv);
+            let t = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(y, t));
+            let away = _mm256_cmp_ps(frac, half, _CMP_GE_OQ);
+            let step = _mm256_or_ps(_mm256_and_ps(y, sign), one);
+            *o = _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(away, step)));
+        }
+        let sum = _mm256_add_epi32(
+            _mm256_add_epi32(qi[0], qi[1]),
+            _mm256_add_epi32(qi[2], qi[3]),
+        );
+        let s128 = _mm_add_epi32(
+            _mm256_castsi256_si128(sum),
+            _mm256_extracti128_si256(sum, 1),
+        );
+        let s128 = _mm_add_epi32(s128, _mm_shuffle_epi32(s128, 0b01_00_11_10));
+        let s128 = _mm_add_epi32(s128, _mm_shuffle_epi32(s128, 0b10_11_00_01));
+        s[b] = _mm_cvtsi128_si32(s128);
+        let p01 = _mm256_packs_epi32(qi[0], qi[1]);
+        let p23 = _mm256_packs_epi32(qi[2], qi[3]);
+        let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), perm);
+        // SAFETY: the block's 32 bytes lie inside `q`.
+        unsafe { _mm256_storeu_si256(q.as_mut_ptr().add(b * 32) as *mut __m256i, bytes) };
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Q8_0 matrix products
+// ---------------------------------------------------------------------------------------
+
+/// Writes 16 lanes to the real rows of a group (the last group may be partial).
+#[inline(always)]
+unsafe fn store_rows(dst: *mut f32, lanes: &[f32; GROUP], rows: usize) {
+    // SAFETY: the caller owns `rows` floats at `dst`.
+    unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, rows) };
+}
+
+/// One group of 16 rows times `T` tokens, AVX2: per 4-byte slice, `maddubs(|w|, sign(x, w))`
+/// (the sign moves to the activation, whose quants never reach -128, so the unsigned operand
+/// may be |-128| = 128) then `madd` by ones widens pairs to exact 32-bit sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_avx2<const T: usize>(
+    w: &PackedQ8,
+    g: usize,
+    a: &ActQ8Ref<'_>,
+    t0: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let nb = w.nb;
+    let cols = w.cols;
+    let qbase = w.group_quants(g).as_ptr();
+    let sbase = w.group_scales16(g).as_ptr();
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..nb {
+        let mut isum = [[_mm256_setzero_si256(); 2]; T];
+        // SAFETY: block `b` of group `g` holds 8 slices × 64 bytes.
+        let wq = unsafe { qbase.add(b * 512) };
+        for k in 0..8 {
+            // SAFETY: inside the block (see above).
+            let (w0, w1) = unsafe {
+                (
+                    _mm256_loadu_si256(wq.add(k * 64) as *const __m256i),
+                    _mm256_loadu_si256(wq.add(k * 64 + 32) as *const __m256i),
+                )
+            };
+            let (u0, u1) = (_mm256_abs_epi8(w0), _mm256_abs_epi8(w1));
+            for (t, is) in isum.iter_mut().enumerate() {
+                // SAFETY: token t0+t has `cols` quants; this slice is inside block `b`.
+                let xv = unsafe {
+                    (a.quants.as_ptr().add((t0 + t) * cols + b * 32 + k * 4) as *const i32)
+                        .read_unaligned()
+                };
+                let xb = _mm256_set1_epi32(xv);
+                let p0 = _mm256_maddubs_epi16(u0, _mm256_sign_epi8(xb, w0));
+                let p1 = _mm256_maddubs_epi16(u1, _mm256_sign_epi8(xb, w1));
+                is[0] = _mm256_add_epi32(is[0], _mm256_madd_epi16(p0, ones));
+                is[1] = _mm256_add_epi32(is[1], _mm256_madd_epi16(p1, ones));
+            }
+        }
+        // SAFETY: 16 f16 scales per block.
+        let (d0, d1) = unsafe {
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(sbase.add(b * 16) as *const __m128i)),
+                _mm256_cvtph_ps(_mm_loadu_si128(sbase.add(b * 16 + 8) as *const __m128i)),
+            )
+        };
+        for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
+            let dx = _mm256_set1_ps(a.scales[(t0 + t) * nb + b]);
+            ac[0] = _mm256_add_ps(
+                ac[0],
+                _mm256_mul_ps(_mm256_cvtepi32_ps(is[0]), _mm256_mul_ps(d0, dx)),
+            );
+            ac[1] = _mm256_add_ps(
+                ac[1],
+                _mm256_mul_ps(_mm256_cvtepi32_ps(is[1]), _mm256_mul_ps(d1, dx)),
+            );
+        }
+    }
+    let rows = w.rows_in_group(g);
+    for (t, ac) in acc.iter().enumerate() {
+        let mut lanes = [0.0f32; GROUP];
+        // SAFETY: `lanes` holds 16 floats.
+        unsafe {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), ac[0]);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), ac[1]);
+            store_rows(out.add((t0 + t) * ldo + g * GROUP), &lanes, rows);
+        }
+    }
+}
+
+/// Q8_0 product for the rows of groups `g0..g1` and tokens `0..n`, AVX2.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be present; `out` must be writable at `t * ldo + r` for those
+/// tokens and rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn gemm_q8_avx2(
+    w: &PackedQ8,
+    a: &ActQ8Ref<'_>,
+    n: usize,
+    g0: usize,
+    g1: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    for g in g0..g1 {
+        let mut t = 0;
+        // SAFETY (all four): forwarded from our own contract.
+        while t + 4 <= n {
+            unsafe { group_avx2::<4>(w, g, a, t, out, ldo) };
+            t += 4;
+        }
+        match n - t {
+            3 => unsafe { group_avx2::<3>(w, g, a, t, out, ldo) },
+            2 => unsafe { group_avx2::<2>(w, g, a, t, out, ldo) },
+            1 => unsafe { group_avx2::<1>(w, g, a, t, out, ldo) },
+            _ => {}
+        }
+    }
+}
+
+/// One group of 16 rows times `T` tokens, AVX-512 VNNI. The weights are stored offset by
+/// 128 (`w ^ 0x80`, an unsigned byte) so one `vpdpbusd` multiplies them with the signed
+/// activation slice: Σ (w + 128)·x = Σ w·x + 128·Σ x, and the activation block's sum of quants
+/// (computed when it was quantized) removes the offset exactly.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn group_vnni<const T: usize>(
+    w: &PackedQ8,
+    g: usize,
+    a: &ActQ8Ref<'_>,
+    t0: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let nb = w.nb;
+    let cols = w.cols;
+    let qbase = w.group_quants(g).as_ptr();
+    let sbase = w.group_scales16(g).as_ptr();
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..nb {
+        let mut isum = [_mm512_setzero_si512(); T];
+        // SAFETY: block `b` of group `g` holds 8 slices × 64 bytes.
+        let wq = unsafe { qbase.add(b * 512) };
+        for k in 0..8 {
+            // SAFETY: inside the block.
+            let wv = unsafe { _mm512_loadu_si512(wq.add(k * 64) as *const __m512i) };
+            for (t, is) in isum.iter_mut().enumerate() {
+                // SAFETY: token t0+t has `cols` quants; this slice is inside block `b`.
+                let xv = unsafe {
+                    (a.quants.as_ptr().add((t0 + t) * cols + b * 32 + k * 4) as *const i32)
+                        .read_unaligned()
+                };
+                *is = _mm512_dpbusd_epi32(*is, wv, _mm512_set1_epi32(xv));
+            }
+        }
+        // SAFETY: 16 f16 scales per block.
+        let dw =
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(sbase.add(b * 16) as *const __m256i)) };
+        for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
+            let idx = (t0 + t) * nb + b;
+            let exact = _mm512_sub_epi32(*is, _mm512_set1_epi32(128 * a.sums[idx]));
+            let dx = _mm512_set1_ps(a.scales[idx]);
+            *ac = _mm512_add_ps(
+                *ac,
+                _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(dw, dx)),
+            );
+        }
+    }
+    let rows = w.rows_in_group(g);
+    for (t, ac) in acc.iter().enumerate() {
+        let mut lanes = [0.0f32; GROUP];
+        // SAFETY: `lanes` holds 16 floats; the destination is the caller's.
+        unsafe {
+            _mm512_storeu_ps(lanes.as_mut_ptr(), *ac);
+            store_rows(out.add((t0 + t) * ldo + g * GROUP), &lanes, rows);
+        }
+    }
+}
+
+/// Q8_0 product for the rows of groups `g0..g1` and tokens `0..n`, AVX-512 VNNI. `w` must
+/// have been packed with the 128 offset.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI, AVX2, FMA and F16C must be present; `out` as for [`gemm_q8_avx2`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm_q8_vnni(
+    w: &PackedQ8,
+    a: &ActQ8Ref<'_>,
+    n: usize,
+    g0: usize,
+    g1: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    for g in g0..g1 {
+        let mut t = 0;
+        // SAFETY (all): forwarded from our own contract.
+        while t + 8 <= n {
+            unsafe { group_vnni::<8>(w, g, a, t, out, ldo) };
+            t += 8;
+        }
+        while t + 4 <= n {
+            unsafe { group_vnni::<4>(w, g, a, t, out, ldo) };
+            t += 4;
+        }
+        match n - t {
+            3 => unsafe { group_vnni::<3>(w, g, a, t, out, ldo) },
+            2 => unsafe { group_vnni::<2>(w, g, a, t, out, ldo) },
+            1 => unsafe { group_vnni::<1>(w, g, a, t, out, ldo) },
+            _ => {}
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Float-weight products
+// ---------------------------------------------------------------------------------------
+
+/// Eight weights widened to f32.
+#[inline(always)]
+unsafe fn load8(dtype: GgmlType, w: *const u8, i: usize) -> __m256 {
+    // SAFETY (all arms): the caller guarantees 8 values at index `i`; the features are
+    // enabled in every caller.
+    unsafe {
+        match dtype {
+            GgmlType::F16 => _mm256_cvtph_ps(_mm_loadu_si128(w.add(i * 2) as *const __m128i)),
+            GgmlType::BF16 => {
+                let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(w.add(i * 2) as *const __m128i));
+                _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+            }
+            _ => _mm256_loadu_ps(w.add(i * 4) as *const f32),
+        }
+    }
+}
+
+/// Dot product of a float weight row (F32, F16 or BF16 bytes) with `x`, four 8-lane
+/// accumulators. Conversions are exact (F16C for F16, a shift for BF16).
+///
+/// # Safety
+/// AVX2, FMA and F16C must be present; `w` holds `x.len()` values of `dtype`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dot_float(dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 {
+    let n = x.len();
+    let wp = w.as_ptr();
+    let xp = x.as_ptr();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    // SAFETY: every index below `n` is inside both rows.
+    unsafe {
+        while i + 32 <= n {
+            for (j, a) in acc.iter_mut().enumerate() {
+                let k = i + j * 8;
+                *a = _mm256_fmadd_ps(load8(dtype, wp, k), _mm256_loadu_ps(xp.add(k)), *a);
+            }
+            i += 32;
+        }
+        while i + 8 <= n {
+            acc[0] = _mm256_fmadd_ps(load8(dtype, wp, i), _mm256_loadu_ps(xp.add(i)), acc[0]);
+            i += 8;
+        }
+    }
+    let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut s = hsum(v);
+    if i < n {
+        s += super::portable::dot_float(
+            dtype,
+            &w[i * dtype.type_size()..n * dtype.type_size()],
+            &x[i..],
+        );
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------------------
+// Element-wise operations
+// ---------------------------------------------------------------------------------------
+
+/// RMSNorm rows in place: the sum of squares with eight lanes of FMA, then `v * inv * g` in
+/// the scalar order.
+///
+/// # Safety
+/// AVX2 and FMA must be present.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
+    let dim = weight.len();
+    let gp = weight.as_ptr();
+    for row in x.chunks_exact_mut(dim) {
+        let p = row.as_mut_ptr();
+        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let mut i = 0;
+        // SAFETY: indices below `dim` are inside the row and the weight.
+        unsafe {
+            while i + 16 <= dim {
+                let v0 = _mm256_loadu_ps(p.add(i));
+                let v1 = _mm256_loadu_ps(p.add(i + 8));
+                a0 = _mm256_fmadd_ps(v0, v0, a0);
+                a1 = _mm256_fmadd_ps(v1, v1, a1);
+                i += 16;
+            }
+        }
+        let mut ss = hsum(_mm256_add_ps(a0, a1));
+        for v in &row[i..] {
+            ss += v * v;
+        }
+        let inv = 1.0 / (ss / dim as f32 + eps).sqrt();
+        let iv = _mm256_set1_ps(inv);
+        let mut i = 0;
+        // SAFETY: as above.
+        unsafe {
+            while i + 8 <= dim {
+                let v = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), iv);
+                _mm256_storeu_ps(p.add(i), _mm256_mul_ps(v, _mm256_loadu_ps(gp.add(i))));
+                i += 8;
+            }
+        }
+        for (v, &g) in row[i..].iter_mut().zip(&weight[i..]) {
+            *v = *v * inv * g;
+        }
+    }
+}
+
+/// `gate = silu(gate) * up` with the vector exponential.
+///
+/// # Safety
+/// AVX2 and FMA must be present; `up` is at least as long as `gate`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    let n = gate.len().min(up.len());
+    let (g, u) = (gate.as_mut_ptr(), up.as_ptr());
+    let one = _mm256_set1_ps(1.0);
+    let neg = _mm256_set1_ps(-0.0);
+    let mut i = 0;
+    // SAFETY: indices below `n` are inside both slices.
+    unsafe {
+        while i + 8 <= n {
+            let x = _mm256_loadu_ps(g.add(i));
+            let e = exp256(_mm256_xor_ps(x, neg));
+            let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(g.add(i), _mm256_mul_ps(s, _mm256_loadu_ps(u.add(i))));
+            i += 8;
+        }
+    }
+    super::portable::silu_mul(&mut gate[i..n], &up[i..n]);
+}
+
+/// `x += y` (the same single rounding as the scalar loop).
+///
+/// # Safety
+/// AVX2 must be present.
+#[target_feature(enable = "avx2")]
+pub unsafe fn add(x: &mut [f32], y: &[f32]) {
+    let n = x.len().min(y.len());
+    let (xp, yp) = (x.as_mut_ptr(), y.as_ptr());
+    let mut i = 0;
+    // SAFETY: indices below `n` are inside both slices.
+    unsafe {
+        while i + 8 <= n {
+            let s = _mm256_add_ps(_mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i)));
+            _mm256_storeu_ps(xp.add(i), s);
+            i += 8;
+        }
+    }
+    for (a, &b) in x[i..n].iter_mut().zip(&y[i..n]) {
+        *a += b;
+    }
+}
+
+/// RoPE rotation with precomputed cosines and sines; the same products and single
+/// add/subtract per value as the scalar code, so the result is identical.
+///
+/// # Safety
+/// AVX2 must be present.
+#[target_feature(enable = "avx2")]
+pub unsafe fn rope_apply(x: &mut [f32], n_heads: usize, head_dim: usize, cos: &[f32], sin: &[f32]) {
+    let half = head_dim / 2;
+    for (t, tok) in x.chunks_exact_mut(n_heads * head_dim).enumerate() {
+        let (c, s) = (
+            &cos[t * half..(t + 1) * half],
+            &sin[t * half..(t + 1) * half],
+        );
+        for head in tok.chunks_exact_mut(head_dim) {
+            let p = head.as_mut_ptr();
+            let mut i = 0;
+            // SAFETY: `i + 8 <= half`, so both halves' lanes are inside the head.
+            unsafe {
+                while i + 8 <= half {
+                    let a = _mm256_loadu_ps(p.add(i));
+                    let b = _mm256_loadu_ps(p.add(i + half));
+                    let cv = _mm256_loadu_ps(c.as_ptr().add(i));
+                    let sv = _mm256_loadu_ps(s.as_ptr().add(i));
+                    let lo = _mm256_sub_ps(_mm256_mul_ps(a, cv), _mm256_mul_ps(b, sv));
+                    let hi = _mm256_add_ps(_mm256_mul_ps(b, cv), _mm256_mul_ps(a, sv));
+                    _mm256_storeu_ps(p.add(i), lo);
+                    _mm256_storeu_ps(p.add(i + half), hi);
+                    i += 8;
+                }
+            }
+            for j in i..half {
+                let (a, b) = (head[j], head[j + half]);
+                head[j] = a * c[j] - b * s[j];
+                head[j + half] = b * c[j] + a * s[j];
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Attention
+// ---------------------------------------------------------------------------------------
+
+/// Keys scored per step of the online softmax: their scores live on the stack, and the
+/// chunk of keys stays in L1 while every query head of the group reads it.
+const CHUNK: usize = 32;
+/// Query heads handled together per KV head (more are done in batches).
+pub const MAX_GROUP: usize = 8;
+
+/// Attention of the query heads sharing one KV head (`q`/`out`: `g` heads back to back, `g
+/// <= MAX_GROUP`) over `kv_len` cached positions, reading each key and value row once for
+/// the whole group. Online softmax over chunks of keys: scores of a chunk, the new running
+/// max, rescaling of the running sums, then exponentials and the weighted values.
+///
+/// # Safety
+/// AVX2 and FMA must be present; `head_dim` is a multiple of 8; `k` and `v` hold `kv_len`
+/// rows of `head_dim`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn attend_group(
+    s: &AttentionShape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    kv_len: usize,
+    out: &mut [f32],
+) {
+    let hd = s.head_dim;
+    let g = q.len() / hd;
+    debug_assert!(g <= MAX_GROUP && hd % 8 == 0);
+    let mut max = [f32::NEG_INFINITY; MAX_GROUP];
+    let mut denom = [0.0f32; MAX_GROUP];
+    let mut p = [[0.0f32; CHUNK]; MAX_GROUP];
+    out.fill(0.0);
+    let (qp, kp, vp, op) = (q.as_ptr(), k.as_ptr(), v.as_ptr(), out.as_mut_ptr());
+    let scale = _mm256_set1_ps(s.scale);
+    let mut c0 = 0;
+    while c0 < kv_len {
+        let cl = CHUNK.min(kv_len - c0);
+        for h in 0..g {
+            let ph = &mut p[h];
+            for (j, pj) in ph.iter_mut().enumerate().take(cl) {
+                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let mut i = 0;
+                // SAFETY: row c0+j < kv_len of `k`, head h < g of `q`, i + 8 <= hd.
+                unsafe {
+                    let kr = kp.add((c0 + j) * hd);
+                    let qr = qp.add(h * hd);
+                    while i + 16 <= hd {
+                        a0 = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(qr.add(i)),
+                            _mm256_loadu_ps(kr.add(i)),
+                            a0,
+                        );
+                        a1 = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(qr.add(i + 8)),
+                            _mm256_loadu_ps(kr.add(i + 8)),
+                            a1,
+                        );
+                        i += 16;
+                    }
+                    if i < hd {
+                        a0 = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(qr.add(i)),
+                            _mm256_loadu_ps(kr.add(i)),
+                            a0,
+                        );
+                    }
+                }
+                *pj = hsum(_mm256_add_ps(a0, a1)) * s.scale;
+            }
+            let _ = scale;
+            let cmax = ph[..cl].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let new_max = max[h].max(cmax);
+            let corr = if max[h] == f32::NEG_INFINITY {
+                0.0
+            } else {
+                let e = exp256(_mm256_set1_ps(max[h] - new_max));
+                _mm_cvtss_f32(_mm256_castps256_ps128(e))
+            };
+            max[h] = new_max;
+            let nm = _mm256_set1_ps(new_max);
+            let mut j = 0;
+            let mut sum = _mm256_setzero_ps();
+            // SAFETY: j + 8 <= cl <= CHUNK.
+            unsafe {
+                while j + 8 <= cl {
+                    let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(ph.as_ptr().add(j)), nm));
+                    _mm256_storeu_ps(ph.as_mut_ptr().add(j), e);
+                    sum = _mm256_add_ps(sum, e);
+                    j += 8;
+                }
+            }
+            let mut psum = hsum(sum);
+            for pj in &mut ph[j..cl] {
+                let e = exp256(_mm256_set1_ps(*pj - new_max));
+                *pj = _mm_cvtss_f32(_mm256_castps256_ps128(e));
+                psum += *pj;
+            }
+            denom[h] = denom[h] * corr + psum;
+            let cv = _mm256_set1_ps(corr);
+            let mut d = 0;
+            // SAFETY: head h's output row has hd floats; value rows c0+j < kv_len.
+            unsafe {
+                let orow = op.add(h * hd);
+                while d + 32 <= hd {
+                    let mut a = [
+                        _mm256_mul_ps(_mm256_loadu_ps(orow.add(d)), cv),
+                        _mm256_mul_ps(_mm256_loadu_ps(orow.add(d + 8)), cv),
+                        _mm256_mul_ps(_mm256_loadu_ps(orow.add(d + 16)), cv),
+                        _mm256_mul_ps(_mm256_loadu_ps(orow.add(d + 24)), cv),
+                    ];
+                    for (j, &pj) in ph.iter().enumerate().take(cl) {
+                        let pv = _mm256_set1_ps(pj);
+                        let vr = vp.add((c0 + j) * hd + d);
+                        for (u, au) in a.iter_mut().enumerate() {
+                            *au = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr.add(u * 8)), *au);
+                        }
+                    }
+                    for (u, au) in a.iter().enumerate() {
+                        _mm256_storeu_ps(orow.add(d + u * 8), *au);
+                    }
+                    d += 32;
+                }
+                while d < hd {
+                    let mut a = _mm256_mul_ps(_mm256_loadu_ps(orow.add(d)), cv);
+                    for (j, &pj) in ph.iter().enumerate().take(cl) {
+                        let vr = vp.add((c0 + j) * hd + d);
+                        a = _mm256_fmadd_ps(_mm256_set1_ps(pj), _mm256_loadu_ps(vr), a);
+                    }
+                    _mm256_storeu_ps(orow.add(d), a);
+                    d += 8;
+                }
+            }
+        }
+        c0 += cl;
+    }
+    for h in 0..g {
+        let inv = _mm256_set1_ps(1.0 / denom[h]);
+        let mut d = 0;
+        // SAFETY: head h's output row has hd floats.
+        unsafe {
+            let orow = op.add(h * hd);
+            while d < hd {
+                _mm256_storeu_ps(
+                    orow.add(d),
+                    _mm256_mul_ps(_mm256_loadu_ps(orow.add(d)), inv),
+                );
+                d += 8;
+            }
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! `inferno bench`: prompt-processing and generation throughput in the manner of llama.cpp's
+//! `llama-bench`, so the two can be run side by side on one file.
+//!
+//! For each backend × thread count the model is loaded once; each test (`ppN`: one forward
+//! pass over N random tokens; `tgN`: N single-token steps) runs once to warm up, then
+//! `--repetitions` times, each on a fresh sequence first filled with `--depth` tokens
+//! (untimed). Reported: tokens per second, mean ± sample standard deviation.
+
+use crate::backend::simd::Isa;
+use crate::backend::{create_backend, BackendOptions};
+use crate::model::{Logits, Model, State};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// GGUF model file.
+    #[arg(long, short = 'm')]
+    pub model: PathBuf,
+    /// Backends to compare (comma-separated).
+    #[arg(long, short = 'b', value_delimiter = ',', default_value = "pool")]
+    pub backend: Vec<String>,
+    /// Thread counts (comma-separated; 0 = the machine's default).
+    #[arg(long, short = 't', value_delimiter = ',', default_value = "0")]
+    pub threads: Vec<usize>,
+    /// Prompt lengths to time (comma-separated; 0 skips).
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    pub n_prompt: Vec<usize>,
+    /// Generated-token counts to time (comma-separated; 0 skips).
+    #[arg(
+        short = 'n',
+        long = "n-gen",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    pub n_gen: Vec<usize>,
+    /// Tokens already in the context before each test (comma-separated).
+    #[arg(short = 'd', long, value_delimiter = ',', default_value = "0")]
+    pub depth: Vec<usize>,
+    /// Timed repetitions of each test.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub repetitions: usize,
+    /// Prompt tokens per forward pass.
+    #[arg(long, default_value_t = 512)]
+    pub batch: usize,
+    #[arg(long, short = 'o', value_enum, default_value_t = super::OutputFormat::Text)]
+    pub output: super::OutputFormat,
+    /// After each backend's tests, leave it without work for 1 s, then report the process's
+    /// CPU use over this many seconds (Linux; 0 skips).
+    #[arg(long, default_value_t = 0.0)]
+    pub idle_check: f64,
+}
+
+/// One row of results.
+#[derive(Debug, Serialize)]
+pub struct BenchResult {
+    pub model: String,
+    pub backend: String,
+    pub simd: String,
+    pub threads: usize,
+    pub test: String,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub depth: usize,
+    pub avg_ts: f64,
+    pub stddev_ts: f64,
+    pub samples_ts: Vec<f64>,
+}
+
+/// Mean and sample standard deviation.
+pub fn mean_std(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    if v.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
+
+struct Runner<'a> {
+    model: &'a Model,
+    state: State,
+    logits: Vec<f32>,
+    rng: ChaCha8Rng,
+}
+
+impl Runner<'_> {
+    fn tokens(&mut self, n: usize) -> Vec<u32> {
+        let vocab = self.model.config.vocab as u32;
+        (0..n).map(|_| self.rng.random_range(0..vocab)).collect()
+    }
+
+    /// Fills the context with `depth` tokens, then times `n_prompt` prompt tokens in one
+    /// forward call or `n_gen` single-token steps; returns tokens per second.
+    fn run(&mut self, depth: usize, n_prompt: usize, n_gen: usize) -> Result<f64> {
+        self.state.reset();
+        if depth > 0 {
+            let t = self.tokens(depth);
+            self.model.forward(&mut self.state, &t, Logits::None)?;
+        }
+        if n_prompt > 0 {
+            let t = self.tokens(n_prompt);
+            let start = Instant::now();
+            self.model
+                .forward(&mut self.state, &t, Logits::Last(&mut self.logits))?;
+            return Ok(n_prompt as f64 / start.elapsed().as_secs_f64());
+        }
+        let t = self.tokens(n_gen);
+        let start = Instant::now();
+        for &id in &t {
+            self.model
+                .forward(&mut self.state, &[id], Logits::Last(&mut self.logits))?;
+        }
+        Ok(n_gen as f64 / start.elapsed().as_secs_f64())
+    }
+}
+
+pub fn cmd_bench(a: BenchArgs) -> Result<()> {
+    if a.repetitions == 0 {
+        bail!("--repetitions must be at least 1");
+    }
+    let gguf = super::open_gguf(&a.model)?;
+    let model_name = gguf
+        .get_str("general.name")
+        .map(str::to_string)
+        .unwrap_or_else(|_| {
+            a.model
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        });
+    let size: u64 = gguf.tensors().iter().map(|t| t.n_bytes).sum();
+    let params: u64 = gguf.tensors().iter().map(|t| t.n_elements()).sum();
+    let mut tests = Vec::new();
+    for &d in &a.depth {
+        for &p in a.n_prompt.iter().filter(|&&p| p > 0) {
+            tests.push((d, p, 0));
+        }
+        for &n in a.n_gen.iter().filter(|&&n| n > 0) {
+            tests.push((d, 0, n));
+        }
+    }
+    if tests.is_empty() {
+        bail!("nothing to run: give -p and/or -n values above 0");
+    }
+    let capacity = tests
+        .iter()
+        .map(|(d, p, n)| d + p.max(n))
+        .max()
+        .unwrap_or(1);
+    let text = a.output == super::OutputFormat::Text;
+    if text {
+        println!(
+            "| {:<24} | {:>10} | {:>8} | {:<10} | {:<10} | {:>7} | {:>14} | {:>16} |",
+            "model", "size", "params", "backend", "simd", "threads", "test", "t/s"
+        );
+        println!(
+            "| {:-<24} | {:->10} | {:->8} | {:-<10} | {:-<10} | {:->7} | {:->14} | {:->16} |",
+            ":", ":", ":", ":", ":", ":", ":", ":"
+        );
+    }
+    let mut results = Vec::new();
+    for backend_name in &a.backend {
+        for &threads in &a.threads {
+            let backend = create_backend(
+                backend_name,
+                &BackendOptions {
+                    threads,
+                    tracing: false,
+                },
+            )?;
+            let model = Model::load(&gguf, Arc::clone(&backend))
+                .with_context(|| format!("cannot load {}", a.model.display()))?;
+            let shown_threads = match backend_name.as_str() {
+                "scalar" | "simd" => 1,
+                _ if threads == 0 => crate::backend::threadpool::default_threads(),
+                _ => threads,
+            };
+            let simd = if backend_name == "scalar" {
+                "-".to_string()
+            } else {
+                Isa::selected().name().to_string()
+            };
+            let mut runner = Runner {
+                state: model.new_state(capacity.min(model.config.context_length), a.batch),
+                logits: vec![0.0; model.config.vocab],
+                model: &model,
+                rng: ChaCha8Rng::seed_from_u64(1234),
+            };
+            if capacity > model.config.context_length {
+                bail!(
+                    "the longest test needs {capacity} positions; the model holds {}",
+                    model.config.context_length
+                );
+            }
+            for &(depth, n_prompt, n_gen) in &tests {
+                runner.run(depth, n_prompt, n_gen)?; // warm-up
+                let mut samples = Vec::with_capacity(a.repetitions);
+                for _ in 0..a.repetitions {
+                    samples.push(runner.run(depth, n_prompt, n_gen)?);
+                }
+                let (avg, sd) = mean_std(&samples);
+                let mut test = if n_prompt > 0 {
+                    format!("pp{n_prompt}")
+                } else {
+                    format!("tg{n_gen}")
+                };
+                if depth > 0 {
+                    test.push_str(&format!(" @ d{depth}"));
+                }
+                if text {
+                    println!(
+                        "| {:<24} | {:>6.2} GiB | {:>6.2} B | {:<10} | {:<10} | {:>7} | {:>14} | {:>7.2} ± {:>6.2} |",
+                        truncate(&model_name, 24),
+                        size as f64 / (1u64 << 30) as f64,
+                        params as f64 / 1e9,
+                        backend_name,
+                        simd,
+                        shown_threads,
+                        test,
+                        avg,
+                        sd
+                    );
+                }
+                results.push(BenchResult {
+                    model: model_name.clone(),
+                    backend: backend_name.clone(),
+                    simd: simd.clone(),
+                    threads: shown_threads,
+                    test,
+                    n_prompt,
+                    n_gen,
+                    depth,
+                    avg_ts: avg,
+                    stddev_ts: sd,
+                    samples_ts: samples,
+                });
+            }
+            if a.idle_check > 0.0 {
+                // The model (and its thread pool) is still alive here, only idle.
+                match idle_cpu_percent(a.idle_check) {
+                    Some(p) => eprintln!(
+                        "idle: {backend_name} x{shown_threads} used {p:.2}% of one core over {:.1} s, after 1 s without work",
+                        a.idle_check
+                    ),
+                    None => eprintln!("idle: CPU time is not readable on this system"),
+                }
+            }
+            drop(runner);
+        }
+    }
+    if !text {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    }
+    Ok(())
+}
+
+/// CPU time used by all of this process's threads, in seconds (Linux only).
+pub fn process_cpu_seconds() -> Option<f64> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        // Threads may exit while we look; skip those.
+        if let Ok(t) = std::fs::read_to_string(path) {
+            ns += t.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+    }
+    Some(ns as f64 * 1e-9)
+}
+
+/// Percent of one core the process uses over `secs` seconds, after one second without work.
+fn idle_cpu_percent(secs: f64) -> Option<f64> {
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let c0 = process_cpu_seconds()?;
+    let t0 = Instant::now();
+    std::thread::sleep(std::time::Duration::from_secs_f64(secs));
+    let c1 = process_cpu_seconds()?;
+    Some((c1 - c0) / t0.elapsed().as_secs_f64() * 100.0)
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mean_std;
+
+    #[test]
+    fn mean_and_sample_stddev() {
+        let (m, s) = mean_std(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]);
+        assert_eq!(m, 5.0);
+        assert!((s - 2.138).abs() < 1e-3);
+        assert_eq!(mean_std(&[3.0]), (3.0, 0.0));
+    }
+}

@@ -1,0 +1,58 @@
+//! `inferno synth`: writes a random-weight GGUF of a real model's shape, so benchmarks need
+//! no download.
+
+use crate::model::synth::{self, SynthSpec, PRESETS};
+use crate::tensor::GgmlType;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct SynthArgs {
+    /// Architecture of the file (only qwen3 is synthesized).
+    #[arg(long, default_value = "qwen3")]
+    pub arch: String,
+    /// Shape preset: 0.6b (exactly Qwen3-0.6B's shape) or demo (a small model).
+    #[arg(long, default_value = "0.6b")]
+    pub preset: String,
+    /// Type of the weight matrices: q8_0, f16, bf16 or f32.
+    #[arg(long, default_value = "q8_0")]
+    pub dtype: String,
+    /// Seed of the random weights (the same seed writes the same file).
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Where to write the GGUF file.
+    #[arg(long, short = 'o')]
+    pub out: PathBuf,
+}
+
+pub fn cmd_synth(a: SynthArgs) -> Result<()> {
+    if a.arch != "qwen3" {
+        bail!("unknown --arch {:?} (synthesized: qwen3)", a.arch);
+    }
+    let dtype =
+        GgmlType::from_name(&a.dtype).with_context(|| format!("unknown --dtype {:?}", a.dtype))?;
+    let Some(mut spec) = SynthSpec::preset(&a.preset, dtype) else {
+        bail!(
+            "unknown --preset {:?} (available: {})",
+            a.preset,
+            PRESETS.join(", ")
+        );
+    };
+    spec.seed = a.seed;
+    let w = synth::build(&spec)?;
+    w.write_to(&a.out)
+        .with_context(|| format!("cannot write {}", a.out.display()))?;
+    let bytes = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);
+    eprintln!(
+        "wrote {} ({}, {} layers, hidden {}, {} parameters, {}, {} bytes)",
+        a.out.display(),
+        spec.name,
+        spec.n_layers,
+        spec.hidden,
+        spec.n_params(),
+        dtype,
+        bytes
+    );
+    Ok(())
+}

@@ -1,0 +1,442 @@
+//! The fast backends against each other and against the reference:
+//! - `pool` (at 1, 2, 3 and 4 threads) and `parallel` produce exactly `simd`'s bytes, on logits
+//!   and on 64 greedy tokens (the fixture models when present, and small synthetic ones);
+//! - every SIMD kernel, on every instruction set this CPU has, matches the scalar definition:
+//!   bit for bit where the arithmetic is the same (Q8_0 products, activation quantization,
+//!   RoPE, add), within a derived bound where the summation order differs;
+//! - whole models on `simd` stay within a derived tolerance of `scalar`.
+
+mod common;
+
+use inferno::backend::simd::{Isa, Kernels, SimdBackend};
+use inferno::backend::{
+    create_backend, AttentionShape, Backend, BackendOptions, ParallelBackend, PoolBackend,
+    ScalarBackend,
+};
+use inferno::gguf::{GgufFile, TensorBytes};
+use inferno::model::synth::{self, SynthSpec};
+use inferno::model::{Logits, Model};
+use inferno::tensor::{float, q8_0, GgmlType, Matrix};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------
+
+fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed)
+}
+
+fn randn(r: &mut ChaCha8Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| (r.random::<f32>() - 0.5) * 2.0 * scale)
+        .collect()
+}
+
+fn matrix(dtype: GgmlType, rows: usize, cols: usize, data: Vec<u8>) -> Matrix {
+    Matrix {
+        name: "w".into(),
+        dtype,
+        rows,
+        cols,
+        data: TensorBytes::from_vec(data),
+        prepared: None,
+    }
+}
+
+/// A random Q8_0 matrix; some blocks hold the extreme quant -128 (never produced by
+/// quantization, but legal in a file) and some are all zero.
+fn q8_matrix(r: &mut ChaCha8Rng, rows: usize, cols: usize) -> Matrix {
+    let vals = randn(r, rows * cols, 1.0);
+    let mut data = vec![0u8; rows * cols / 32 * 34];
+    q8_0::quantize(&vals, &mut data);
+    for (i, blk) in data.chunks_exact_mut(34).enumerate() {
+        match i % 7 {
+            3 => blk[2 + (i % 32)] = 0x80,
+            5 => blk[2..].fill(0x80),
+            6 if i % 3 == 0 => blk.fill(0),
+            _ => {}
+        }
+    }
+    matrix(GgmlType::Q8_0, rows, cols, data)
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Largest |a - b| relative to the largest |b|.
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    let (mut d, mut s) = (0.0f32, 0.0f32);
+    for (x, y) in a.iter().zip(b) {
+        d = d.max((x - y).abs());
+        s = s.max(y.abs());
+    }
+    d / s.max(f32::MIN_POSITIVE)
+}
+
+fn simd(isa: Isa) -> SimdBackend<ScalarBackend> {
+    SimdBackend::with_isa(ScalarBackend::new(), isa)
+}
+
+fn matmul(be: &dyn Backend, w: &Matrix, x: &[f32], n: usize) -> Vec<f32> {
+    let mut w = w.clone();
+    be.prepare(&mut w);
+    let mut out = vec![f32::NAN; n * w.rows];
+    be.matmul(&w, x, n, &mut out);
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernels
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn isa_detection_is_consistent() {
+    let avail = Isa::available();
+    assert!(avail.contains(&Isa::Portable));
+    assert!(avail.contains(&Isa::best()));
+    assert!(Isa::selected().is_available());
+    for i in Isa::ALL {
+        assert_eq!(Isa::from_name(i.name()), Some(i));
+    }
+}
+
+#[test]
+fn activation_quantization_matches_the_scalar_definition() {
+    let mut r = rng(1);
+    for isa in Isa::available() {
+        let k = Kernels::new(isa);
+        for case in 0..40 {
+            let cols = 32 * (1 + case % 9);
+            let mut x = randn(&mut r, cols, 10.0f32.powi(case as i32 % 5 - 2));
+            if case % 4 == 0 {
+                // Ties: amax 127 makes the scale exactly 1, so x.5 values must round away
+                // from zero as `f32::round` does.
+                x[0] = 127.0;
+                for (i, v) in x.iter_mut().enumerate().skip(1) {
+                    *v = (i as f32 - 16.0) + 0.5;
+                }
+            }
+            if case % 5 == 1 {
+                x[..32].fill(0.0);
+            }
+            let mut reference = vec![0u8; cols / 32 * 34];
+            q8_0::quantize(&x, &mut reference);
+            let nb = cols / 32;
+            let (mut q, mut d, mut s) = (vec![0i8; cols], vec![0f32; nb], vec![0i32; nb]);
+            k.quantize(&x, &mut q, &mut d, &mut s);
+            for b in 0..nb {
+                let blk = &reference[b * 34..(b + 1) * 34];
+                assert_eq!(d[b].to_bits(), q8_0::block_scale(blk).to_bits(), "{isa:?}");
+                let want: Vec<i8> = blk[2..].iter().map(|&v| v as i8).collect();
+                assert_eq!(&q[b * 32..(b + 1) * 32], &want[..], "{isa:?} case {case}");
+                assert_eq!(s[b], want.iter().map(|&v| v as i32).sum::<i32>());
+            }
+        }
+    }
+}
+
+#[test]
+fn q8_0_matmul_is_bit_identical_to_scalar_on_every_isa() {
+    let mut r = rng(2);
+    let scalar = ScalarBackend::new();
+    for (rows, cols) in [(1, 32), (15, 64), (16, 96), (17, 32), (33, 320), (100, 128)] {
+        let w = q8_matrix(&mut r, rows, cols);
+        for n in [1, 2, 3, 4, 5, 9] {
+            let x = randn(&mut r, n * cols, 3.0);
+            let want = matmul(&scalar, &w, &x, n);
+            for isa in Isa::available() {
+                let got = matmul(&simd(isa), &w, &x, n);
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{isa:?} rows {rows} cols {cols} n {n}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn float_matmul_is_within_summation_error_of_scalar() {
+    let mut r = rng(3);
+    let scalar = ScalarBackend::new();
+    for dtype in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+        for (rows, cols) in [(5, 7), (16, 64), (9, 100), (3, 1024)] {
+            let vals = randn(&mut r, rows * cols, 1.0);
+            let data = match dtype {
+                GgmlType::F16 => float::f32_to_f16_bytes(&vals),
+                GgmlType::BF16 => float::f32_to_bf16_bytes(&vals),
+                _ => float::f32_to_le_bytes(&vals),
+            };
+            let w = matrix(dtype, rows, cols, data);
+            let n = 3;
+            let x = randn(&mut r, n * cols, 1.0);
+            let want = matmul(&scalar, &w, &x, n);
+            for isa in Isa::available() {
+                let got = matmul(&simd(isa), &w, &x, n);
+                // Reordered f32 sums of `cols` products of magnitude <= 1: each differs from
+                // the sequential sum by at most ~cols * eps * Σ|products| <= cols² eps.
+                for (a, b) in got.iter().zip(&want) {
+                    let bound = (cols * cols) as f32 * f32::EPSILON;
+                    assert!((a - b).abs() <= bound, "{isa:?} {dtype}: {a} vs {b}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn elementwise_kernels_match_scalar() {
+    let mut r = rng(4);
+    let scalar = ScalarBackend::new();
+    for isa in Isa::available() {
+        let be = simd(isa);
+        for dim in [8, 13, 64, 100, 1024] {
+            let rows = 3;
+            let x = randn(&mut r, rows * dim, 4.0);
+            let g = randn(&mut r, dim, 1.0);
+            let (mut a, mut b) = (x.clone(), x.clone());
+            scalar.rms_norm(&mut a, &g, 1e-6);
+            be.rms_norm(&mut b, &g, 1e-6);
+            assert!(rel_err(&b, &a) < 1e-5, "{isa:?} rms_norm {dim}");
+
+            let up = randn(&mut r, rows * dim, 2.0);
+            let (mut a, mut b) = (x.clone(), x.clone());
+            scalar.silu_mul(&mut a, &up);
+            be.silu_mul(&mut b, &up);
+            // The vector exponential is within 2 ulp; silu(x)·u amplifies that by at most ~2.
+            for (p, q) in b.iter().zip(&a) {
+                assert!(
+                    (p - q).abs() <= 1e-6 * q.abs().max(1e-3),
+                    "{isa:?} silu {p} {q}"
+                );
+            }
+
+            let (mut a, mut b) = (x.clone(), x.clone());
+            scalar.add(&mut a, &up);
+            be.add(&mut b, &up);
+            assert_eq!(bits(&a), bits(&b), "{isa:?} add");
+        }
+        for (n_heads, hd) in [(2, 8), (3, 20), (4, 64), (2, 128)] {
+            let inv_freq: Vec<f32> = (0..hd / 2)
+                .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / hd as f32))
+                .collect();
+            for pos0 in [0, 7, 300] {
+                let x = randn(&mut r, 3 * n_heads * hd, 2.0);
+                let (mut a, mut b) = (x.clone(), x.clone());
+                scalar.rope(&mut a, n_heads, hd, pos0, &inv_freq);
+                be.rope(&mut b, n_heads, hd, pos0, &inv_freq);
+                assert_eq!(bits(&a), bits(&b), "{isa:?} rope hd {hd} pos {pos0}");
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_matches_scalar_within_softmax_error() {
+    let mut r = rng(5);
+    let scalar = ScalarBackend::new();
+    for (n_heads, n_kv, hd) in [(4, 2, 16), (3, 1, 20), (6, 3, 24), (16, 8, 128), (4, 4, 64)] {
+        for (n_tokens, pos0) in [(1, 0), (1, 40), (5, 0), (3, 70), (1, 257)] {
+            let capacity = pos0 + n_tokens + 3;
+            let q = randn(&mut r, n_tokens * n_heads * hd, 1.0);
+            let k = randn(&mut r, n_kv * capacity * hd, 1.0);
+            let v = randn(&mut r, n_kv * capacity * hd, 1.0);
+            let shape = AttentionShape {
+                n_tokens,
+                pos0,
+                n_heads,
+                n_kv_heads: n_kv,
+                head_dim: hd,
+                capacity,
+                scale: 1.0 / (hd as f32).sqrt(),
+            };
+            let mut want = vec![0.0; q.len()];
+            scalar.attention(&shape, &q, &k, &v, &mut want);
+            for isa in Isa::available() {
+                let mut got = vec![f32::NAN; q.len()];
+                simd(isa).attention(&shape, &q, &k, &v, &mut got);
+                // Outputs are convex combinations of values in [-1, 1]; reordered dot
+                // products and the 2-ulp exponential move the weights by ~1e-6 relative.
+                for (a, b) in got.iter().zip(&want) {
+                    assert!(
+                        (a - b).abs() < 2e-5,
+                        "{isa:?} hd {hd} n {n_tokens}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Whole models
+// ---------------------------------------------------------------------------------------
+
+/// Small synthetic Qwen3 models: GQA with an odd vocabulary (a partial last row group) and a
+/// head size that is not a multiple of 8 (the portable attention path).
+fn synth_models() -> Vec<(String, GgufFile)> {
+    let mut out = Vec::new();
+    let shapes = [
+        (GgmlType::Q8_0, 64, 4, 2, 16, 96),
+        (GgmlType::Q8_0, 96, 4, 1, 24, 160),
+        (GgmlType::F32, 64, 4, 2, 16, 96),
+        (GgmlType::F16, 64, 2, 2, 20, 64),
+    ];
+    for (i, (dtype, hidden, heads, kv, hd, ffn)) in shapes.into_iter().enumerate() {
+        let mut spec = SynthSpec::preset("demo", dtype).expect("preset");
+        spec.n_layers = 2;
+        spec.hidden = hidden;
+        spec.n_heads = heads;
+        spec.n_kv_heads = kv;
+        spec.head_dim = hd;
+        spec.ffn = ffn;
+        spec.context_length = 256;
+        spec.seed = 100 + i as u64;
+        let bytes = synth::build(&spec).expect("synth").to_bytes();
+        let name = format!("synth-{i}-{dtype}");
+        out.push((name, GgufFile::from_bytes(bytes).expect("gguf")));
+    }
+    out
+}
+
+/// Fixture models made by `tests/fixtures/models/gen_models.py`, when they are present.
+fn fixture_models() -> Vec<(String, GgufFile)> {
+    let dir = common::models_dir();
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".gguf"))
+            .collect();
+        names.sort();
+        for n in names {
+            if let Ok(g) = GgufFile::open(dir.join(&n)) {
+                out.push((n, g));
+            }
+        }
+    }
+    out
+}
+
+fn load(g: &GgufFile, be: Arc<dyn Backend>) -> Model {
+    Model::load(g, be).expect("model loads")
+}
+
+fn backend(name: &str, threads: usize) -> Arc<dyn Backend> {
+    create_backend(
+        name,
+        &BackendOptions {
+            threads,
+            tracing: false,
+        },
+    )
+    .expect("backend")
+}
+
+/// Logits of every position of a fixed prompt (prefill in chunks of 5, so both the batched
+/// and the single-token paths run), then 64 greedy tokens.
+fn run(model: &Model) -> (Vec<f32>, Vec<u32>) {
+    let vocab = model.config.vocab;
+    let prompt: Vec<u32> = (0..13u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
+    let mut st = model.new_state(prompt.len() + 70, 5);
+    let mut all = vec![0.0; prompt.len() * vocab];
+    model
+        .forward(&mut st, &prompt, Logits::All(&mut all))
+        .expect("prefill");
+    let mut tokens = Vec::new();
+    let mut logits = all[(prompt.len() - 1) * vocab..].to_vec();
+    for _ in 0..64 {
+        let next = common::argmax(&logits) as u32;
+        tokens.push(next);
+        model
+            .forward(&mut st, &[next], Logits::Last(&mut logits))
+            .expect("decode");
+        all.extend_from_slice(&logits);
+    }
+    (all, tokens)
+}
+
+#[test]
+fn pool_and_parallel_are_byte_identical_to_simd_at_any_thread_count() {
+    let mut models = synth_models();
+    models.extend(fixture_models());
+    for (name, g) in &models {
+        let (want_logits, want_tokens) = run(&load(g, backend("simd", 1)));
+        for threads in [1, 2, 3, 4] {
+            for kind in ["pool", "parallel"] {
+                let (logits, tokens) = run(&load(g, backend(kind, threads)));
+                assert_eq!(tokens, want_tokens, "{name}: {kind} x{threads} tokens");
+                assert!(
+                    bits(&logits) == bits(&want_logits),
+                    "{name}: {kind} x{threads} logits differ from simd"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn pool_is_identical_with_every_isa() {
+    // The split does not depend on the instruction set: check the pool on each one this CPU
+    // has against the one-thread backend on the same instruction set.
+    let models = synth_models();
+    let (name, g) = &models[0];
+    for isa in Isa::available() {
+        let one = Arc::new(simd(isa)) as Arc<dyn Backend>;
+        let many = Arc::new(PoolBackend::new(simd(isa), 3)) as Arc<dyn Backend>;
+        let par = Arc::new(ParallelBackend::new(simd(isa), 2)) as Arc<dyn Backend>;
+        let (a, ta) = run(&load(g, one));
+        let (b, tb) = run(&load(g, many));
+        let (c, tc) = run(&load(g, par));
+        assert_eq!(ta, tb, "{name} {isa:?}");
+        assert_eq!(ta, tc, "{name} {isa:?}");
+        assert!(
+            bits(&a) == bits(&b) && bits(&a) == bits(&c),
+            "{name} {isa:?}"
+        );
+    }
+}
+
+#[test]
+fn simd_stays_close_to_scalar() {
+    let mut models = synth_models();
+    models.extend(fixture_models());
+    for (name, g) in &models {
+        let scalar = load(g, backend("scalar", 1));
+        let fast = load(g, backend("simd", 1));
+        let vocab = scalar.config.vocab;
+        let prompt: Vec<u32> = (0..9u32).map(|i| (i * 53 + 1) % vocab as u32).collect();
+        let mut want = vec![0.0; prompt.len() * vocab];
+        let mut got = vec![0.0; prompt.len() * vocab];
+        let mut s1 = scalar.new_state(16, 4);
+        let mut s2 = fast.new_state(16, 4);
+        scalar
+            .forward(&mut s1, &prompt, Logits::All(&mut want))
+            .unwrap();
+        fast.forward(&mut s2, &prompt, Logits::All(&mut got))
+            .unwrap();
+        let quantized = scalar.weights.main_dtype() == GgmlType::Q8_0;
+        // Float models: only summation order and the 2-ulp exponential differ, ~1e-6 per
+        // operation, far below 1e-4 of the logit scale after a few layers.
+        // Q8_0 models: a last-bit difference in an activation can move one 8-bit
+        // activation quant by one step (1/254 of its block's range), so logits may move by
+        // a fraction of the Q8_0 error itself (~1e-2 of the logit scale); 2e-2 bounds it.
+        let tol = if quantized { 2e-2 } else { 1e-4 };
+        let mut agree = 0;
+        for (a, b) in got.chunks(vocab).zip(want.chunks(vocab)) {
+            let e = rel_err(a, b);
+            assert!(e < tol, "{name}: simd vs scalar {e} >= {tol}");
+            agree += usize::from(common::argmax(a) == common::argmax(b));
+        }
+        assert!(
+            agree * 10 >= prompt.len() * 9,
+            "{name}: argmax agreement {agree}"
+        );
+    }
+}
