@@ -1,11 +1,15 @@
 //! One generation: prefill the prompt, then sample and decode token by token until an end
 //! condition, streaming valid UTF-8 text and measuring the run.
+//!
+//! Traced as a `prefill` span and one `decode_step` span (step, position) per decoded
+//! token, at DEBUG level, inside the caller's `request` span when it has one.
 
 use crate::model::{Logits, Model, ModelError, State};
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
 use crate::tokenizer::Tokenizer;
 use serde::Serialize;
 use std::time::{Duration, Instant};
+use tracing::debug_span;
 
 /// Why a generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -192,7 +196,10 @@ pub fn generate(
     let mut forward_ms: Vec<f64> = Vec::with_capacity(opts.max_tokens + 1);
 
     let t0 = Instant::now();
-    model.forward(state, prompt, Logits::Last(&mut logits))?;
+    {
+        let _span = debug_span!("prefill", tokens = prompt.len()).entered();
+        model.forward(state, prompt, Logits::Last(&mut logits))?;
+    }
     let prefill = t0.elapsed();
     forward_ms.push(prefill.as_secs_f64() * 1e3);
     let mut first_token_at = None;
@@ -236,7 +243,15 @@ pub fn generate(
             break FinishReason::Length;
         }
         let t = Instant::now();
-        model.forward(state, &[id], Logits::Last(&mut logits))?;
+        {
+            let _span = debug_span!(
+                "decode_step",
+                step = out_tokens.len(),
+                position = state.position()
+            )
+            .entered();
+            model.forward(state, &[id], Logits::Last(&mut logits))?;
+        }
         forward_ms.push(t.elapsed().as_secs_f64() * 1e3);
     };
     let decode_time = decode_start.elapsed();

@@ -1,0 +1,460 @@
+//! `inferno loadtest`: a load generator for a running service. Sends a bounded number of
+//! Generate calls from concurrent clients (bounded in time too) and reports throughput,
+//! time to first token and inter-token latency percentiles, and counts by status. With
+//! `--baseline` it also runs the same request in-process on the same model and reports the
+//! service's per-token overhead over the bare engine.
+
+use super::serve::parse_duration;
+use super::OutputFormat;
+use crate::engine::{generate, Flow, GenerateOptions};
+use crate::sampling::SamplingParams;
+use crate::server::assets::{file_assets, synthetic_assets, LoadOptions};
+use crate::server::pb::{self, inference_client::InferenceClient};
+use crate::server::service::code_name;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Args, Debug)]
+pub struct LoadtestArgs {
+    /// The service's address.
+    #[arg(long, default_value = "http://127.0.0.1:50051")]
+    pub addr: String,
+    /// Clients sending requests at the same time.
+    #[arg(long, short = 'c', default_value_t = 1)]
+    pub concurrency: usize,
+    /// Requests to send in all.
+    #[arg(long, short = 'n', default_value_t = 16)]
+    pub requests: usize,
+    /// Start no new request after this long (e.g. 60s).
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Deadline of each request.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    #[arg(long, default_value = "Once upon a time")]
+    pub prompt: String,
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: u32,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Keep generating past end-of-generation tokens (every request then has max_tokens).
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// File holding the service's bearer token.
+    #[arg(long)]
+    pub auth_token_file: Option<PathBuf>,
+    /// After each service request, run the same request in-process on the same model
+    /// (--model, or the built-in synthetic one) and report the service's overhead per
+    /// token. Needs --concurrency 1.
+    #[arg(long)]
+    pub baseline: bool,
+    /// Model for --baseline (default: the built-in synthetic model --synthetic names).
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    #[arg(long, default_value = "demo")]
+    pub synthetic: String,
+    /// Backend for --baseline (use the server's).
+    #[arg(long, default_value = "scalar")]
+    pub backend: String,
+    #[arg(long, env = "INFERNO_THREADS", default_value_t = 0)]
+    pub threads: usize,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+/// What one request saw.
+#[derive(Debug, Default)]
+struct Sample {
+    code: &'static str,
+    ttft: Option<Duration>,
+    /// Gaps between consecutive token messages.
+    gaps: Vec<Duration>,
+    tokens: usize,
+    /// The server's own decode rate for this request.
+    server_decode_tps: f64,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+pub fn cmd_loadtest(a: LoadtestArgs) -> Result<()> {
+    if a.concurrency == 0 || a.requests == 0 {
+        bail!("--concurrency and --requests must be at least 1");
+    }
+    let token = match &a.auth_token_file {
+        Some(p) => Some(crate::server::auth::read_token_file(p)?),
+        None => None,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let (samples, wall, in_process) = if a.baseline {
+        if a.concurrency != 1 {
+            bail!("--baseline compares one stream at a time: use --concurrency 1");
+        }
+        let mut base = Baseline::load(&a)?;
+        let (samples, wall, in_process) = runtime.block_on(run_paired(&a, token, &mut base))?;
+        (samples, wall, Some(in_process))
+    } else {
+        let (samples, wall) = runtime.block_on(run_load(&a, token))?;
+        (samples, wall, None)
+    };
+    drop(runtime);
+
+    let mut by_code: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in &samples {
+        *by_code.entry(s.code).or_default() += 1;
+    }
+    let ok: Vec<&Sample> = samples.iter().filter(|s| s.code == "OK").collect();
+    let tokens: usize = ok.iter().map(|s| s.tokens).sum();
+    let mut ttft: Vec<f64> = ok.iter().filter_map(|s| s.ttft.map(ms)).collect();
+    ttft.sort_by(f64::total_cmp);
+    let mut gaps: Vec<f64> = ok
+        .iter()
+        .flat_map(|s| s.gaps.iter().copied().map(ms))
+        .collect();
+    gaps.sort_by(f64::total_cmp);
+    let gap_mean = if gaps.is_empty() {
+        0.0
+    } else {
+        gaps.iter().sum::<f64>() / gaps.len() as f64
+    };
+    let server_tps: Vec<f64> = ok
+        .iter()
+        .map(|s| s.server_decode_tps)
+        .filter(|t| *t > 0.0)
+        .collect();
+    let server_ms_per_token = if server_tps.is_empty() {
+        0.0
+    } else {
+        1e3 / (server_tps.iter().sum::<f64>() / server_tps.len() as f64)
+    };
+    // The median gap between tokens on both sides: robust to the odd preemption on a busy
+    // machine, which would swamp a mean.
+    let service_ms_per_token = percentile(&gaps, 50.0);
+    let baseline = in_process.map(|mut v| {
+        v.sort_by(f64::total_cmp);
+        (percentile(&v, 50.0), mean(&v))
+    });
+
+    let secs = wall.as_secs_f64().max(1e-9);
+    let report = serde_json::json!({
+        "addr": a.addr,
+        "concurrency": a.concurrency,
+        "requests": samples.len(),
+        "by_status": by_code,
+        "wall_seconds": secs,
+        "requests_per_second": ok.len() as f64 / secs,
+        "completion_tokens": tokens,
+        "tokens_per_second": tokens as f64 / secs,
+        "ttft_ms": {"p50": percentile(&ttft, 50.0), "p99": percentile(&ttft, 99.0)},
+        "inter_token_ms": {
+            "mean": gap_mean,
+            "p50": percentile(&gaps, 50.0),
+            "p99": percentile(&gaps, 99.0),
+        },
+        "server_decode_ms_per_token": server_ms_per_token,
+        "baseline": baseline.map(|(b, b_mean)| serde_json::json!({
+            "service_inter_token_ms_p50": service_ms_per_token,
+            "service_inter_token_ms_mean": gap_mean,
+            "in_process_inter_token_ms_p50": b,
+            "in_process_inter_token_ms_mean": b_mean,
+            "overhead_ms_per_token": service_ms_per_token - b,
+            "overhead_percent_of_decode_step": (service_ms_per_token - b) / b * 100.0,
+        })),
+    });
+    match a.output {
+        OutputFormat::Json => println!("{report}"),
+        OutputFormat::Text => {
+            println!("target: {}  concurrency: {}", a.addr, a.concurrency);
+            println!("requests: {}", samples.len());
+            for (code, n) in &by_code {
+                println!("  {code}: {n}");
+            }
+            println!("wall: {secs:.3} s");
+            println!(
+                "throughput: {:.2} requests/s, {:.1} tokens/s ({tokens} tokens)",
+                ok.len() as f64 / secs,
+                tokens as f64 / secs
+            );
+            println!(
+                "time to first token: p50 {:.2} ms  p99 {:.2} ms",
+                percentile(&ttft, 50.0),
+                percentile(&ttft, 99.0)
+            );
+            println!(
+                "inter-token: mean {gap_mean:.4} ms  p50 {:.4} ms  p99 {:.4} ms",
+                percentile(&gaps, 50.0),
+                percentile(&gaps, 99.0)
+            );
+            println!("server-reported decode: {server_ms_per_token:.3} ms/token");
+            if let Some((b, b_mean)) = baseline {
+                println!(
+                    "in-process inter-token (same model, interleaved): mean {b_mean:.4} ms  \
+                     p50 {b:.4} ms"
+                );
+                println!(
+                    "service overhead (p50 vs p50): {:.4} ms/token ({:.2}% of a decode step)",
+                    service_ms_per_token - b,
+                    (service_ms_per_token - b) / b * 100.0
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn request(a: &LoadtestArgs) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        prompt: a.prompt.clone(),
+        max_tokens: Some(a.max_tokens),
+        sampling: Some(pb::SamplingParams {
+            temperature: Some(a.temperature),
+            seed: Some(a.seed),
+            ..Default::default()
+        }),
+        ignore_eos: a.ignore_eos,
+        ..Default::default()
+    }
+}
+
+async fn connect(a: &LoadtestArgs) -> Result<Channel> {
+    Endpoint::from_shared(a.addr.clone())
+        .context("invalid --addr")?
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to {}", a.addr))
+}
+
+/// The request with the bearer token, if any, and a deadline.
+fn authorized(
+    req: pb::GenerateRequest,
+    token: &Option<String>,
+    timeout: Duration,
+) -> tonic::Request<pb::GenerateRequest> {
+    let mut r = tonic::Request::new(req);
+    r.set_timeout(timeout);
+    if let Some(t) = token {
+        if let Ok(v) = format!("Bearer {t}").parse() {
+            r.metadata_mut().insert("authorization", v);
+        }
+    }
+    r
+}
+
+async fn run_load(a: &LoadtestArgs, token: Option<String>) -> Result<(Vec<Sample>, Duration)> {
+    let channel = connect(a).await?;
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..a.concurrency.min(a.requests) {
+        let mut client =
+            InferenceClient::new(channel.clone()).max_decoding_message_size(64 * 1024 * 1024);
+        let next = Arc::clone(&next);
+        let req = request(a);
+        let (n, duration, timeout) = (a.requests, a.duration, a.timeout);
+        let token = token.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut out = Vec::new();
+            while next.fetch_add(1, Ordering::SeqCst) < n && start.elapsed() < duration {
+                let r = authorized(req.clone(), &token, timeout);
+                out.push(one(&mut client, r, timeout).await);
+            }
+            out
+        }));
+    }
+    let mut samples = Vec::new();
+    for t in tasks {
+        samples.extend(t.await?);
+    }
+    Ok((samples, start.elapsed()))
+}
+
+async fn one(
+    client: &mut InferenceClient<Channel>,
+    r: tonic::Request<pb::GenerateRequest>,
+    timeout: Duration,
+) -> Sample {
+    let sent = Instant::now();
+    let mut s = Sample::default();
+    let run = async {
+        let mut stream = client.generate(r).await?.into_inner();
+        let mut last = None;
+        while let Some(msg) = stream.message().await? {
+            match msg.event {
+                Some(pb::generate_response::Event::Token(_)) => {
+                    let now = Instant::now();
+                    match last {
+                        None => s.ttft = Some(now - sent),
+                        Some(prev) => s.gaps.push(now - prev),
+                    }
+                    last = Some(now);
+                    s.tokens += 1;
+                }
+                Some(pb::generate_response::Event::Done(d)) => {
+                    s.server_decode_tps = d.timings.map_or(0.0, |t| t.decode_tokens_per_second);
+                }
+                None => {}
+            }
+        }
+        Ok::<(), tonic::Status>(())
+    };
+    // The client enforces the deadline over the whole stream, not only its start.
+    s.code = match tokio::time::timeout(timeout, run).await {
+        Ok(Ok(())) => "OK",
+        Ok(Err(status)) => code_name(status.code()),
+        Err(_) => "DEADLINE_EXCEEDED",
+    };
+    s
+}
+
+/// The same request run in-process on the same model: the bare engine, for comparison.
+struct Baseline {
+    assets: crate::engine::EngineAssets,
+    prompt: Vec<u32>,
+    opts: GenerateOptions,
+    state: crate::model::State,
+}
+
+impl Baseline {
+    fn load(a: &LoadtestArgs) -> Result<Self> {
+        let load = LoadOptions {
+            backend: a.backend.clone(),
+            threads: a.threads,
+            ctx_size: None,
+        };
+        let assets = match &a.model {
+            Some(p) => file_assets(p, &load),
+            None => synthetic_assets(&a.synthetic, &load),
+        }
+        .map_err(anyhow::Error::msg)?;
+        let tok = &assets.tokenizer;
+        let mut prompt = Vec::new();
+        if tok.add_bos() {
+            prompt.extend(tok.bos_id());
+        }
+        prompt.extend(tok.encode(&a.prompt, true)?);
+        let state = assets.model.new_state(assets.ctx_size, assets.max_batch);
+        let opts = GenerateOptions {
+            max_tokens: a.max_tokens as usize,
+            sampling: SamplingParams {
+                temperature: a.temperature,
+                seed: Some(a.seed),
+                ..SamplingParams::default()
+            },
+            stop: Vec::new(),
+            ignore_eos: a.ignore_eos,
+            time_limit: None,
+        };
+        Ok(Self {
+            assets,
+            prompt,
+            opts,
+            state,
+        })
+    }
+
+    /// One run; the gaps (ms) between consecutive tokens, measured as the service's client
+    /// measures them (between token arrivals), here between token callbacks.
+    fn run(&mut self) -> Result<Vec<f64>> {
+        let a = &self.assets;
+        let mut last: Option<Instant> = None;
+        let mut gaps = Vec::with_capacity(self.opts.max_tokens);
+        generate(
+            &a.model,
+            &a.tokenizer,
+            &mut self.state,
+            &self.prompt,
+            &self.opts,
+            |ev| {
+                if ev.id.is_some() {
+                    let now = Instant::now();
+                    if let Some(prev) = last {
+                        gaps.push(ms(now - prev));
+                    }
+                    last = Some(now);
+                }
+                Flow::Continue
+            },
+        )?;
+        if gaps.is_empty() {
+            bail!("the baseline generated fewer than two tokens; raise --max-tokens");
+        }
+        Ok(gaps)
+    }
+}
+
+/// One stream at a time, alternating a service request with an in-process run, so both see
+/// the same machine conditions.
+async fn run_paired(
+    a: &LoadtestArgs,
+    token: Option<String>,
+    base: &mut Baseline,
+) -> Result<(Vec<Sample>, Duration, Vec<f64>)> {
+    let channel = connect(a).await?;
+    let mut client = InferenceClient::new(channel).max_decoding_message_size(64 * 1024 * 1024);
+    let start = Instant::now();
+    let mut samples = Vec::new();
+    let mut in_process = Vec::new();
+    let mut service_time = Duration::ZERO;
+    for _ in 0..a.requests {
+        if start.elapsed() >= a.duration {
+            break;
+        }
+        let t = Instant::now();
+        samples.push(
+            one(
+                &mut client,
+                authorized(request(a), &token, a.timeout),
+                a.timeout,
+            )
+            .await,
+        );
+        service_time += t.elapsed();
+        in_process.extend(base.run()?);
+    }
+    Ok((samples, service_time, in_process))
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&v, 100.0), 100.0);
+        assert_eq!(percentile(&[3.0], 99.0), 3.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+    }
+}

@@ -1,0 +1,184 @@
+//! `inferno serve`: runs the gRPC service on a small tokio runtime, with the model on its
+//! own engine thread, until SIGINT or SIGTERM.
+
+use crate::engine::worker::EngineConfig;
+use crate::server::assets::{file_assets, synthetic_assets, LoadOptions};
+use crate::server::auth::read_token_file;
+use crate::server::{self, ServerConfig, TlsPem};
+use anyhow::{Context, Result};
+use clap::Args;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use tracing::{info, warn};
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// GGUF model to serve. Without it a small built-in demo model is generated in memory
+    /// (random weights: its text is meaningless).
+    #[arg(long, short = 'm')]
+    pub model: Option<PathBuf>,
+    /// Built-in synthetic model served when no --model is given: demo, or 0.6b for a
+    /// random-weight model of Qwen3-0.6B's shape.
+    #[arg(long, default_value = "demo")]
+    pub synthetic: String,
+    /// Compute backend.
+    #[arg(long, default_value = "scalar")]
+    pub backend: String,
+    /// Backend worker threads (default: INFERNO_THREADS or the machine's performance cores).
+    #[arg(long, env = "INFERNO_THREADS", default_value_t = 0)]
+    pub threads: usize,
+    /// Context window in tokens (default: the model's, capped at 4096).
+    #[arg(long)]
+    pub ctx_size: Option<usize>,
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    /// Generate requests that may wait behind the running one; more are refused with
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 16)]
+    pub queue_capacity: usize,
+    /// On SIGINT/SIGTERM, how long in-flight requests may finish before they are cancelled
+    /// (e.g. 30s, 500ms).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+    /// Serve Prometheus metrics over HTTP at this address (path /metrics).
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// TLS certificate chain (PEM); with --tls-key the service speaks TLS only.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// File holding a bearer token that every call except health must carry.
+    #[arg(long)]
+    pub auth_token_file: Option<PathBuf>,
+    /// Largest request or response message in bytes.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub max_message_bytes: usize,
+    /// max_tokens of a Generate request that does not set it.
+    #[arg(long, default_value_t = 256)]
+    pub default_max_tokens: usize,
+    /// Threads of the async runtime that handles the network (the engine has its own).
+    #[arg(long, default_value_t = 2)]
+    pub runtime_threads: usize,
+}
+
+/// Parses "30s", "500ms", "2m" or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (e.g. 30s, 500ms, 2m)"))?;
+    let secs = match unit.trim() {
+        "" | "s" => n,
+        "ms" => n / 1e3,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {s:?} (use ms, s, m or h)"
+            ))
+        }
+    };
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("invalid duration {s:?}: {e}"))
+}
+
+pub fn cmd_serve(a: ServeArgs) -> Result<()> {
+    let auth_token = match &a.auth_token_file {
+        Some(p) => Some(
+            read_token_file(p)
+                .with_context(|| format!("cannot read the token file {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(c), Some(k)) => Some(TlsPem {
+            cert: std::fs::read(c).with_context(|| format!("cannot read {}", c.display()))?,
+            key: std::fs::read(k).with_context(|| format!("cannot read {}", k.display()))?,
+        }),
+        _ => None,
+    };
+    if !a.listen.ip().is_loopback() && auth_token.is_none() {
+        warn!(listen = %a.listen, "listening beyond loopback without --auth-token-file");
+    }
+    let config = ServerConfig {
+        listen: a.listen,
+        metrics_addr: a.metrics_addr,
+        engine: EngineConfig {
+            queue_capacity: a.queue_capacity.max(1),
+            ..EngineConfig::default()
+        },
+        drain_timeout: a.drain_timeout,
+        auth_token,
+        tls,
+        max_message_bytes: a.max_message_bytes,
+        default_max_tokens: a.default_max_tokens,
+    };
+    let load = LoadOptions {
+        backend: a.backend.clone(),
+        threads: a.threads,
+        ctx_size: a.ctx_size,
+    };
+    // Check the backend name now, so a typo fails before anything starts.
+    crate::backend::create_backend(&load.backend, &Default::default())?;
+    let model = a.model.clone();
+    let synthetic = a.synthetic.clone();
+    let loader = move || match &model {
+        Some(path) => {
+            info!(model = %path.display(), "loading the model");
+            file_assets(path, &load)
+        }
+        None => {
+            warn!(
+                preset = %synthetic,
+                "no --model given: serving a built-in synthetic model with random weights; \
+                 its text is meaningless (pass --model PATH to serve a real GGUF model)"
+            );
+            synthetic_assets(&synthetic, &load)
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(a.runtime_threads.max(1))
+        .thread_name("inferno-rt")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let server = server::start(config, loader).await?;
+        // A plain line on stdout for scripts that start the server on port 0.
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "inferno: gRPC listening on {}", server.addr())?;
+        if let Some(m) = server.metrics_addr() {
+            writeln!(out, "inferno: metrics listening on http://{m}/metrics")?;
+        }
+        out.flush()?;
+        drop(out);
+        server.serve_until(server::shutdown_signal()).await?;
+        info!("stopped");
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5d").is_err());
+    }
+}

@@ -1,0 +1,316 @@
+//! Prometheus metrics for the service: counters and histograms kept with atomics, rendered
+//! in the text exposition format, and a minimal HTTP endpoint that serves them.
+
+use crate::engine::worker::{Observer, Outcome};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Upper bounds (seconds) of the latency histograms' buckets.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+/// A fixed-bucket histogram of durations.
+pub struct Histogram {
+    /// Observations per bucket (not cumulative); the last one is +Inf.
+    counts: Vec<AtomicU64>,
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    fn new() -> Self {
+        Self {
+            counts: (0..=LATENCY_BUCKETS.len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let i = LATENCY_BUCKETS.partition_point(|&b| b < s);
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos
+            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        let mut cum = 0u64;
+        for (i, c) in self.counts.iter().enumerate() {
+            cum += c.load(Ordering::Relaxed);
+            match LATENCY_BUCKETS.get(i) {
+                Some(b) => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+                }
+                None => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
+                }
+            }
+        }
+        let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {cum}");
+    }
+}
+
+/// Everything the service counts.
+pub struct Metrics {
+    /// Finished requests by (method, gRPC status code name).
+    requests: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    tokens: AtomicU64,
+    auth_failures: AtomicU64,
+    pub queue_wait: Histogram,
+    pub time_to_first_token: Histogram,
+    pub decode_step: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        Self {
+            requests: Mutex::new(BTreeMap::new()),
+            tokens: AtomicU64::new(0),
+            auth_failures: AtomicU64::new(0),
+            queue_wait: Histogram::new(),
+            time_to_first_token: Histogram::new(),
+            decode_step: Histogram::new(),
+        }
+    }
+
+    /// Counts one finished request.
+    pub fn request(&self, method: &'static str, code: &'static str) {
+        let mut m = self
+            .requests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *m.entry((method, code)).or_insert(0) += 1;
+    }
+
+    /// Finished requests of `method` with status `code` so far.
+    pub fn requests(&self, method: &str, code: &str) -> u64 {
+        let m = self
+            .requests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.iter()
+            .filter(|((me, c), _)| *me == method && *c == code)
+            .map(|(_, n)| *n)
+            .sum()
+    }
+
+    pub fn auth_failure(&self) {
+        self.auth_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Tokens generated so far, over all requests.
+    pub fn tokens_total(&self) -> u64 {
+        self.tokens.load(Ordering::Relaxed)
+    }
+
+    /// The text exposition of every metric.
+    pub fn render(&self, queue_depth: usize, queue_capacity: usize) -> String {
+        let mut out = String::with_capacity(4096);
+        out.push_str(
+            "# HELP inferno_requests_total Finished requests by method and gRPC status code.\n",
+        );
+        out.push_str("# TYPE inferno_requests_total counter\n");
+        {
+            let m = self
+                .requests
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for ((method, code), n) in m.iter() {
+                let _ = writeln!(
+                    out,
+                    "inferno_requests_total{{method=\"{method}\",code=\"{code}\"}} {n}"
+                );
+            }
+        }
+        let _ = write!(
+            out,
+            "# HELP inferno_queue_depth Generate requests waiting for the engine.\n\
+             # TYPE inferno_queue_depth gauge\n\
+             inferno_queue_depth {queue_depth}\n\
+             # HELP inferno_queue_capacity Most Generate requests that may wait.\n\
+             # TYPE inferno_queue_capacity gauge\n\
+             inferno_queue_capacity {queue_capacity}\n\
+             # HELP inferno_generated_tokens_total Tokens generated over all requests.\n\
+             # TYPE inferno_generated_tokens_total counter\n\
+             inferno_generated_tokens_total {}\n\
+             # HELP inferno_auth_failures_total Requests refused for a missing or wrong token.\n\
+             # TYPE inferno_auth_failures_total counter\n\
+             inferno_auth_failures_total {}\n",
+            self.tokens.load(Ordering::Relaxed),
+            self.auth_failures.load(Ordering::Relaxed),
+        );
+        self.queue_wait.render(
+            &mut out,
+            "inferno_queue_wait_seconds",
+            "Time Generate requests waited in the queue.",
+        );
+        self.time_to_first_token.render(
+            &mut out,
+            "inferno_time_to_first_token_seconds",
+            "From the engine taking a request to its first token.",
+        );
+        self.decode_step.render(
+            &mut out,
+            "inferno_decode_step_seconds",
+            "Time between consecutive tokens of a request.",
+        );
+        out
+    }
+}
+
+impl Observer for Metrics {
+    fn queue_wait(&self, wait: Duration) {
+        self.queue_wait.observe(wait);
+    }
+    fn time_to_first_token(&self, ttft: Duration) {
+        self.time_to_first_token.observe(ttft);
+    }
+    fn decode_step(&self, step: Duration) {
+        self.decode_step.observe(step);
+    }
+    fn tokens_generated(&self, n: usize) {
+        self.tokens.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    fn finished(&self, outcome: Outcome) {
+        self.request("Generate", outcome.code_name());
+    }
+}
+
+/// Serves `GET /metrics` on `listener` until `shutdown` resolves. Each connection answers
+/// one request and closes.
+pub async fn serve_metrics(
+    listener: TcpListener,
+    render: Arc<dyn Fn() -> String + Send + Sync>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => {
+                let Ok((stream, peer)) = accepted else { continue };
+                let render = Arc::clone(&render);
+                tokio::spawn(async move {
+                    // A slow or silent client must not hold a task forever.
+                    let r = tokio::time::timeout(
+                        Duration::from_secs(10),
+                        answer(stream, render),
+                    )
+                    .await;
+                    if !matches!(r, Ok(Ok(()))) {
+                        tracing::debug!(%peer, "metrics request failed");
+                    }
+                });
+            }
+        }
+    }
+}
+
+async fn answer(
+    mut stream: TcpStream,
+    render: Arc<dyn Fn() -> String + Send + Sync>,
+) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    // Read the request head only; a GET has no body we need.
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > 16 * 1024 {
+            break;
+        }
+    }
+    let head = String::from_utf8_lossy(&buf);
+    let mut parts = head.lines().next().unwrap_or("").split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    let (status, ctype, body) = match (method, path) {
+        ("GET", "/metrics") => (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            render(),
+        ),
+        ("GET", "/") => (
+            "200 OK",
+            "text/plain; charset=utf-8",
+            "inferno metrics: see /metrics\n".to_string(),
+        ),
+        ("GET", _) => (
+            "404 Not Found",
+            "text/plain; charset=utf-8",
+            "not found\n".to_string(),
+        ),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain; charset=utf-8",
+            "only GET\n".to_string(),
+        ),
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let h = Histogram::new();
+        h.observe(Duration::from_micros(300));
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_secs(100));
+        let mut out = String::new();
+        h.render(&mut out, "x", "help");
+        assert!(out.contains("x_bucket{le=\"0.0005\"} 1\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"0.005\"} 2\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"60\"} 2\n"), "{out}");
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 3\n"), "{out}");
+        assert!(out.contains("x_count 3\n"), "{out}");
+        assert_eq!(h.count(), 3);
+    }
+
+    #[test]
+    fn render_lists_requests_by_method_and_code() {
+        let m = Metrics::new();
+        m.request("Generate", "OK");
+        m.request("Generate", "OK");
+        m.finished(Outcome::Cancelled);
+        m.tokens_generated(5);
+        let text = m.render(3, 16);
+        assert!(text.contains("inferno_requests_total{method=\"Generate\",code=\"OK\"} 2\n"));
+        assert!(text.contains("inferno_requests_total{method=\"Generate\",code=\"CANCELLED\"} 1\n"));
+        assert!(text.contains("inferno_queue_depth 3\n"));
+        assert!(text.contains("inferno_generated_tokens_total 5\n"));
+        assert_eq!(m.requests("Generate", "OK"), 2);
+    }
+}

@@ -1,0 +1,370 @@
+//! The gRPC service: `inferno.v1.Inference` ([`service`]) in front of the engine thread,
+//! `grpc.health.v1` health, server reflection (v1 and v1alpha), the bearer-token check
+//! ([`auth`]), Prometheus metrics ([`metrics`]), optional TLS and graceful shutdown.
+
+pub mod assets;
+pub mod auth;
+pub mod metrics;
+pub mod service;
+
+/// The generated protobuf messages, client and server of `inferno.v1`.
+pub mod pb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("inferno.v1");
+
+    /// The encoded descriptor set of `proto/inferno/v1/`, served by reflection.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        include_bytes!(concat!(env!("OUT_DIR"), "/inferno_v1_descriptor.bin"));
+}
+
+use crate::engine::worker::{Engine, EngineAssets, EngineConfig, EngineState, Observer};
+use auth::BearerAuth;
+use metrics::Metrics;
+use pb::inference_server::InferenceServer;
+use service::InferenceService;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Identity, ServerTlsConfig};
+use tonic_health::ServingStatus;
+use tracing::{info, warn};
+
+/// A PEM certificate chain and private key for TLS.
+#[derive(Clone)]
+pub struct TlsPem {
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+}
+
+/// How the service runs.
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// Where gRPC listens (port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// Where Prometheus metrics are served over HTTP, if anywhere.
+    pub metrics_addr: Option<SocketAddr>,
+    pub engine: EngineConfig,
+    /// How long in-flight requests may run after shutdown begins before they are cancelled.
+    pub drain_timeout: Duration,
+    /// Bearer token every call except health must carry.
+    pub auth_token: Option<String>,
+    pub tls: Option<TlsPem>,
+    /// Largest encoded request or response message.
+    pub max_message_bytes: usize,
+    /// `max_tokens` of a Generate request that does not set it.
+    pub default_max_tokens: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            metrics_addr: None,
+            engine: EngineConfig::default(),
+            drain_timeout: Duration::from_secs(30),
+            auth_token: None,
+            tls: None,
+            max_message_bytes: 4 * 1024 * 1024,
+            default_max_tokens: 256,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot start the engine thread: {0}")]
+    EngineThread(std::io::Error),
+    #[error("invalid TLS configuration: {0}")]
+    Tls(tonic::transport::Error),
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("the gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("the server task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// A running service, started by [`start`].
+pub struct RunningServer {
+    addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    engine: Arc<Engine>,
+    metrics: Arc<Metrics>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), ServerError>>,
+}
+
+impl RunningServer {
+    /// The address gRPC listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The address metrics are served on.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The metrics' text exposition, as `/metrics` serves it.
+    pub fn metrics_text(&self) -> String {
+        self.metrics
+            .render(self.engine.queue_depth(), self.engine.queue_capacity())
+    }
+
+    /// Follows the engine's state (loading, ready, failed).
+    pub fn engine_state(&self) -> watch::Receiver<EngineState> {
+        self.engine.subscribe()
+    }
+
+    /// Drains and stops: no new calls, in-flight requests finish (up to the drain timeout,
+    /// then they are cancelled), and the engine thread ends.
+    pub async fn shutdown(mut self) -> Result<(), ServerError> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.wait().await
+    }
+
+    /// Waits until the server stops (after [`shutdown`](Self::shutdown) or a fatal error).
+    pub async fn wait(self) -> Result<(), ServerError> {
+        let r = self.task.await;
+        let engine = Arc::clone(&self.engine);
+        engine.cancel_all();
+        // Joining blocks; the engine stops within one decode step once cancelled.
+        let _ = tokio::task::spawn_blocking(move || engine.join()).await;
+        r?
+    }
+
+    /// Serves until `signal` resolves (e.g. [`shutdown_signal`]), then shuts down as
+    /// [`shutdown`](Self::shutdown) does. Returns early if the server fails.
+    pub async fn serve_until(
+        mut self,
+        signal: impl Future<Output = ()>,
+    ) -> Result<(), ServerError> {
+        tokio::select! {
+            _ = signal => self.shutdown().await,
+            r = &mut self.task => {
+                self.engine.cancel_all();
+                let engine = Arc::clone(&self.engine);
+                let _ = tokio::task::spawn_blocking(move || engine.join()).await;
+                r?
+            }
+        }
+    }
+}
+
+/// Binds the listeners, starts the engine thread (which runs `loader` to load the model)
+/// and serves until [`RunningServer::shutdown`]. Health reports NOT_SERVING until the model
+/// is loaded.
+pub async fn start(
+    config: ServerConfig,
+    loader: impl FnOnce() -> Result<EngineAssets, String> + Send + 'static,
+) -> Result<RunningServer, ServerError> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+    let metrics_listener = match config.metrics_addr {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .map_err(|source| ServerError::Bind { addr: a, source })?,
+        ),
+        None => None,
+    };
+    let metrics_addr = match &metrics_listener {
+        Some(l) => Some(l.local_addr().map_err(|source| ServerError::Bind {
+            addr: config.metrics_addr.unwrap_or(addr),
+            source,
+        })?),
+        None => None,
+    };
+
+    let metrics = Arc::new(Metrics::new());
+    let observer: Arc<dyn Observer> = Arc::clone(&metrics) as Arc<dyn Observer>;
+    let engine = Arc::new(
+        Engine::start(config.engine.clone(), loader, observer)
+            .map_err(ServerError::EngineThread)?,
+    );
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    health
+        .set_not_serving::<InferenceServer<InferenceService>>()
+        .await;
+
+    let auth = BearerAuth::new(config.auth_token.as_deref(), Arc::clone(&metrics));
+    let inference = InferenceServer::new(InferenceService::new(
+        Arc::clone(&engine),
+        Arc::clone(&metrics),
+        config.default_max_tokens,
+    ))
+    .max_decoding_message_size(config.max_message_bytes)
+    .max_encoding_message_size(config.max_message_bytes);
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    let mut builder = tonic::transport::Server::builder()
+        // Tokens are small messages sent one by one; do not let Nagle delay them.
+        .tcp_nodelay(true);
+    if let Some(tls) = &config.tls {
+        builder = builder
+            .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert, &tls.key)))
+            .map_err(ServerError::Tls)?;
+    }
+    let router = builder
+        .add_service(health_service)
+        .add_service(InterceptedService::new(inference, auth.clone()))
+        .add_service(InterceptedService::new(reflection_v1, auth.clone()))
+        .add_service(InterceptedService::new(reflection_v1alpha, auth));
+
+    // Health follows the engine: SERVING once the model is loaded.
+    let mut state = engine.subscribe();
+    let ready_health = health.clone();
+    let (drain_tx, mut drain_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut draining = false;
+        loop {
+            let ready = matches!(&*state.borrow_and_update(), EngineState::Ready(_));
+            draining = draining || *drain_rx.borrow_and_update();
+            let status = if ready && !draining {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            ready_health.set_service_status("", status).await;
+            ready_health
+                .set_service_status(
+                    <InferenceServer<InferenceService> as tonic::server::NamedService>::NAME,
+                    status,
+                )
+                .await;
+            if let EngineState::Failed(e) = &*state.borrow() {
+                warn!(error = %e, "the model failed to load; health stays NOT_SERVING");
+            }
+            tokio::select! {
+                r = state.changed() => if r.is_err() { break },
+                r = drain_rx.changed() => if r.is_err() { break },
+            }
+        }
+    });
+
+    let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+    let (metrics_stop_tx, metrics_stop_rx) = oneshot::channel::<()>();
+    if let Some(l) = metrics_listener {
+        let m = Arc::clone(&metrics);
+        let e = Arc::clone(&engine);
+        let render: Arc<dyn Fn() -> String + Send + Sync> =
+            Arc::new(move || m.render(e.queue_depth(), e.queue_capacity()));
+        tokio::spawn(metrics::serve_metrics(l, render, async move {
+            let _ = metrics_stop_rx.await;
+        }));
+    }
+
+    let drain_timeout = config.drain_timeout;
+    let drain_engine = Arc::clone(&engine);
+    let (begun_tx, begun_rx) = oneshot::channel::<()>();
+    let signal = async move {
+        // A dropped trigger means no one can ask for a shutdown any more; keep serving.
+        if shutdown_rx.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        info!(?drain_timeout, "shutting down: draining in-flight requests");
+        let _ = drain_tx.send(true);
+        drain_engine.close();
+        let _ = begun_tx.send(());
+        tokio::spawn(async move {
+            tokio::time::sleep(drain_timeout).await;
+            if !drain_engine.is_idle() {
+                warn!("drain timeout passed: cancelling the remaining requests");
+            }
+            drain_engine.cancel_all();
+        });
+    };
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let task = tokio::spawn(async move {
+        let serve = router.serve_with_incoming_shutdown(incoming, signal);
+        tokio::pin!(serve);
+        // Graceful shutdown waits for every connection to close; a client holding one open
+        // (e.g. a health Watch) must not keep the process alive past the drain timeout.
+        let hard_stop = async move {
+            if begun_rx.await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(drain_timeout + Duration::from_secs(2)).await;
+        };
+        let r = tokio::select! {
+            r = &mut serve => r.map_err(ServerError::from),
+            _ = hard_stop => {
+                warn!("connections still open after the drain timeout; closing them");
+                Ok(())
+            }
+        };
+        let _ = metrics_stop_tx.send(());
+        r
+    });
+    info!(%addr, "gRPC listening");
+    if let Some(m) = metrics_addr {
+        info!(addr = %m, "metrics listening");
+    }
+    Ok(RunningServer {
+        addr,
+        metrics_addr,
+        engine,
+        metrics,
+        shutdown: Some(shutdown_tx),
+        task,
+    })
+}
+
+/// Waits for SIGINT or SIGTERM (Ctrl-C elsewhere).
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,527 @@
+//! The `inferno.v1.Inference` service: validates requests, turns them into engine jobs and
+//! streams the engine's events back as gRPC messages. Handlers never touch the model; they
+//! use the tokenizer side ([`Served`]) and the engine's queue.
+
+use super::metrics::Metrics;
+use super::pb;
+use crate::engine::worker::{
+    Engine, EngineState, Event, Job, JobError, Served, SubmitError, MAX_LOGPROBS,
+};
+use crate::engine::{FinishReason, GenerateOptions};
+use crate::sampling::SamplingParams;
+use crate::tokenizer::ChatMessage;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+/// Roles a chat message may have.
+const ROLES: &[&str] = &["system", "user", "assistant", "tool"];
+/// Limits on the parts of a request that are not bounded by the context window.
+const MAX_STOP_STRINGS: usize = 16;
+const MAX_STOP_BYTES: usize = 256;
+const MAX_REQUEST_ID_BYTES: usize = 128;
+
+pub struct InferenceService {
+    engine: Arc<Engine>,
+    metrics: Arc<Metrics>,
+    default_max_tokens: usize,
+}
+
+impl InferenceService {
+    pub fn new(engine: Arc<Engine>, metrics: Arc<Metrics>, default_max_tokens: usize) -> Self {
+        Self {
+            engine,
+            metrics,
+            default_max_tokens: default_max_tokens.max(1),
+        }
+    }
+
+    fn served(&self) -> Result<Arc<Served>, Status> {
+        match self.engine.state() {
+            EngineState::Ready(s) => Ok(s),
+            EngineState::Loading => Err(Status::unavailable("the model is still loading")),
+            EngineState::Failed(e) => Err(Status::unavailable(format!(
+                "the model failed to load: {e}"
+            ))),
+        }
+    }
+
+    /// Records the outcome of a unary call.
+    fn count<T>(&self, method: &'static str, r: Result<T, Status>) -> Result<T, Status> {
+        self.metrics.request(
+            method,
+            match &r {
+                Ok(_) => "OK",
+                Err(s) => code_name(s.code()),
+            },
+        );
+        r
+    }
+}
+
+/// The status code's name as gRPC spells it.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// Parses a `grpc-timeout` header value ("100m", "5S", ...).
+pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    if v.len() < 2 || v.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = v.split_at(v.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+fn invalid(msg: impl Into<String>) -> Status {
+    Status::invalid_argument(msg)
+}
+
+/// A validated Generate request, ready for the queue.
+pub(crate) struct Prepared {
+    pub request_id: String,
+    pub prompt: Vec<u32>,
+    pub options: GenerateOptions,
+    pub logprobs: usize,
+}
+
+/// Checks a request and tokenizes its prompt.
+pub(crate) fn prepare(
+    req: pb::GenerateRequest,
+    served: &Served,
+    default_max_tokens: usize,
+) -> Result<Prepared, Status> {
+    let has_prompt = !req.prompt.is_empty();
+    let has_messages = !req.messages.is_empty();
+    if has_prompt && has_messages {
+        return Err(invalid("give either prompt or messages, not both"));
+    }
+    if !has_prompt && !has_messages {
+        return Err(invalid("the prompt is empty: give prompt or messages"));
+    }
+    if req.request_id.len() > MAX_REQUEST_ID_BYTES {
+        return Err(invalid(format!(
+            "request_id is longer than {MAX_REQUEST_ID_BYTES} bytes"
+        )));
+    }
+    if req.max_tokens == Some(0) {
+        return Err(invalid("max_tokens must be at least 1"));
+    }
+    if req.logprobs as usize > MAX_LOGPROBS {
+        return Err(invalid(format!(
+            "logprobs is {} but at most {MAX_LOGPROBS} alternatives may be asked for",
+            req.logprobs
+        )));
+    }
+    if req.stop.len() > MAX_STOP_STRINGS {
+        return Err(invalid(format!(
+            "{} stop strings given; at most {MAX_STOP_STRINGS} are allowed",
+            req.stop.len()
+        )));
+    }
+    if let Some(s) = req
+        .stop
+        .iter()
+        .find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
+    {
+        return Err(invalid(format!(
+            "stop strings must be 1 to {MAX_STOP_BYTES} bytes long (got {} bytes)",
+            s.len()
+        )));
+    }
+    let sampling = sampling_params(req.sampling.as_ref());
+    sampling
+        .validate()
+        .map_err(|e| invalid(format!("sampling: {e}")))?;
+
+    let tok = &served.tokenizer;
+    let text = if has_messages {
+        let mut messages = Vec::with_capacity(req.messages.len());
+        for (i, m) in req.messages.iter().enumerate() {
+            if !ROLES.contains(&m.role.as_str()) {
+                return Err(invalid(format!(
+                    "unknown role {:?} in messages[{i}] (expected one of: {})",
+                    m.role,
+                    ROLES.join(", ")
+                )));
+            }
+            messages.push(ChatMessage::new(m.role.clone(), m.content.clone()));
+        }
+        served
+            .chat_template
+            .render(&messages, true, req.enable_thinking)
+            .map_err(|e| invalid(format!("cannot render the chat template: {e}")))?
+    } else {
+        req.prompt
+    };
+    let mut prompt = Vec::new();
+    if tok.add_bos() {
+        prompt.extend(tok.bos_id());
+    }
+    prompt.extend(
+        tok.encode(&text, true)
+            .map_err(|e| invalid(format!("cannot tokenize the prompt: {e}")))?,
+    );
+    if prompt.is_empty() {
+        return Err(invalid("the prompt is empty after tokenization"));
+    }
+    let ctx = served.ctx_size;
+    if prompt.len() >= ctx {
+        return Err(invalid(format!(
+            "the prompt has {} tokens but the context window holds {ctx}",
+            prompt.len()
+        )));
+    }
+    let room = ctx - prompt.len();
+    let max_tokens = match req.max_tokens {
+        Some(n) => {
+            let n = n as usize;
+            if n > room {
+                return Err(invalid(format!(
+                    "the prompt ({} tokens) plus max_tokens ({n}) exceeds the context window \
+                     ({ctx} tokens)",
+                    prompt.len()
+                )));
+            }
+            n
+        }
+        None => default_max_tokens.min(room),
+    };
+    let request_id = if req.request_id.is_empty() {
+        format!("{:016x}", rand::random::<u64>())
+    } else {
+        req.request_id
+    };
+    Ok(Prepared {
+        request_id,
+        prompt,
+        options: GenerateOptions {
+            max_tokens,
+            sampling,
+            stop: req.stop,
+            ignore_eos: req.ignore_eos,
+            time_limit: (req.time_limit_ms > 0)
+                .then(|| Duration::from_millis(req.time_limit_ms as u64)),
+        },
+        logprobs: req.logprobs as usize,
+    })
+}
+
+fn sampling_params(p: Option<&pb::SamplingParams>) -> SamplingParams {
+    let d = SamplingParams::default();
+    let Some(p) = p else { return d };
+    SamplingParams {
+        temperature: p.temperature.unwrap_or(d.temperature),
+        top_k: p.top_k.map_or(d.top_k, |k| k as usize),
+        top_p: p.top_p.unwrap_or(d.top_p),
+        min_p: p.min_p.unwrap_or(d.min_p),
+        repeat_penalty: p.repeat_penalty.unwrap_or(d.repeat_penalty),
+        repeat_last_n: p.repeat_last_n.map_or(d.repeat_last_n, |n| n as usize),
+        seed: p.seed.or(d.seed),
+    }
+}
+
+fn finish_reason(f: Option<FinishReason>) -> pb::FinishReason {
+    match f {
+        Some(FinishReason::Eos) => pb::FinishReason::Eos,
+        Some(FinishReason::StopSequence) => pb::FinishReason::StopSequence,
+        Some(FinishReason::Length) => pb::FinishReason::Length,
+        Some(FinishReason::Cancelled) => pb::FinishReason::Cancelled,
+        Some(FinishReason::TimeLimit) => pb::FinishReason::TimeLimit,
+        None => pb::FinishReason::Error,
+    }
+}
+
+fn job_status(e: JobError) -> Status {
+    match e {
+        JobError::DeadlineExceeded => Status::deadline_exceeded("the request's deadline passed"),
+        JobError::ShuttingDown => Status::unavailable("the server is shutting down"),
+        JobError::InvalidArgument(m) => Status::invalid_argument(m),
+        JobError::Internal(m) => Status::internal(format!("the engine failed: {m}")),
+    }
+}
+
+/// The response stream of one Generate call.
+pub struct GenerateStream {
+    rx: mpsc::UnboundedReceiver<Event>,
+    served: Arc<Served>,
+    request_id: String,
+    /// A final message (Done with a finish reason, or an error) has been yielded.
+    ended: bool,
+}
+
+impl GenerateStream {
+    fn convert(&mut self, ev: Event) -> Result<pb::GenerateResponse, Status> {
+        use pb::generate_response::Event as E;
+        match ev {
+            Event::Token(t) => Ok(pb::GenerateResponse {
+                event: Some(E::Token(pb::GeneratedToken {
+                    index: t.index as u32,
+                    id: t.id,
+                    text: t.text,
+                    logprobs: t.logprobs.map(|l| pb::Logprobs {
+                        chosen: Some(self.logprob(&l.chosen)),
+                        top: l.top.iter().map(|t| self.logprob(t)).collect(),
+                    }),
+                })),
+            }),
+            Event::Done(d) => {
+                if d.finish_reason.is_some() {
+                    self.ended = true;
+                }
+                let t = &d.timings;
+                Ok(pb::GenerateResponse {
+                    event: Some(E::Done(pb::GenerateDone {
+                        finish_reason: finish_reason(d.finish_reason) as i32,
+                        text: d.text,
+                        usage: Some(pb::Usage {
+                            prompt_tokens: d.prompt_tokens as u32,
+                            completion_tokens: d.completion_tokens as u32,
+                        }),
+                        seed: d.seed,
+                        timings: Some(pb::Timings {
+                            queue_wait_ms: t.queue_wait.as_secs_f64() * 1e3,
+                            time_to_first_token_ms: t.time_to_first_token.as_secs_f64() * 1e3,
+                            prefill_tokens_per_second: t.prefill_tokens_per_second,
+                            decode_tokens_per_second: t.decode_tokens_per_second,
+                            total_ms: t.total.as_secs_f64() * 1e3,
+                        }),
+                        request_id: self.request_id.clone(),
+                    })),
+                })
+            }
+            Event::Failed(e) => {
+                self.ended = true;
+                Err(job_status(e))
+            }
+        }
+    }
+
+    fn logprob(&self, t: &crate::engine::worker::TokenLogprob) -> pb::TokenLogprob {
+        let bytes = self.served.tokenizer.token_bytes(t.id).unwrap_or_default();
+        pb::TokenLogprob {
+            id: t.id,
+            text: String::from_utf8_lossy(bytes).into_owned(),
+            logprob: t.logprob,
+        }
+    }
+}
+
+impl Stream for GenerateStream {
+    type Item = Result<pb::GenerateResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        match this.rx.poll_recv(cx) {
+            Poll::Ready(Some(ev)) => Poll::Ready(Some(this.convert(ev))),
+            Poll::Ready(None) if !this.ended => {
+                // The engine let go of the request without a final message: never let that
+                // look like a successful stream.
+                this.ended = true;
+                Poll::Ready(Some(Err(Status::internal(
+                    "the engine ended the request without a result",
+                ))))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::inference_server::Inference for InferenceService {
+    type GenerateStream = GenerateStream;
+
+    async fn generate(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        let arrived = Instant::now();
+        let deadline = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_grpc_timeout)
+            .map(|d| arrived + d);
+        let served = match self.served() {
+            Ok(s) => s,
+            Err(e) => return self.count("Generate", Err(e)),
+        };
+        if self.engine.is_closed() {
+            return self.count(
+                "Generate",
+                Err(Status::unavailable("the server is shutting down")),
+            );
+        }
+        if self.engine.queue_full() {
+            // Refuse before tokenizing: under overload, refusals must stay cheap.
+            let capacity = self.engine.queue_capacity();
+            return self.count(
+                "Generate",
+                Err(Status::resource_exhausted(
+                    SubmitError::QueueFull { capacity }.to_string(),
+                )),
+            );
+        }
+        let req = request.into_inner();
+        let default_max = self.default_max_tokens;
+        let served2 = Arc::clone(&served);
+        // Tokenizing a long prompt is CPU work; keep it off the runtime's few threads.
+        let prepared =
+            tokio::task::spawn_blocking(move || prepare(req, &served2, default_max)).await;
+        let p = match prepared {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => return self.count("Generate", Err(e)),
+            Err(e) => {
+                return self.count(
+                    "Generate",
+                    Err(Status::internal(format!("request preparation failed: {e}"))),
+                )
+            }
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let request_id = p.request_id.clone();
+        let mut job = Job::new(p.request_id, p.prompt, p.options, tx);
+        job.logprobs = p.logprobs;
+        job.deadline = deadline;
+        if let Err(e) = self.engine.submit(job) {
+            let status = match e {
+                SubmitError::QueueFull { .. } => Status::resource_exhausted(e.to_string()),
+                SubmitError::Loading | SubmitError::LoadFailed(_) | SubmitError::ShuttingDown => {
+                    Status::unavailable(e.to_string())
+                }
+            };
+            return self.count("Generate", Err(status));
+        }
+        Ok(Response::new(GenerateStream {
+            rx,
+            served,
+            request_id,
+            ended: false,
+        }))
+    }
+
+    async fn tokenize(
+        &self,
+        request: Request<pb::TokenizeRequest>,
+    ) -> Result<Response<pb::TokenizeResponse>, Status> {
+        let r = (|| {
+            let served = self.served()?;
+            let req = request.into_inner();
+            let ids = served
+                .tokenizer
+                .encode(&req.text, req.parse_special.unwrap_or(true))
+                .map_err(|e| invalid(format!("cannot tokenize: {e}")))?;
+            Ok(Response::new(pb::TokenizeResponse { ids }))
+        })();
+        self.count("Tokenize", r)
+    }
+
+    async fn detokenize(
+        &self,
+        request: Request<pb::DetokenizeRequest>,
+    ) -> Result<Response<pb::DetokenizeResponse>, Status> {
+        let r = (|| {
+            let served = self.served()?;
+            let req = request.into_inner();
+            let text = served
+                .tokenizer
+                .decode(&req.ids, req.skip_special)
+                .map_err(|e| invalid(e.to_string()))?;
+            Ok(Response::new(pb::DetokenizeResponse { text }))
+        })();
+        self.count("Detokenize", r)
+    }
+
+    async fn get_model_info(
+        &self,
+        _request: Request<pb::GetModelInfoRequest>,
+    ) -> Result<Response<pb::ModelInfo>, Status> {
+        let r = self.served().map(|s| {
+            let c = &s.config;
+            let d = &s.description;
+            Response::new(pb::ModelInfo {
+                architecture: c.arch.name().to_string(),
+                name: d.name.clone(),
+                context_length: s.ctx_size as u32,
+                model_context_length: c.context_length as u32,
+                vocab_size: c.vocab as u32,
+                quantization: s.quantization.clone(),
+                backend: d.backend.clone(),
+                threads: d.threads as u32,
+                queue_capacity: self.engine.queue_capacity() as u32,
+                n_layers: c.n_layers as u32,
+                hidden_size: c.hidden as u32,
+                demo: d.demo,
+                server_version: env!("CARGO_PKG_VERSION").to_string(),
+            })
+        });
+        self.count("GetModelInfo", r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_units() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(parse_grpc_timeout("9n"), Some(Duration::from_nanos(9)));
+        assert_eq!(parse_grpc_timeout("5"), None);
+        assert_eq!(parse_grpc_timeout("5x"), None);
+        assert_eq!(parse_grpc_timeout("123456789S"), None);
+        assert_eq!(parse_grpc_timeout("-1S"), None);
+    }
+
+    #[test]
+    fn unset_sampling_fields_take_defaults() {
+        let d = SamplingParams::default();
+        assert_eq!(sampling_params(None), d);
+        let p = sampling_params(Some(&pb::SamplingParams {
+            temperature: Some(0.0),
+            seed: Some(7),
+            ..Default::default()
+        }));
+        assert_eq!(p.temperature, 0.0);
+        assert_eq!(p.seed, Some(7));
+        assert_eq!(p.top_k, d.top_k);
+        assert_eq!(p.top_p, d.top_p);
+    }
+}

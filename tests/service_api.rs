@@ -1,0 +1,387 @@
+//! The Inference service end to end over a real socket: streamed tokens and finish reasons,
+//! chat messages, logprobs, tokenizer calls, model info, every invalid argument, deadlines,
+//! and an engine panic that fails one request while the service keeps serving.
+
+mod service_support;
+
+use inferno::engine::worker::FAULT_PANIC_REQUEST_ID;
+use inferno::engine::{generate, Flow, GenerateOptions};
+use inferno::sampling::SamplingParams;
+use inferno::server::assets::{synthetic_assets, LoadOptions};
+use inferno::server::pb::{self, FinishReason};
+use service_support::*;
+use std::time::Duration;
+use tonic::Code;
+
+/// The greedy completion of `prompt` computed in-process with the engine directly.
+fn reference(prompt: &str, max_tokens: usize) -> (Vec<u32>, String) {
+    let a = synthetic_assets("demo", &LoadOptions::default()).unwrap();
+    let mut ids: Vec<u32> = Vec::new();
+    if a.tokenizer.add_bos() {
+        ids.extend(a.tokenizer.bos_id());
+    }
+    ids.extend(a.tokenizer.encode(prompt, true).unwrap());
+    let mut state = a.model.new_state(a.ctx_size, 512);
+    let opts = GenerateOptions {
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        stop: vec![],
+        ignore_eos: true,
+        time_limit: None,
+    };
+    let g = generate(&a.model, &a.tokenizer, &mut state, &ids, &opts, |_| {
+        Flow::Continue
+    })
+    .unwrap();
+    (g.tokens, g.text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_the_engines_tokens_in_order_with_finish_reasons() {
+    let server = start_demo(test_config()).await;
+    let mut c = client(server.addr()).await;
+    let prompt = "Once upon a time";
+    let (ref_ids, ref_text) = reference(prompt, 12);
+
+    // LENGTH: exactly the in-process greedy completion, token by token.
+    let mut req = greedy(prompt, 12);
+    req.request_id = "req-length".into();
+    let r = run(&mut c, req).await;
+    assert_eq!(r.code(), Code::Ok, "{:?}", r.status);
+    assert_eq!(r.ids(), ref_ids);
+    assert_eq!(r.text(), ref_text);
+    let idx: Vec<u32> = r.tokens.iter().map(|t| t.index).collect();
+    assert_eq!(idx, (0..12).collect::<Vec<u32>>());
+    assert_eq!(r.finish_reason(), Some(FinishReason::Length));
+    let done = r.done.as_ref().unwrap();
+    assert_eq!(done.request_id, "req-length");
+    let usage = done.usage.unwrap();
+    assert_eq!(usage.prompt_tokens, prompt.len() as u32); // byte-level vocabulary
+    assert_eq!(usage.completion_tokens, 12);
+    let t = done.timings.unwrap();
+    assert!(t.time_to_first_token_ms > 0.0 && t.decode_tokens_per_second > 0.0);
+    assert!(t.queue_wait_ms >= 0.0 && t.total_ms >= t.time_to_first_token_ms);
+
+    // STOP_SEQUENCE: a stop string taken from the middle of the reference text.
+    let chars: Vec<char> = ref_text.chars().collect();
+    assert!(chars.len() >= 8, "reference text {ref_text:?}");
+    let stop: String = chars[4..6].iter().collect();
+    let cut = ref_text.find(&stop).unwrap();
+    let mut req = greedy(prompt, 12);
+    req.stop = vec![stop.clone()];
+    let r = run(&mut c, req).await;
+    assert_eq!(r.code(), Code::Ok);
+    assert_eq!(r.finish_reason(), Some(FinishReason::StopSequence));
+    assert_eq!(r.text(), ref_text[..cut]);
+
+    // TIME_LIMIT: a 1 ms limit ends a long generation early and successfully.
+    let mut req = greedy(prompt, 2000);
+    req.time_limit_ms = 1;
+    let r = run(&mut c, req).await;
+    assert_eq!(r.code(), Code::Ok);
+    assert_eq!(r.finish_reason(), Some(FinishReason::TimeLimit));
+    assert!(r.tokens.len() < 2000);
+
+    // Seeded sampling is reproducible and reports its seed.
+    let mut req = greedy(prompt, 10);
+    req.sampling = Some(pb::SamplingParams {
+        temperature: Some(1.0),
+        seed: Some(1234),
+        ..Default::default()
+    });
+    let a = run(&mut c, req.clone()).await;
+    let b = run(&mut c, req).await;
+    assert_eq!(a.ids(), b.ids());
+    assert_eq!(a.done.unwrap().seed, 1234);
+
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_messages_logprobs_tokenizer_and_model_info() {
+    let server = start_demo(test_config()).await;
+    let mut c = client(server.addr()).await;
+
+    let info = c
+        .get_model_info(pb::GetModelInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.architecture, "qwen3");
+    assert!(info.demo);
+    assert_eq!(info.quantization, "Q8_0");
+    assert_eq!(info.backend, "scalar");
+    assert_eq!(info.vocab_size, 261);
+    assert_eq!(info.queue_capacity, 16);
+    assert!(info.context_length >= 2 && info.context_length <= info.model_context_length);
+
+    let ids = c
+        .tokenize(pb::TokenizeRequest {
+            text: "<|im_start|>hé".into(),
+            parse_special: None,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .ids;
+    assert_eq!(ids.len(), 1 + "hé".len(), "{ids:?}");
+    let plain = c
+        .tokenize(pb::TokenizeRequest {
+            text: "<|im_start|>".into(),
+            parse_special: Some(false),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .ids;
+    assert_eq!(plain.len(), "<|im_start|>".len());
+    let text = c
+        .detokenize(pb::DetokenizeRequest {
+            ids: ids.clone(),
+            skip_special: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .text;
+    assert_eq!(text, "<|im_start|>hé");
+    let skipped = c
+        .detokenize(pb::DetokenizeRequest {
+            ids,
+            skip_special: true,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .text;
+    assert_eq!(skipped, "hé");
+    let bad = c
+        .detokenize(pb::DetokenizeRequest {
+            ids: vec![100_000],
+            skip_special: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), Code::InvalidArgument);
+
+    // Chat: the prompt is the rendered template (ChatML with thinking switched off).
+    let mut req = greedy("", 4);
+    req.messages = vec![
+        pb::ChatMessage {
+            role: "system".into(),
+            content: "Be brief.".into(),
+        },
+        pb::ChatMessage {
+            role: "user".into(),
+            content: "Hi".into(),
+        },
+    ];
+    req.enable_thinking = Some(false);
+    req.logprobs = 3;
+    let r = run(&mut c, req).await;
+    assert_eq!(r.code(), Code::Ok, "{:?}", r.status);
+    let rendered = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+                    <|im_start|>assistant\n";
+    let expect_prompt = c
+        .tokenize(pb::TokenizeRequest {
+            text: rendered.into(),
+            parse_special: None,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .ids
+        .len() as u32;
+    let prompt_tokens = r.done.as_ref().unwrap().usage.unwrap().prompt_tokens;
+    // The template may add an empty think block when thinking is off.
+    assert!(
+        prompt_tokens >= expect_prompt,
+        "{prompt_tokens} < {expect_prompt}"
+    );
+    for t in &r.tokens {
+        let lp = t.logprobs.as_ref().expect("logprobs requested");
+        assert_eq!(lp.top.len(), 3);
+        let chosen = lp.chosen.as_ref().unwrap();
+        assert_eq!(chosen.id, t.id);
+        // Greedy with no penalty picks the most likely token.
+        assert_eq!(lp.top[0].id, t.id);
+        assert!(chosen.logprob <= 0.0);
+        assert!(lp.top[0].logprob >= lp.top[1].logprob && lp.top[1].logprob >= lp.top[2].logprob);
+    }
+
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_arguments_are_rejected_with_clear_messages() {
+    let server = start_demo(test_config()).await;
+    let mut c = client(server.addr()).await;
+    let ok = greedy("hello", 4);
+    let with = |f: &dyn Fn(&mut pb::GenerateRequest)| {
+        let mut r = ok.clone();
+        f(&mut r);
+        r
+    };
+    let user = |content: &str| pb::ChatMessage {
+        role: "user".into(),
+        content: content.into(),
+    };
+    let sampling = |f: &dyn Fn(&mut pb::SamplingParams)| {
+        let mut s = pb::SamplingParams::default();
+        f(&mut s);
+        Some(s)
+    };
+    let ctx = c
+        .get_model_info(pb::GetModelInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .context_length as usize;
+    let cases: Vec<(&str, pb::GenerateRequest, &str)> = vec![
+        (
+            "empty prompt",
+            with(&|r| r.prompt.clear()),
+            "prompt is empty",
+        ),
+        (
+            "prompt and messages",
+            with(&|r| r.messages = vec![user("hi")]),
+            "either prompt or messages",
+        ),
+        (
+            "unknown role",
+            with(&|r| {
+                r.prompt.clear();
+                r.messages = vec![pb::ChatMessage {
+                    role: "wizard".into(),
+                    content: "hi".into(),
+                }];
+            }),
+            "unknown role \"wizard\"",
+        ),
+        (
+            "max_tokens 0",
+            with(&|r| r.max_tokens = Some(0)),
+            "max_tokens must be at least 1",
+        ),
+        (
+            "max_tokens past the context",
+            with(&|r| r.max_tokens = Some(ctx as u32)),
+            "exceeds the context window",
+        ),
+        (
+            "negative temperature",
+            with(&|r| r.sampling = sampling(&|s| s.temperature = Some(-0.5))),
+            "temperature",
+        ),
+        (
+            "top_p 0",
+            with(&|r| r.sampling = sampling(&|s| s.top_p = Some(0.0))),
+            "top_p",
+        ),
+        (
+            "top_p above 1",
+            with(&|r| r.sampling = sampling(&|s| s.top_p = Some(1.5))),
+            "top_p",
+        ),
+        (
+            "prompt longer than the context",
+            with(&|r| r.prompt = "a".repeat(ctx + 10)),
+            "context window holds",
+        ),
+        ("too many logprobs", with(&|r| r.logprobs = 21), "logprobs"),
+        (
+            "empty stop string",
+            with(&|r| r.stop = vec![String::new()]),
+            "stop strings",
+        ),
+    ];
+    for (name, req, want) in cases {
+        let r = run(&mut c, req).await;
+        let s = r.status.unwrap_or_else(|| panic!("{name}: accepted"));
+        assert_eq!(s.code(), Code::InvalidArgument, "{name}: {s:?}");
+        assert!(
+            s.message().contains(want),
+            "{name}: message {:?} lacks {want:?}",
+            s.message()
+        );
+        assert!(r.tokens.is_empty());
+    }
+    let n_invalid = server.metrics().requests("Generate", "INVALID_ARGUMENT");
+    assert_eq!(n_invalid, 11);
+
+    // Message size limit: a prompt over the limit is refused by the transport.
+    let mut cfg = test_config();
+    cfg.max_message_bytes = 1024;
+    let small = start_demo(cfg).await;
+    let mut c2 = client(small.addr()).await;
+    let r = run(&mut c2, with(&|r| r.prompt = "x".repeat(4096))).await;
+    assert_eq!(r.code(), Code::OutOfRange, "{:?}", r.status);
+    let r = run(&mut c2, greedy("fine", 2)).await;
+    assert_eq!(r.code(), Code::Ok);
+
+    small.shutdown().await.unwrap();
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_panic_fails_that_request_with_internal_and_serving_goes_on() {
+    let server = start_demo(test_config()).await;
+    let mut c = client(server.addr()).await;
+    let (ref_ids, _) = reference("abc", 6);
+
+    let mut bad = greedy("abc", 50);
+    bad.request_id = FAULT_PANIC_REQUEST_ID.into();
+    let r = run(&mut c, bad).await;
+    assert_eq!(r.code(), Code::Internal, "{:?}", r.status);
+    assert!(r.status.as_ref().unwrap().message().contains("panic"));
+    // It had started streaming: the failure is never a successful end.
+    assert!(!r.tokens.is_empty());
+    assert_eq!(r.finish_reason(), Some(FinishReason::Error));
+
+    let r = run(&mut c, greedy("abc", 6)).await;
+    assert_eq!(r.code(), Code::Ok);
+    assert_eq!(
+        r.ids(),
+        ref_ids,
+        "the next request runs on a clean sequence"
+    );
+    assert_eq!(server.metrics().requests("Generate", "INTERNAL"), 1);
+
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadlines_end_running_and_queued_requests() {
+    let server = start_demo(test_config()).await;
+    let mut c = client(server.addr()).await;
+
+    // A running request past its deadline ends with DEADLINE_EXCEEDED, not success.
+    let mut req = tonic::Request::new(greedy("deadline", 3000));
+    req.set_timeout(Duration::from_millis(300));
+    let r = collect(c.generate(req).await.unwrap().into_inner()).await;
+    assert_eq!(r.code(), Code::DeadlineExceeded, "{:?}", r.status);
+    assert!(r.tokens.len() < 3000);
+    assert!(r.done.is_none());
+
+    // A queued request whose deadline passes while it waits never starts.
+    let mut blocker = c
+        .generate(greedy("blocker", 3000))
+        .await
+        .unwrap()
+        .into_inner();
+    next_token(&mut blocker).await;
+    let mut queued = tonic::Request::new(greedy("queued", 5));
+    queued.set_timeout(Duration::from_millis(100));
+    let queued = c.generate(queued).await.unwrap().into_inner();
+    // Its deadline (100 ms after it arrived) passes while the blocker holds the engine.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    drop(blocker);
+    let r = collect(queued).await;
+    assert_eq!(r.code(), Code::DeadlineExceeded, "{:?}", r.status);
+    assert!(r.tokens.is_empty());
+
+    let m = server.metrics();
+    assert_eq!(m.requests("Generate", "DEADLINE_EXCEEDED"), 2);
+    server.shutdown().await.unwrap();
+}

@@ -1,0 +1,127 @@
+//! The `inferno serve` binary as an operator runs it: the built-in demo model on a free
+//! port, the Prometheus endpoint, the load generator against it, an idle server's CPU use,
+//! and SIGTERM letting an in-flight request finish before the process exits 0.
+
+mod service_support;
+
+use inferno::server::pb::FinishReason;
+use service_support::*;
+use std::process::Command;
+use std::time::Duration;
+use tonic::Code;
+
+/// User plus system CPU time of a process, in clock ticks.
+#[cfg(target_os = "linux")]
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
+    let mut p = spawn_serve(&["--drain-timeout", "60s", "--queue-capacity", "4"]);
+    wait_serving(p.addr).await;
+
+    // Idle: model loaded, no requests. A resource check, not a speed check.
+    #[cfg(target_os = "linux")]
+    {
+        let ticks_per_sec = 100.0; // USER_HZ on Linux
+        let secs = 5.0;
+        let before = cpu_ticks(p.child.id());
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        let used = (cpu_ticks(p.child.id()) - before) as f64 / ticks_per_sec;
+        // The target is < 1% of a core; the margin absorbs the clock tick's granularity.
+        assert!(
+            used / secs < 0.02,
+            "an idle server used {:.1}% of a core",
+            used / secs * 100.0
+        );
+    }
+
+    // The load generator against the real server.
+    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(["loadtest", "--addr", &format!("http://{}", p.addr)])
+        .args(["--concurrency", "2", "--requests", "4", "--max-tokens", "4"])
+        .args(["--ignore-eos", "--output", "json", "--duration", "120s"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["by_status"]["OK"], 4, "{report}");
+    assert_eq!(report["completion_tokens"], 16, "{report}");
+    assert!(
+        report["ttft_ms"]["p99"].as_f64().unwrap() >= report["ttft_ms"]["p50"].as_f64().unwrap()
+    );
+
+    let m = http_get(p.metrics, "/metrics");
+    assert!(m.starts_with("HTTP/1.1 200 OK"), "{m}");
+    assert!(
+        m.contains("inferno_requests_total{method=\"Generate\",code=\"OK\"} 4"),
+        "{m}"
+    );
+    assert!(m.contains("inferno_generated_tokens_total 16"), "{m}");
+    assert!(m.contains("inferno_queue_depth 0"), "{m}");
+    assert!(m.contains("inferno_queue_capacity 4"), "{m}");
+    assert!(
+        m.contains("inferno_time_to_first_token_seconds_count 4"),
+        "{m}"
+    );
+    assert!(
+        m.contains("inferno_decode_step_seconds_bucket{le=\"+Inf\"} 12"),
+        "{m}"
+    );
+    assert!(m.contains("inferno_queue_wait_seconds_count 4"), "{m}");
+    assert!(http_get(p.metrics, "/nope").starts_with("HTTP/1.1 404"));
+
+    // SIGTERM while a request streams: it finishes, then the process exits 0.
+    let mut c = client(p.addr).await;
+    let mut s = c
+        .generate(greedy("drain me", 30))
+        .await
+        .unwrap()
+        .into_inner();
+    next_token(&mut s).await;
+    let killed = Command::new("kill")
+        .args(["-TERM", &p.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let rest = collect(s).await;
+    assert_eq!(rest.code(), Code::Ok, "{:?}", rest.status);
+    assert_eq!(rest.tokens.len(), 29);
+    assert_eq!(rest.finish_reason(), Some(FinishReason::Length));
+    drop(c);
+    let status = tokio::task::spawn_blocking(move || {
+        let s = p.child.wait().unwrap();
+        (s, p)
+    })
+    .await
+    .unwrap()
+    .0;
+    assert!(status.success(), "exit status {status:?}");
+}
+
+#[test]
+fn serve_rejects_an_unknown_backend_at_once() {
+    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            "warp-drive",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown backend"), "{err}");
+}
