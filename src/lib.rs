@@ -6,5 +6,6 @@ pub mod engine;
 pub mod gguf;
 pub mod model;
 pub mod sampling;
+pub mod server;
 pub mod tensor;
 pub mod tokenizer;

@@ -1,4 +1,9 @@
-//! The `inferno` command line: generate, tokenize, logits and info.
+//! The `inferno` command line: generate, tokenize, logits, info, serve, loadtest, bench and synth.
+
+pub mod bench;
+pub mod loadtest;
+pub mod serve;
+pub mod synth;
 
 use crate::backend::{create_backend, BackendOptions};
 use crate::engine::{generate, Flow, GenerateOptions};
@@ -48,6 +53,14 @@ pub enum Command {
     Logits(LogitsArgs),
     /// Describe a GGUF model: architecture, hyper-parameters, tensors, tokenizer.
     Info(InfoArgs),
+    /// Serve a model over gRPC (the built-in demo model when no --model is given).
+    Serve(serve::ServeArgs),
+    /// Load-test a running service: throughput, time to first token, status counts.
+    Loadtest(loadtest::LoadtestArgs),
+    /// Time prompt processing and generation, llama-bench style.
+    Bench(bench::BenchArgs),
+    /// Write a random-weight GGUF of a real model's shape (for benchmarks).
+    Synth(synth::SynthArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -179,6 +192,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Tokenize(a) => cmd_tokenize(a),
         Command::Logits(a) => cmd_logits(a),
         Command::Info(a) => cmd_info(a),
+        Command::Serve(a) => serve::cmd_serve(a),
+        Command::Loadtest(a) => loadtest::cmd_loadtest(a),
+        Command::Bench(a) => bench::cmd_bench(a),
+        Command::Synth(a) => synth::cmd_synth(a),
     }
 }
 

@@ -294,8 +294,10 @@ fn put_value(out: &mut Vec<u8>, value: &Value) {
         Value::Bool(v) => out.push(u8::from(*v)),
         Value::String(s) => put_str(out, s),
         Value::Array(items) => {
-            // An empty array carries no elements, so its element type is arbitrary.
-            let elem_ty = items.first().map_or(type_id::U8, Value::type_id);
+            // An empty array carries no elements, so readers may not care about its element
+            // type; llama.cpp does for `tokenizer.ggml.merges` (strings), the one empty array
+            // the model files here have.
+            let elem_ty = items.first().map_or(type_id::STRING, Value::type_id);
             out.extend_from_slice(&elem_ty.to_le_bytes());
             out.extend_from_slice(&(items.len() as u64).to_le_bytes());
             for item in items {

@@ -253,13 +253,12 @@ pub fn build(spec: &SynthSpec) -> Result<GgufWriter, SynthError> {
     tokenizer_metadata(&mut w, spec.vocab);
 
     let dt = spec.dtype;
-    let mat =
-        |w: &mut GgufWriter, name: &str, rows: usize, cols: usize, rng: &mut ChaCha8Rng| {
-            let std = 1.0 / (cols as f32).sqrt();
-            let data = random_matrix(rng, rows, cols, std, dt);
-            w.add_tensor(name, &[cols as u64, rows as u64], dt, data)
-                .map(|_| ())
-        };
+    let mat = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize, rng: &mut ChaCha8Rng| {
+        let std = 1.0 / (cols as f32).sqrt();
+        let data = random_matrix(rng, rows, cols, std, dt);
+        w.add_tensor(name, &[cols as u64, rows as u64], dt, data)
+            .map(|_| ())
+    };
     // Embedding entries of order one, like trained models after the first norm.
     let emb = random_matrix(&mut rng, spec.vocab, h, 1.0, dt);
     w.add_tensor("token_embd.weight", &[h as u64, spec.vocab as u64], dt, emb)?;

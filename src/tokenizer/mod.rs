@@ -199,7 +199,9 @@ impl Tokenizer {
     /// Only `gpt2` (byte-level BPE) vocabularies are supported. Control
     /// tokens become special added tokens and user-defined tokens become
     /// ordinary added tokens, both matched verbatim before normalization, as
-    /// the original Hugging Face tokenizer does.
+    /// the original Hugging Face tokenizer does. A missing or `default`
+    /// `tokenizer.ggml.pre` falls back to the GPT-2 split regex; unknown
+    /// pre-tokenizer names are refused.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self, TokenizerError> {
         let model = required_str(gguf, "tokenizer.ggml.model")?;
         if model != "gpt2" {
