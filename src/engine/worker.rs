@@ -453,14 +453,16 @@ fn serve_job(shared: &Shared, assets: &EngineAssets, state: &mut State, job: Job
         obs.finished(Outcome::Cancelled);
         return;
     }
+    // Metrics are recorded before the client hears the outcome, so a client that has seen
+    // its stream end also sees it counted.
     if shared.cancel_all.load(Ordering::SeqCst) {
-        let _ = job.events.send(Event::Failed(JobError::ShuttingDown));
         obs.finished(Outcome::Unavailable);
+        let _ = job.events.send(Event::Failed(JobError::ShuttingDown));
         return;
     }
     if job.deadline.is_some_and(|d| Instant::now() >= d) {
-        let _ = job.events.send(Event::Failed(JobError::DeadlineExceeded));
         obs.finished(Outcome::DeadlineExceeded);
+        let _ = job.events.send(Event::Failed(JobError::DeadlineExceeded));
         return;
     }
     let queue_wait = job.enqueued_at.elapsed();
@@ -617,10 +619,10 @@ fn serve_job(shared: &Shared, assets: &EngineAssets, state: &mut State, job: Job
             }
         }
     };
+    obs.finished(outcome);
     for ev in events {
         let _ = job.events.send(ev);
     }
-    obs.finished(outcome);
 }
 
 /// The chosen token's log-probability and the `n` most likely tokens'.
