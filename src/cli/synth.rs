@@ -41,6 +41,9 @@ pub fn cmd_synth(a: SynthArgs) -> Result<()> {
     };
     spec.seed = a.seed;
     let w = synth::build(&spec)?;
+    if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
     w.write_to(&a.out)
         .with_context(|| format!("cannot write {}", a.out.display()))?;
     let bytes = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);

@@ -268,8 +268,8 @@ pub fn dequantize_q8_k(src: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Σ over `n`-value groups of `scale[g] · Σ q_w · q_x`, exact in i32 (bounded by
-/// 256 · 128 · 64 · 127 for every type here).
+/// Σ over `group`-value groups of `scale(g) · Σ q_w · q_x`, exact in i32: for every type
+/// here |scale| ≤ 128, |q_w| ≤ 64 and |q_x| ≤ 127 over 256 values, under 2³¹.
 #[inline]
 fn scaled_isum<W: Copy + Into<i32>>(
     q: &[W],

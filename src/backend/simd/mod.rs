@@ -116,6 +116,7 @@ impl Isa {
     }
 
     /// Whether the AVX2 kernels for the non-matmul operations apply.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn x86_vector(self) -> bool {
         matches!(self, Isa::Avx2 | Isa::Avx512Vnni)
     }
