@@ -60,6 +60,11 @@ pub struct BenchArgs {
     /// CPU use over this many seconds (Linux; 0 skips).
     #[arg(long, default_value_t = 0.0)]
     pub idle_check: f64,
+    /// Measure the memory read bandwidth at each thread count and report each generation
+    /// test's roofline: the tokens/s reached if every step only streamed the weights and
+    /// the KV cache from memory at that bandwidth.
+    #[arg(long)]
+    pub roofline: bool,
 }
 
 /// One row of results.
@@ -76,6 +81,9 @@ pub struct BenchResult {
     pub avg_ts: f64,
     pub stddev_ts: f64,
     pub samples_ts: Vec<f64>,
+    /// With `--roofline`: the memory-bandwidth bound for this test (generation tests only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roofline_ts: Option<f64>,
 }
 
 /// Mean and sample standard deviation.
@@ -145,6 +153,15 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 .unwrap_or_default()
         });
     let size: u64 = gguf.tensors().iter().map(|t| t.n_bytes).sum();
+    // A decode step reads every weight once; the token embedding only for one row, unless
+    // it doubles as the LM head (tied), when it is read whole.
+    let tied = !gguf.tensors().iter().any(|t| t.name == "output.weight");
+    let step_bytes: u64 = gguf
+        .tensors()
+        .iter()
+        .filter(|t| tied || t.name != "token_embd.weight")
+        .map(|t| t.n_bytes)
+        .sum();
     let params: u64 = gguf.tensors().iter().map(|t| t.n_elements()).sum();
     let mut tests = Vec::new();
     for &d in &a.depth {
@@ -196,6 +213,19 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
             } else {
                 Isa::selected().name().to_string()
             };
+            let bandwidth = if a.roofline {
+                let bw = read_bandwidth(shown_threads);
+                eprintln!(
+                    "memory read bandwidth, {shown_threads} thread(s): {:.1} GB/s",
+                    bw / 1e9
+                );
+                Some(bw)
+            } else {
+                None
+            };
+            let cfg = &model.config;
+            // f32 keys and values of every layer, per position.
+            let kv_bytes_per_pos = (cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 4) as f64;
             let mut runner = Runner {
                 state: model.new_state(capacity.min(model.config.context_length), a.batch),
                 logits: vec![0.0; model.config.vocab],
@@ -223,6 +253,16 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 if depth > 0 {
                     test.push_str(&format!(" @ d{depth}"));
                 }
+                let roofline = bandwidth.filter(|_| n_gen > 0).map(|bw| {
+                    let mean_ctx = depth as f64 + (n_gen as f64 + 1.0) / 2.0;
+                    bw / (step_bytes as f64 + kv_bytes_per_pos * mean_ctx)
+                });
+                if let Some(r) = roofline {
+                    eprintln!(
+                        "{test}: roofline {r:.1} t/s ({:.0}% reached)",
+                        avg / r * 100.0
+                    );
+                }
                 if text {
                     println!(
                         "| {:<24} | {:>6.2} GiB | {:>6.2} B | {:<10} | {:<10} | {:>7} | {:>14} | {:>7.2} ± {:>6.2} |",
@@ -249,6 +289,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                     avg_ts: avg,
                     stddev_ts: sd,
                     samples_ts: samples,
+                    roofline_ts: roofline,
                 });
             }
             if a.idle_check > 0.0 {
@@ -268,6 +309,35 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&results)?);
     }
     Ok(())
+}
+
+/// Bytes per second `threads` threads read from memory, each summing its own share of a
+/// 1 GiB array (larger than any cache): the best of five passes.
+fn read_bandwidth(threads: usize) -> f64 {
+    const BYTES: usize = 1 << 30;
+    let words: Vec<u64> = (0..BYTES / 8).map(|i| i as u64).collect();
+    let threads = threads.max(1);
+    let share = words.len().div_ceil(threads);
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for part in words.chunks(share) {
+                s.spawn(move || {
+                    // Four independent sums keep several loads in flight.
+                    let mut acc = [0u64; 4];
+                    for c in part.chunks_exact(4) {
+                        for (a, &w) in acc.iter_mut().zip(c) {
+                            *a = a.wrapping_add(w);
+                        }
+                    }
+                    std::hint::black_box(acc);
+                });
+            }
+        });
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    BYTES as f64 / best
 }
 
 /// CPU time used by all of this process's threads, in seconds (Linux only).
