@@ -110,7 +110,13 @@ async fn chat_messages_logprobs_tokenizer_and_model_info() {
     assert_eq!(info.architecture, "qwen3");
     assert!(info.demo);
     assert_eq!(info.quantization, "Q8_0");
-    assert_eq!(info.backend, "scalar");
+    // The service's default stack, on the threads it really runs (INFERNO_THREADS or the
+    // physical cores).
+    assert_eq!(info.backend, "pool");
+    assert_eq!(
+        info.threads as usize,
+        inferno::backend::threadpool::default_threads()
+    );
     assert_eq!(info.vocab_size, 261);
     assert_eq!(info.queue_capacity, 16);
     assert!(info.context_length >= 2 && info.context_length <= info.model_context_length);

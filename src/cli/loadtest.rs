@@ -63,7 +63,7 @@ pub struct LoadtestArgs {
     #[arg(long, default_value = "demo")]
     pub synthetic: String,
     /// Backend for --baseline (use the server's).
-    #[arg(long, default_value = "scalar")]
+    #[arg(long, default_value = "pool")]
     pub backend: String,
     #[arg(long, env = "INFERNO_THREADS", default_value_t = 0)]
     pub threads: usize,

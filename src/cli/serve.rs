@@ -23,8 +23,8 @@ pub struct ServeArgs {
     /// random-weight model of Qwen3-0.6B's shape.
     #[arg(long, default_value = "demo")]
     pub synthetic: String,
-    /// Compute backend.
-    #[arg(long, default_value = "scalar")]
+    /// Compute backend (scalar, simd, parallel, pool).
+    #[arg(long, default_value = "pool")]
     pub backend: String,
     /// Backend worker threads (default: INFERNO_THREADS or the machine's performance cores).
     #[arg(long, env = "INFERNO_THREADS", default_value_t = 0)]

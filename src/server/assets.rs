@@ -1,6 +1,7 @@
 //! Loading what the engine thread serves: a GGUF file from disk, or the built-in demo model
 //! generated in memory. These run on the engine thread (they are the loader it is given).
 
+use crate::backend::threadpool::default_threads;
 use crate::backend::{create_backend, BackendOptions};
 use crate::engine::worker::{EngineAssets, ModelDescription};
 use crate::gguf::GgufFile;
@@ -26,7 +27,7 @@ pub struct LoadOptions {
 impl Default for LoadOptions {
     fn default() -> Self {
         Self {
-            backend: "scalar".into(),
+            backend: "pool".into(),
             threads: 0,
             ctx_size: None,
         }
@@ -68,10 +69,20 @@ pub fn assets_from_gguf(
         description: ModelDescription {
             name: name.to_string(),
             backend: opts.backend.clone(),
-            threads: opts.threads,
+            threads: backend_threads(&opts.backend, opts.threads),
             demo,
         },
     })
+}
+
+/// Threads the backend really runs on: the single-threaded ones use one; the others
+/// resolve 0 to the default the factory used.
+fn backend_threads(backend: &str, asked: usize) -> usize {
+    match backend.trim() {
+        "scalar" | "simd" => 1,
+        _ if asked == 0 => default_threads(),
+        _ => asked,
+    }
 }
 
 /// Loads a GGUF model file.
