@@ -188,3 +188,47 @@ fn tokenize_on_a_vocab_only_file_matches_hf() {
         assert_eq!(ids, case["ids"], "{}", case["text"]);
     }
 }
+
+/// `quantize` of an F32 model gives exactly the tensors the synthesizer writes when it
+/// quantizes the same values itself (one Q8_0 definition), keeps the 1-D tensors and the
+/// metadata, and refuses a type it cannot write.
+#[test]
+fn quantize_rewrites_matrices_and_keeps_the_rest() {
+    use inferno::gguf::GgufFile;
+    let dir = tempfile::tempdir().unwrap();
+    let f32_path = dir.path().join("demo-f32.gguf");
+    let q8_path = dir.path().join("demo-q8.gguf");
+    let out = dir.path().join("requantized.gguf");
+    for (dtype, path) in [(GgmlType::F32, &f32_path), (GgmlType::Q8_0, &q8_path)] {
+        let spec = SynthSpec::preset("demo", dtype).unwrap();
+        synth::build(&spec).unwrap().write_to(path).unwrap();
+    }
+    let (src, dst) = (f32_path.to_str().unwrap(), out.to_str().unwrap());
+    let o = inferno(&["quantize", "-m", src, "-o", dst, "--dtype", "q8_0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let got = GgufFile::open(&out).unwrap();
+    let want = GgufFile::open(&q8_path).unwrap();
+    assert_eq!(got.tensors().len(), want.tensors().len());
+    let mut matrices = 0;
+    for t in want.tensors() {
+        let g = got.tensor_info(&t.name).expect("tensor kept");
+        assert_eq!((g.dtype, &g.dims), (t.dtype, &t.dims), "{}", t.name);
+        assert_eq!(
+            got.tensor_data(&t.name).unwrap().as_slice(),
+            want.tensor_data(&t.name).unwrap().as_slice(),
+            "{}",
+            t.name
+        );
+        matrices += (t.dtype == GgmlType::Q8_0) as usize;
+    }
+    assert!(matrices > 0);
+    assert_eq!(got.get_u64("general.file_type").unwrap(), 7);
+    assert_eq!(
+        got.get_array("tokenizer.ggml.tokens").unwrap().len(),
+        want.get_array("tokenizer.ggml.tokens").unwrap().len()
+    );
+
+    let o = inferno(&["quantize", "-m", src, "-o", dst, "--dtype", "q4_k"]);
+    assert_clean_error(&o, "cannot write");
+}

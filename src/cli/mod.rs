@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod loadtest;
+pub mod quantize;
 pub mod serve;
 pub mod synth;
 
@@ -61,6 +62,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Write a random-weight GGUF of a real model's shape (for benchmarks).
     Synth(synth::SynthArgs),
+    /// Rewrite a GGUF model with its weight matrices in another type (e.g. Q8_0).
+    Quantize(quantize::QuantizeArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -68,8 +71,8 @@ pub struct ModelArgs {
     /// Path to a GGUF model file.
     #[arg(long, short = 'm')]
     pub model: PathBuf,
-    /// Compute backend.
-    #[arg(long, default_value = "scalar")]
+    /// Compute backend: pool (fastest), parallel, simd or scalar (the reference).
+    #[arg(long, default_value = "pool")]
     pub backend: String,
     /// Worker threads (default: INFERNO_THREADS or the machine's performance cores).
     #[arg(long, env = "INFERNO_THREADS", default_value_t = 0)]
@@ -196,6 +199,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Loadtest(a) => loadtest::cmd_loadtest(a),
         Command::Bench(a) => bench::cmd_bench(a),
         Command::Synth(a) => synth::cmd_synth(a),
+        Command::Quantize(a) => quantize::cmd_quantize(a),
     }
 }
 

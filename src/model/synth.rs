@@ -165,16 +165,9 @@ fn random_matrix(
 }
 
 fn encode(vals: &[f32], dtype: GgmlType) -> Vec<u8> {
-    match dtype {
-        GgmlType::F16 => float::f32_to_f16_bytes(vals),
-        GgmlType::BF16 => float::f32_to_bf16_bytes(vals),
-        GgmlType::Q8_0 => {
-            let mut out = vec![0u8; vals.len() / q8_0::BLOCK * q8_0::BLOCK_BYTES];
-            q8_0::quantize(vals, &mut out);
-            out
-        }
-        _ => float::f32_to_le_bytes(vals),
-    }
+    // The synthesizer only builds shapes whose rows are whole Q8_0 blocks, and only
+    // accepts the types `tensor::encode` writes; anything else falls back to f32.
+    crate::tensor::encode(vals, dtype).unwrap_or_else(|_| float::f32_to_le_bytes(vals))
 }
 
 /// Norm gains near one, so the model is not a plain identity at the norms.
@@ -221,7 +214,10 @@ pub fn build(spec: &SynthSpec) -> Result<GgufWriter, SynthError> {
     let a = "qwen3";
     w.add("general.architecture", Value::String(a.into()));
     w.add("general.name", Value::String(spec.name.clone()));
-    w.add("general.file_type", Value::U32(file_type(spec.dtype)));
+    w.add(
+        "general.file_type",
+        Value::U32(crate::tensor::file_type(spec.dtype).unwrap_or(0)),
+    );
     w.add(format!("{a}.block_count"), Value::U32(spec.n_layers as u32));
     w.add(
         format!("{a}.context_length"),
@@ -307,17 +303,6 @@ pub fn build(spec: &SynthSpec) -> Result<GgufWriter, SynthError> {
         mat(&mut w, "output.weight", spec.vocab, h, &mut rng)?;
     }
     Ok(w)
-}
-
-/// llama.cpp's `general.file_type` code for a model whose matrices are `dtype`.
-fn file_type(dtype: GgmlType) -> u32 {
-    match dtype {
-        GgmlType::F32 => 0,
-        GgmlType::F16 => 1,
-        GgmlType::Q8_0 => 7,
-        GgmlType::BF16 => 32,
-        _ => 0,
-    }
 }
 
 #[cfg(test)]

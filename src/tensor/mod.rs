@@ -16,6 +16,8 @@ pub use matrix::Matrix;
 pub enum TensorError {
     #[error("tensor type {0} is not supported here")]
     UnsupportedType(GgmlType),
+    #[error("{n} values do not fill whole {dtype} blocks")]
+    PartialBlock { dtype: GgmlType, n: usize },
     #[error("expected {expected} bytes of {dtype} data for {n} values, got {got}")]
     SizeMismatch {
         dtype: GgmlType,
@@ -121,6 +123,40 @@ fn check_len(dtype: GgmlType, n: usize, bytes: usize) -> Result<(), TensorError>
             expected: 0,
             got: bytes,
         }),
+    }
+}
+
+/// Stores f32 values as `dtype`: the float types, or Q8_0 (round-to-nearest, as llama.cpp's
+/// reference quantizer). `vals.len()` must be a multiple of the type's block size.
+pub fn encode(vals: &[f32], dtype: GgmlType) -> Result<Vec<u8>, TensorError> {
+    Ok(match dtype {
+        GgmlType::F32 => float::f32_to_le_bytes(vals),
+        GgmlType::F16 => float::f32_to_f16_bytes(vals),
+        GgmlType::BF16 => float::f32_to_bf16_bytes(vals),
+        GgmlType::Q8_0 => {
+            if vals.len() % q8_0::BLOCK != 0 {
+                return Err(TensorError::PartialBlock {
+                    dtype,
+                    n: vals.len(),
+                });
+            }
+            let mut out = vec![0u8; vals.len() / q8_0::BLOCK * q8_0::BLOCK_BYTES];
+            q8_0::quantize(vals, &mut out);
+            out
+        }
+        other => return Err(TensorError::UnsupportedType(other)),
+    })
+}
+
+/// llama.cpp's `general.file_type` code for a model whose matrices are all `dtype`, for the
+/// types [`encode`] writes.
+pub fn file_type(dtype: GgmlType) -> Option<u32> {
+    match dtype {
+        GgmlType::F32 => Some(0),
+        GgmlType::F16 => Some(1),
+        GgmlType::Q8_0 => Some(7),
+        GgmlType::BF16 => Some(32),
+        _ => None,
     }
 }
 
