@@ -1,5 +1,6 @@
 //! Micro-benchmarks of each kernel, on Qwen3-0.6B's shapes (hidden 1024, FFN 3072, 16/8
-//! heads of 128), for the scalar reference and every instruction set this CPU has, plus the
+//! heads of 128) and, for the quantized types other than Q8_0, Qwen2.5-0.5B's (hidden 896,
+//! FFN 4864), for the scalar reference and every instruction set this CPU has, plus the
 //! thread pool's dispatch cost. Run with `cargo bench --bench kernels`.
 
 use divan::{black_box, Bencher};
@@ -79,6 +80,118 @@ fn q8_matvec_1024x3072(b: Bencher, k: &str) {
 #[divan::bench(args = kernels(), sample_count = 20)]
 fn q8_matmul_64x3072x1024(b: Bencher, k: &str) {
     bench_matmul(b, backend(k).as_ref(), 3072, 1024, 64);
+}
+
+/// A matrix of quantized type `t` with pseudo-random quant bytes and moderate f16 scales
+/// (these types have no quantizer here; the kernels' speed does not depend on the values).
+fn quant_matrix(t: GgmlType, rows: usize, cols: usize) -> Matrix {
+    let f16_fields: &[usize] = match t {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        _ => &[0, 2],
+    };
+    let size = t.row_size(cols as u64).unwrap() as usize * rows;
+    let v = values(size.div_ceil(4), 11);
+    let mut data: Vec<u8> = v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect();
+    data.truncate(size);
+    for (i, blk) in data.chunks_exact_mut(t.type_size()).enumerate() {
+        for &f in f16_fields {
+            let d = 0.01 + (i % 7) as f32 * 0.003;
+            blk[f..f + 2].copy_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+        }
+    }
+    Matrix {
+        name: "w".into(),
+        dtype: t,
+        rows,
+        cols,
+        data: TensorBytes::from_vec(data),
+        prepared: None,
+    }
+}
+
+fn bench_quant(b: Bencher, be: &dyn Backend, t: GgmlType, rows: usize, cols: usize, n: usize) {
+    let w = quant_matrix(t, rows, cols);
+    let x = values(n * cols, 3);
+    let mut out = vec![0.0f32; n * rows];
+    b.counter(divan::counter::BytesCount::new(w.data.len()))
+        .bench_local(|| be.matmul(black_box(&w), black_box(&x), n, &mut out));
+}
+
+// Decode matvecs of the types multiplied in their stored layout, on Qwen2.5-0.5B's FFN
+// shapes: 4864 × 896 (gate/up) for the 32-value types, 896 × 4864 (down; K-quant rows must
+// be multiples of 256) for the K-quants.
+
+#[divan::bench(args = kernels())]
+fn q4_0_matvec_4864x896(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q4_0, 4864, 896, 1);
+}
+
+#[divan::bench(args = kernels())]
+fn q4_1_matvec_4864x896(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q4_1, 4864, 896, 1);
+}
+
+#[divan::bench(args = kernels())]
+fn q5_0_matvec_4864x896(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q5_0, 4864, 896, 1);
+}
+
+#[divan::bench(args = kernels())]
+fn q5_1_matvec_4864x896(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q5_1, 4864, 896, 1);
+}
+
+/// Q8_0 without the repacked layout (a matrix no backend prepared).
+#[divan::bench(args = kernels())]
+fn q8_0_unpacked_matvec_4864x896(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q8_0, 4864, 896, 1);
+}
+
+#[divan::bench(args = kernels())]
+fn q2_k_matvec_896x4864(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q2_K, 896, 4864, 1);
+}
+
+#[divan::bench(args = kernels())]
+fn q3_k_matvec_896x4864(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q3_K, 896, 4864, 1);
+}
+
+#[divan::bench(args = kernels())]
+fn q4_k_matvec_896x4864(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q4_K, 896, 4864, 1);
+}
+
+#[divan::bench(args = kernels())]
+fn q5_k_matvec_896x4864(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q5_K, 896, 4864, 1);
+}
+
+#[divan::bench(args = kernels())]
+fn q6_k_matvec_896x4864(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q6_K, 896, 4864, 1);
+}
+
+/// A prefill matmul of the real model's most common type: 64 tokens through 4864 × 896.
+#[divan::bench(args = kernels(), sample_count = 10)]
+fn q5_0_matmul_64x4864x896(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q5_0, 4864, 896, 64);
+}
+
+/// The Q5_0 and Q4_K decode matvecs on the pool at 1 and 2 threads.
+#[divan::bench(args = [1, 2])]
+fn pool_q5_0_matvec_4864x896(b: Bencher, threads: usize) {
+    let be = PoolBackend::new(SimdBackend::new(ScalarBackend::new()), threads);
+    bench_quant(b, &be, GgmlType::Q5_0, 4864, 896, 1);
+}
+
+#[divan::bench(args = [1, 2])]
+fn pool_q4_k_matvec_896x4864(b: Bencher, threads: usize) {
+    let be = PoolBackend::new(SimdBackend::new(ScalarBackend::new()), threads);
+    bench_quant(b, &be, GgmlType::Q4_K, 896, 4864, 1);
 }
 
 /// The decode matvec on the pool at 1 and 2 threads.

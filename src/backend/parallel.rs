@@ -6,6 +6,8 @@
 //! Work is split by output rows and attention heads, never inside a dot product, so results
 //! are identical to `simd`'s.
 
+use super::scalar::with_quant_scratch;
+use super::simd::quants::QuantMatmul;
 use super::simd::{with_act_scratch, Kernels, OutPtr, PackedQ8, SimdBackend};
 use super::threadpool::default_threads;
 use super::{AttentionShape, Backend, ScalarBackend};
@@ -127,6 +129,27 @@ impl Backend for ParallelBackend {
                         // SAFETY: pieces cover disjoint groups, so disjoint output rows of
                         // `out`, which outlives the parallel loop.
                         unsafe { k.gemm_q8(p, &a, n, g0, g1, o, w.rows) };
+                    })
+                });
+            });
+            return;
+        }
+        if let Some(q) = QuantMatmul::new(&k, w) {
+            with_quant_scratch(n * q.qrow, |qx| {
+                let cols = q.cols;
+                self.install(|| {
+                    // Quantize token rows in parallel, then split the rows of the product.
+                    qx.par_chunks_mut(q.qrow)
+                        .zip(x[..n * cols].par_chunks(cols))
+                        .for_each(|(qr, xr)| (q.k.quantize)(xr, qr));
+                });
+                let qx: &[u8] = qx;
+                let pieces = self.pieces(w.rows);
+                self.install(|| {
+                    (0..pieces).into_par_iter().for_each(|i| {
+                        let (r0, r1) = super::threadpool::split(w.rows, i, pieces);
+                        // SAFETY: pieces cover disjoint rows of `out`, which outlives the loop.
+                        unsafe { q.rows(w, qx, n, r0, r1, o, w.rows) };
                     })
                 });
             });

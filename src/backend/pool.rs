@@ -1,12 +1,14 @@
 //! The `pool` backend: the `simd` kernels run on a persistent [`ThreadPool`], for decode as
 //! well as prefill.
 //!
-//! Every matmul is split by 16-row groups of output rows, attention by (token, KV head)
-//! items, RMSNorm by rows and SiLU×up by 8-aligned element ranges, into chunks the threads
-//! claim as they go; every output value is computed start to finish by one thread with the
+//! Every matmul (packed Q8_0, the other quantized types in their stored layout, float) is
+//! split by 16-row groups of output rows, attention by (token, KV head) items, RMSNorm by
+//! rows and SiLU×up by 8-aligned element ranges, into chunks the threads claim as they go; every output value is computed start to finish by one thread with the
 //! same code and order as `simd`, so results are byte-identical to `simd` at any thread
 //! count. The caller works too.
 
+use super::scalar::with_quant_scratch;
+use super::simd::quants::QuantMatmul;
 use super::simd::{with_act_scratch, Kernels, OutPtr, PackedQ8, SimdBackend, GROUP};
 use super::threadpool::{default_threads, split, ThreadPool};
 use super::{AttentionShape, Backend, ScalarBackend};
@@ -122,6 +124,46 @@ impl PoolBackend {
     }
 }
 
+impl PoolBackend {
+    /// A quantized matrix in its stored layout: the activation rows are quantized once (split
+    /// by token rows when large), then 16-row groups of output rows are claimed by the
+    /// threads, each computing its rows for every token.
+    fn matmul_quant(&self, q: &QuantMatmul, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
+        let (cols, qrow) = (q.cols, q.qrow);
+        let o = OutPtr(out.as_mut_ptr());
+        with_quant_scratch(n * qrow, |qx| {
+            if n > 1 && n * cols >= MIN_ELEMENTS_TO_SPLIT {
+                let qp = SharedMut(qx.as_mut_ptr());
+                let nc = self.chunks(n);
+                self.pool.run(nc, &|c| {
+                    let (t0, t1) = split(n, c, nc);
+                    // SAFETY: token rows t0..t1 of the scratch are this chunk's alone, and
+                    // the scratch (sized above) outlives the job.
+                    let part = unsafe { qp.slice(t0 * qrow, (t1 - t0) * qrow) };
+                    q.quantize(&x[t0 * cols..t1 * cols], part);
+                });
+            } else {
+                q.quantize(&x[..n * cols], qx);
+            }
+            let qx: &[u8] = qx;
+            let groups = w.rows.div_ceil(GROUP);
+            if groups < MIN_GROUPS_TO_SPLIT {
+                // SAFETY: `out` holds n × rows floats and is ours alone.
+                unsafe { q.rows(w, qx, n, 0, w.rows, o, w.rows) };
+                return;
+            }
+            let nc = self.chunks(groups);
+            self.pool.run(nc, &|c| {
+                let (g0, g1) = split(groups, c, nc);
+                let (r0, r1) = (g0 * GROUP, (g1 * GROUP).min(w.rows));
+                // SAFETY: chunks take disjoint row ranges, hence disjoint elements of `out`,
+                // which outlives the job.
+                unsafe { q.rows(w, qx, n, r0, r1, o, w.rows) };
+            });
+        });
+    }
+}
+
 impl Backend for PoolBackend {
     fn name(&self) -> &str {
         "pool"
@@ -139,6 +181,9 @@ impl Backend for PoolBackend {
         assert!(x.len() >= n * w.cols && out.len() >= n * w.rows);
         if let Some(p) = PackedQ8::of(w) {
             return self.matmul_q8(w, p, x, n, out);
+        }
+        if let Some(q) = QuantMatmul::new(&self.k, w) {
+            return self.matmul_quant(&q, w, x, n, out);
         }
         match w.dtype {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {

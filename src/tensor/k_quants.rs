@@ -55,7 +55,7 @@ pub fn scale_min_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
 /// The sixteen 6-bit Q3_K scales, already offset by −32: low 4 bits from the nibbles of
 /// bytes 0–7 (low nibbles for scales 0–7, high for 8–15), top 2 bits from bytes 8–11.
 #[inline]
-fn q3_k_scales(s: &[u8]) -> [i8; 16] {
+pub fn q3_k_scales(s: &[u8]) -> [i8; 16] {
     let mut out = [0i8; 16];
     for (i, o) in out.iter_mut().enumerate() {
         let lo = if i < 8 { s[i] & 0x0f } else { s[i - 8] >> 4 };

@@ -16,7 +16,7 @@ use std::arch::asm;
 
 /// `acc[i] += Σ_{j<4} a[4i+j] · b[4i+j]` over signed bytes.
 #[inline(always)]
-unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+pub(super) unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
     let mut acc = acc;
     // SAFETY: a pure register operation; the callers run only where the CPU reports the
     // dot-product extension.

@@ -10,19 +10,26 @@
 //!   heads of an attention), so `simd` runs all of it on one thread and `parallel` / `pool`
 //!   hand the shares to threads — each output value is computed by the same code in the same
 //!   order whatever the split, so results are identical at any thread count;
+//! - [`quants::QuantMatmul`]: the other quantized types (Q4_0 … Q6_K) multiplied in their
+//!   stored layout, one vector dot kernel call per output;
 //! - [`SimdBackend`], which decorates a reference backend (normally `scalar`) and forwards it
 //!   the types it has no kernel for.
 //!
-//! Numerics: the Q8_0 products, RoPE and `add` reproduce the scalar backend bit for bit. The
-//! float-weight products, RMSNorm's sum of squares and attention's dot products sum in a
+//! Numerics: the quantized products, RoPE and `add` reproduce the scalar backend bit for bit.
+//! The float-weight products, RMSNorm's sum of squares and attention's dot products sum in a
 //! different order, and SiLU and softmax use a vector exponential (within 2 ulp), so those
 //! differ from `scalar` by a few ulp per operation.
 
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
+#[cfg(target_arch = "aarch64")]
+mod aarch64_quants;
 pub mod portable;
+pub mod quants;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_quants;
 
 use super::{AttentionShape, Backend};
 use crate::tensor::{q8_0, GgmlType, Matrix};
@@ -724,6 +731,9 @@ impl<B: Backend> Backend for SimdBackend<B> {
                 };
             });
             return;
+        }
+        if let Some(q) = quants::QuantMatmul::new(&self.k, w) {
+            return q.run(w, x, n, out);
         }
         match w.dtype {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {

@@ -1,0 +1,265 @@
+//! Products of the quantized weight types multiplied in their stored layout (Q4_0, Q4_1,
+//! Q5_0, Q5_1, unpacked Q8_0 and Q2_K–Q6_K): each type's vector dot kernel for the
+//! instruction set ([`Kernels::quant_dot`]), and [`QuantMatmul`], which quantizes the
+//! activation rows once and computes any range of output rows, so `simd` runs a whole
+//! product on one thread and `pool` / `parallel` hand row ranges to threads.
+//!
+//! Numerics: every output is one call of a dot kernel that reproduces its scalar definition
+//! in `crate::tensor` bit for bit (exact integer sums, then the scalar f32 expression per
+//! block in block order), on activations quantized by the scalar quantizers. So the results
+//! equal the `scalar` backend's, whatever the instruction set, split or thread count.
+
+use super::{Isa, Kernels, OutPtr};
+use crate::backend::scalar::with_quant_scratch;
+use crate::tensor::{self, GgmlType, Matrix, QuantDot};
+
+type DotFn = fn(&[u8], &[u8]) -> f32;
+
+/// Tokens taken per pass over a range of weight rows: each weight row is used for all of
+/// them while it is in L1, and their activation rows (≤ a few KB each) stay in L2.
+const TOKEN_TILE: usize = 16;
+
+/// Safe entry points to the AVX2 kernels, handed out only by [`simd_dot`] after it has
+/// checked that the CPU has AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::super::x86_quants as k;
+
+    macro_rules! wrap {
+        ($($f:ident),*) => {$(
+            pub(super) fn $f(w: &[u8], x: &[u8]) -> f32 {
+                // SAFETY: only reachable through `simd_dot`, which checked the features.
+                unsafe { k::$f(w, x) }
+            }
+        )*};
+    }
+
+    wrap!(
+        dot_q4_0_q8_0,
+        dot_q5_0_q8_0,
+        dot_q8_0_q8_0,
+        dot_q4_1_q8_1,
+        dot_q5_1_q8_1,
+        dot_q2_k_q8_k,
+        dot_q3_k_q8_k,
+        dot_q4_k_q8_k,
+        dot_q5_k_q8_k,
+        dot_q6_k_q8_k
+    );
+}
+
+/// Safe entry points to the NEON kernels, handed out only by [`simd_dot`] after it has
+/// checked that the CPU has the dot-product extension.
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use super::super::aarch64_quants as k;
+
+    macro_rules! wrap {
+        ($($f:ident),*) => {$(
+            pub(super) fn $f(w: &[u8], x: &[u8]) -> f32 {
+                // SAFETY: only reachable through `simd_dot`, which checked the features.
+                unsafe { k::$f(w, x) }
+            }
+        )*};
+    }
+
+    wrap!(
+        dot_q4_0_q8_0,
+        dot_q5_0_q8_0,
+        dot_q8_0_q8_0,
+        dot_q4_1_q8_1,
+        dot_q5_1_q8_1,
+        dot_q2_k_q8_k,
+        dot_q3_k_q8_k,
+        dot_q4_k_q8_k,
+        dot_q5_k_q8_k,
+        dot_q6_k_q8_k
+    );
+}
+
+/// The vector dot kernel for `weight` on `isa`, if it has one and this CPU can run it.
+/// AVX-512 CPUs use the AVX2 kernels.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(unused_variables, unused_imports)
+)]
+fn simd_dot(isa: Isa, weight: GgmlType) -> Option<DotFn> {
+    use GgmlType::*;
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vnni if Isa::Avx2.is_available() => Some(match weight {
+            Q4_0 => avx2::dot_q4_0_q8_0,
+            Q5_0 => avx2::dot_q5_0_q8_0,
+            Q8_0 => avx2::dot_q8_0_q8_0,
+            Q4_1 => avx2::dot_q4_1_q8_1,
+            Q5_1 => avx2::dot_q5_1_q8_1,
+            Q2_K => avx2::dot_q2_k_q8_k,
+            Q3_K => avx2::dot_q3_k_q8_k,
+            Q4_K => avx2::dot_q4_k_q8_k,
+            Q5_K => avx2::dot_q5_k_q8_k,
+            Q6_K => avx2::dot_q6_k_q8_k,
+            _ => return None,
+        }),
+        #[cfg(target_arch = "aarch64")]
+        Isa::Neon if isa.is_available() => Some(match weight {
+            Q4_0 => neon::dot_q4_0_q8_0,
+            Q5_0 => neon::dot_q5_0_q8_0,
+            Q8_0 => neon::dot_q8_0_q8_0,
+            Q4_1 => neon::dot_q4_1_q8_1,
+            Q5_1 => neon::dot_q5_1_q8_1,
+            Q2_K => neon::dot_q2_k_q8_k,
+            Q3_K => neon::dot_q3_k_q8_k,
+            Q4_K => neon::dot_q4_k_q8_k,
+            Q5_K => neon::dot_q5_k_q8_k,
+            Q6_K => neon::dot_q6_k_q8_k,
+            _ => return None,
+        }),
+        _ => None,
+    }
+}
+
+/// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K block, as
+/// `k_quants::scale_min_k4` unpacks them, with whole-word bit operations: bytes 0–3 of the
+/// 12 hold scales 0–3 (low 6 bits), bytes 4–7 mins 0–3, and scales / mins 4–7 take their
+/// low nibbles from bytes 8–11 and their top two bits from the spare bits of bytes 0–7.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+#[inline]
+pub(super) fn scale_min_k4_words(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let word = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+    let (a, b, c) = (word(0), word(4), word(8));
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const TOP2: u32 = 0x0303_0303;
+    let sc_hi = (c & LOW4) | (((a >> 6) & TOP2) << 4);
+    let m_hi = ((c >> 4) & LOW4) | (((b >> 6) & TOP2) << 4);
+    let mut sc = [0u8; 8];
+    let mut m = [0u8; 8];
+    sc[..4].copy_from_slice(&(a & LOW6).to_le_bytes());
+    sc[4..].copy_from_slice(&sc_hi.to_le_bytes());
+    m[..4].copy_from_slice(&(b & LOW6).to_le_bytes());
+    m[4..].copy_from_slice(&m_hi.to_le_bytes());
+    (sc, m)
+}
+
+impl Kernels {
+    /// How this instruction set multiplies `weight` in its stored layout: the scheme of
+    /// [`tensor::quant_dot`] (activation type and scalar quantizer) with the vector dot kernel
+    /// in place of the scalar one where there is one (the portable kernels are the scalar
+    /// functions). `None` for float and unsupported types.
+    pub fn quant_dot(&self, weight: GgmlType) -> Option<QuantDot> {
+        let mut k = tensor::quant_dot(weight)?;
+        if let Some(dot) = simd_dot(self.isa, weight) {
+            k.dot = dot;
+        }
+        Some(k)
+    }
+}
+
+/// A product of a quantized matrix (stored layout) with activation rows: its kernels and the
+/// size of one quantized activation row.
+#[derive(Clone, Copy, Debug)]
+pub struct QuantMatmul {
+    pub k: QuantDot,
+    pub cols: usize,
+    /// Bytes of one activation row quantized to `k.activation`.
+    pub qrow: usize,
+}
+
+impl QuantMatmul {
+    /// `None` for types without an integer product, or a row length that is not a whole
+    /// number of activation blocks (shapes are validated at load, so that means "not ours").
+    pub fn new(kernels: &Kernels, w: &Matrix) -> Option<Self> {
+        let k = kernels.quant_dot(w.dtype)?;
+        let qrow = k.activation.row_size(w.cols as u64)? as usize;
+        (w.cols > 0 && qrow > 0).then_some(Self {
+            k,
+            cols: w.cols,
+            qrow,
+        })
+    }
+
+    /// Quantizes the whole `cols`-long rows of `x` into consecutive `qrow`-byte rows of `q`.
+    pub fn quantize(&self, x: &[f32], q: &mut [u8]) {
+        for (xr, qr) in x.chunks_exact(self.cols).zip(q.chunks_exact_mut(self.qrow)) {
+            (self.k.quantize)(xr, qr);
+        }
+    }
+
+    /// `out[t * ldo + r] = w[r] · xq[t]` for rows `r0..r1` and tokens `t < n`, with `xq`
+    /// holding `n` activation rows quantized by [`QuantMatmul::quantize`]. Weight rows are
+    /// the outer loop and tokens the inner one (in tiles of [`TOKEN_TILE`]).
+    ///
+    /// # Safety
+    /// `out` must be valid for writes at those offsets, and no other thread may access them
+    /// during the call.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn rows(
+        &self,
+        w: &Matrix,
+        xq: &[u8],
+        n: usize,
+        r0: usize,
+        r1: usize,
+        out: OutPtr,
+        ldo: usize,
+    ) {
+        let rb = w.row_bytes();
+        let data = w.bytes();
+        assert!(xq.len() >= n * self.qrow && r1 <= w.rows && data.len() >= w.rows * rb);
+        let dot = self.k.dot;
+        let mut t0 = 0;
+        while t0 < n {
+            let t1 = (t0 + TOKEN_TILE).min(n);
+            for r in r0..r1 {
+                let row = &data[r * rb..(r + 1) * rb];
+                for t in t0..t1 {
+                    let v = dot(row, &xq[t * self.qrow..(t + 1) * self.qrow]);
+                    // SAFETY: the caller owns this output element.
+                    unsafe { *out.0.add(t * ldo + r) = v };
+                }
+            }
+            t0 = t1;
+        }
+    }
+
+    /// The whole product on this thread: `out` is `n × w.rows`, `x` is `n × cols`.
+    pub fn run(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
+        assert!(x.len() >= n * self.cols && out.len() >= n * w.rows);
+        with_quant_scratch(n * self.qrow, |qx| {
+            self.quantize(&x[..n * self.cols], qx);
+            // SAFETY: `out` holds n × rows floats (checked above) and is borrowed mutably.
+            unsafe { self.rows(w, qx, n, 0, w.rows, OutPtr(out.as_mut_ptr()), w.rows) };
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn word_unpacking_of_k4_scales_matches_the_scalar_one() {
+        // Every value of each byte position, with the other bytes pseudo-random.
+        let mut state = 0x9e37_79b9u32;
+        for pos in 0..12 {
+            for v in 0..=255u8 {
+                let mut s = [0u8; 12];
+                for b in s.iter_mut() {
+                    state ^= state << 13;
+                    state ^= state >> 17;
+                    state ^= state << 5;
+                    *b = state as u8;
+                }
+                s[pos] = v;
+                assert_eq!(
+                    scale_min_k4_words(&s),
+                    tensor::k_quants::scale_min_k4(&s),
+                    "{s:?}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! The kernels of the quantized weight types multiplied in their stored layout (Q4_0, Q4_1,
+//! Q5_0, Q5_1, unpacked Q8_0 and Q2_K–Q6_K):
+//! - on every instruction set this CPU has, each type's dot kernel equals `tensor::vec_dot`
+//!   bit for bit: on random blocks, extreme f16 scales, all-zero blocks, the largest and
+//!   smallest codes and the extremes of the K-quants' sub-block scales; against activations
+//!   quantized from random values (with extreme ranges) and against arbitrary activation
+//!   bytes; and on rows cut short, which both cut to whole blocks;
+//! - matmuls of each type with 1, 5 and 33 tokens give the same bytes on `scalar`, `simd`
+//!   (every instruction set), `pool` at 1, 2, 3 and 4 threads and `parallel`;
+//! - a decode matvec of each type allocates nothing on the calling thread once warm.
+
+use half::f16;
+use inferno::backend::simd::{Isa, Kernels, SimdBackend};
+use inferno::backend::{Backend, ParallelBackend, PoolBackend, ScalarBackend};
+use inferno::gguf::TensorBytes;
+use inferno::tensor::{self, GgmlType, Matrix};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+// ---------------------------------------------------------------------------------------
+// Allocation counting (for the decode test): only on threads that ask for it.
+// ---------------------------------------------------------------------------------------
+
+struct Counting;
+
+thread_local! {
+    static COUNT_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+fn counting() -> bool {
+    COUNT_HERE.try_with(|c| c.get()).unwrap_or(false)
+}
+
+// SAFETY: forwards every call unchanged to the system allocator; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if counting() {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as our caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if counting() {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: `ptr` came from `System` with `layout`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+// ---------------------------------------------------------------------------------------
+// Random blocks
+// ---------------------------------------------------------------------------------------
+
+use GgmlType::*;
+
+const TYPES: [GgmlType; 10] = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K];
+
+/// Byte offsets of a block's f16 fields (d, and m / dmin where the type has one).
+fn f16_fields(t: GgmlType) -> &'static [usize] {
+    match t {
+        Q4_0 | Q5_0 | Q8_0 => &[0],
+        Q4_1 | Q5_1 | Q4_K | Q5_K => &[0, 2],
+        Q2_K => &[80, 82],
+        Q3_K => &[108],
+        Q6_K => &[208],
+        _ => unreachable!(),
+    }
+}
+
+/// Bytes of a K-quant block holding its sub-block scales (and mins).
+fn scale_bytes(t: GgmlType) -> Range<usize> {
+    match t {
+        Q2_K => 0..16,
+        Q3_K => 96..108,
+        Q4_K | Q5_K => 4..16,
+        Q6_K => 192..208,
+        _ => 0..0,
+    }
+}
+
+/// Whether byte `i` of a block is a quant byte (not an f16 field, not a sub-block scale).
+fn is_quant_byte(t: GgmlType, i: usize) -> bool {
+    !scale_bytes(t).contains(&i) && !f16_fields(t).iter().any(|&f| i == f || i == f + 1)
+}
+
+fn f16_bytes(v: f32) -> [u8; 2] {
+    f16::from_f32(v).to_bits().to_le_bytes()
+}
+
+/// A finite f16 scale: often an extreme (largest, smallest subnormal and normal, signed
+/// zeros), otherwise a moderate random value.
+fn scale(r: &mut ChaCha8Rng, extreme: bool) -> f32 {
+    const EXTREMES: [f32; 8] = [
+        65504.0,
+        -65504.0,
+        5.960_464_5e-8, // 2⁻²⁴, the smallest subnormal
+        -5.960_464_5e-8,
+        6.103_515_6e-5, // the smallest normal
+        0.0,
+        -0.0,
+        1.0,
+    ];
+    if extreme && r.random_bool(0.6) {
+        EXTREMES[r.random_range(0..EXTREMES.len())]
+    } else {
+        let v: f32 = r.random_range(1e-3..2.0);
+        if r.random_bool(0.5) {
+            -v
+        } else {
+            v
+        }
+    }
+}
+
+/// One block of type `t`, shaped by `variant`: random bytes; the largest / smallest codes
+/// (0xff, 0x00, and 0x7f / 0x80 for the signed Q8_0); an all-zero block; sub-block scale
+/// bytes all set or all clear (the 6-bit extremes 63 and 0, and the mins with them).
+fn block(r: &mut ChaCha8Rng, t: GgmlType, variant: usize, extreme: bool) -> Vec<u8> {
+    let mut b: Vec<u8> = (0..t.type_size()).map(|_| r.random()).collect();
+    let fill_quants = |b: &mut Vec<u8>, v: u8| {
+        for (i, x) in b.iter_mut().enumerate() {
+            if is_quant_byte(t, i) {
+                *x = v;
+            }
+        }
+    };
+    match variant % 10 {
+        1 => fill_quants(&mut b, 0xff),
+        2 => fill_quants(&mut b, 0x00),
+        3 => fill_quants(&mut b, 0x80),
+        4 => fill_quants(&mut b, 0x7f),
+        5 => return vec![0; t.type_size()],
+        6 => b[scale_bytes(t)].fill(0xff),
+        7 => b[scale_bytes(t)].fill(0x00),
+        8 => {
+            b[scale_bytes(t)].fill(0xff);
+            fill_quants(&mut b, 0xff);
+        }
+        _ => {}
+    }
+    for &f in f16_fields(t) {
+        b[f..f + 2].copy_from_slice(&f16_bytes(scale(r, extreme)));
+    }
+    b
+}
+
+fn row(r: &mut ChaCha8Rng, t: GgmlType, blocks: usize, extreme: bool) -> Vec<u8> {
+    (0..blocks)
+        .flat_map(|_| {
+            let v = r.random_range(0..10);
+            block(r, t, v, extreme)
+        })
+        .collect()
+}
+
+/// `n` activation values in one of several ranges: ordinary, huge, tiny, all zero, or zero
+/// with one spike.
+fn activations(r: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+    let kind = r.random_range(0..6);
+    let mag: f32 = match kind {
+        1 => 1e4,
+        2 => 1e-30,
+        _ => 1.0,
+    };
+    let mut x: Vec<f32> = (0..n).map(|_| r.random_range(-1.0f32..1.0) * mag).collect();
+    match kind {
+        3 => x.fill(0.0),
+        4 => {
+            x.fill(0.0);
+            let i = r.random_range(0..n);
+            x[i] = -3.5;
+        }
+        _ => {}
+    }
+    x
+}
+
+/// Arbitrary activation bytes of type `act` for `n` values, with finite scales (the sums of
+/// Q8_1 and Q8_K are left arbitrary too: the kernels must read them as the scalar code does).
+fn raw_activation(r: &mut ChaCha8Rng, act: GgmlType, n: usize) -> Vec<u8> {
+    let size = act.row_size(n as u64).unwrap() as usize;
+    let mut b: Vec<u8> = (0..size).map(|_| r.random()).collect();
+    for blk in b.chunks_exact_mut(act.type_size()) {
+        match act {
+            Q8_0 => blk[..2].copy_from_slice(&f16_bytes(scale(r, true))),
+            Q8_1 => {
+                blk[..2].copy_from_slice(&f16_bytes(scale(r, true)));
+                blk[2..4].copy_from_slice(&f16_bytes(scale(r, true)));
+            }
+            Q8_K => {
+                let d = scale(r, true) * r.random_range(1e-6f32..1e6);
+                blk[..4].copy_from_slice(&d.to_le_bytes());
+            }
+            _ => unreachable!(),
+        }
+    }
+    b
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Dot kernels
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn every_type_has_a_kernel_and_the_scheme_of_the_scalar_code() {
+    for isa in Isa::available() {
+        let k = Kernels::new(isa);
+        for t in TYPES {
+            let ours = k
+                .quant_dot(t)
+                .unwrap_or_else(|| panic!("{isa:?}: no kernel for {t}"));
+            let reference = tensor::quant_dot(t).unwrap();
+            assert_eq!(ours.weight, t);
+            assert_eq!(ours.activation, reference.activation, "{t}");
+        }
+        for t in [F32, F16, BF16, Q8_K, IQ4_XS] {
+            assert!(
+                k.quant_dot(t).is_none(),
+                "{isa:?}: {t} has no integer product"
+            );
+        }
+    }
+}
+
+#[test]
+fn dot_kernels_are_bit_identical_to_vec_dot_on_every_isa() {
+    let mut r = ChaCha8Rng::seed_from_u64(0x5eed);
+    for isa in Isa::available() {
+        let k = Kernels::new(isa);
+        for t in TYPES {
+            let kd = k.quant_dot(t).unwrap();
+            let scalar = tensor::quant_dot(t).unwrap();
+            let act = kd.activation;
+            // Enough 32-value blocks to cover the kernels' four-block steps and their tails.
+            let max_blocks = if t.block_size() == 256 { 3 } else { 9 };
+            let mut checked = 0;
+            for blocks in 1..=max_blocks {
+                for trial in 0..24 {
+                    let n = blocks * t.block_size();
+                    let w = row(&mut r, t, blocks, true);
+                    let xq = if trial % 3 == 2 {
+                        raw_activation(&mut r, act, n)
+                    } else {
+                        let x = activations(&mut r, n);
+                        let mut q = vec![0u8; act.row_size(n as u64).unwrap() as usize];
+                        tensor::quantize_activation(act, &x, &mut q).unwrap();
+                        q
+                    };
+                    let want = tensor::vec_dot(t, &w, &xq).unwrap();
+                    let got = (kd.dot)(&w, &xq);
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{isa:?} {t}, {blocks} blocks, trial {trial}: {got} vs {want}"
+                    );
+                    // Rows cut short are cut to whole blocks by both.
+                    let cut = &w[..w.len() - 1];
+                    let (got, want) = ((kd.dot)(cut, &xq), (scalar.dot)(cut, &xq));
+                    assert_eq!(got.to_bits(), want.to_bits(), "{isa:?} {t}: cut row");
+                    let cut = &xq[..xq.len() - 1];
+                    let (got, want) = ((kd.dot)(&w, cut), (scalar.dot)(&w, cut));
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{isa:?} {t}: cut activations"
+                    );
+                    checked += 1;
+                }
+            }
+            assert!(checked > 0);
+        }
+    }
+}
+
+#[test]
+fn dot_kernels_on_extreme_blocks_against_extreme_activations() {
+    // Every block variant against every activation kind, one block each, so each pairing
+    // is seen at least once whatever the random draws.
+    let mut r = ChaCha8Rng::seed_from_u64(7);
+    for isa in Isa::available() {
+        let k = Kernels::new(isa);
+        for t in TYPES {
+            let kd = k.quant_dot(t).unwrap();
+            let n = t.block_size();
+            for variant in 0..10 {
+                for kind in 0..8 {
+                    let w = block(&mut r, t, variant, kind % 2 == 0);
+                    let xq = if kind == 7 {
+                        raw_activation(&mut r, kd.activation, n)
+                    } else {
+                        let x = activations(&mut r, n);
+                        let mut q = vec![0u8; kd.activation.row_size(n as u64).unwrap() as usize];
+                        tensor::quantize_activation(kd.activation, &x, &mut q).unwrap();
+                        q
+                    };
+                    let want = tensor::vec_dot(t, &w, &xq).unwrap();
+                    let got = (kd.dot)(&w, &xq);
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{isa:?} {t} variant {variant} kind {kind}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Matrix products on every backend
+// ---------------------------------------------------------------------------------------
+
+fn matrix(t: GgmlType, rows: usize, cols: usize, data: Vec<u8>) -> Matrix {
+    Matrix {
+        name: "w".into(),
+        dtype: t,
+        rows,
+        cols,
+        data: TensorBytes::from_vec(data),
+        prepared: None,
+    }
+}
+
+fn random_matrix(r: &mut ChaCha8Rng, t: GgmlType, rows: usize, cols: usize) -> Matrix {
+    let blocks = cols / t.block_size();
+    let data: Vec<u8> = (0..rows).flat_map(|_| row(r, t, blocks, false)).collect();
+    matrix(t, rows, cols, data)
+}
+
+fn matmul(be: &dyn Backend, w: &Matrix, x: &[f32], n: usize) -> Vec<f32> {
+    let mut out = vec![f32::NAN; n * w.rows];
+    be.matmul(w, x, n, &mut out);
+    out
+}
+
+fn simd(isa: Isa) -> SimdBackend<ScalarBackend> {
+    SimdBackend::with_isa(ScalarBackend::new(), isa)
+}
+
+#[test]
+fn matmuls_are_byte_identical_on_every_backend_and_thread_count() {
+    let mut r = ChaCha8Rng::seed_from_u64(42);
+    // 83 rows: six 16-row groups (enough for `pool` to split), the last one partial.
+    let (rows, cols) = (83, 512);
+    let mut backends: Vec<(String, Box<dyn Backend>)> = Vec::new();
+    for isa in Isa::available() {
+        backends.push((format!("simd/{isa:?}"), Box::new(simd(isa))));
+        for threads in 1..=4 {
+            backends.push((
+                format!("pool/{isa:?}/{threads}"),
+                Box::new(PoolBackend::new(simd(isa), threads)),
+            ));
+        }
+        backends.push((
+            format!("parallel/{isa:?}/3"),
+            Box::new(ParallelBackend::new(simd(isa), 3)),
+        ));
+    }
+    for t in TYPES {
+        let w = random_matrix(&mut r, t, rows, cols);
+        // 33 tokens × 512 values is large enough for `pool` to quantize on several threads.
+        for n in [1, 5, 33] {
+            let x: Vec<f32> = (0..n * cols)
+                .map(|_| r.random_range(-2.0f32..2.0))
+                .collect();
+            let want = matmul(&ScalarBackend::new(), &w, &x, n);
+            // The scalar backend's outputs are vec_dot's.
+            let act = tensor::activation_type(t).unwrap();
+            let qrow = act.row_size(cols as u64).unwrap() as usize;
+            let mut q = vec![0u8; qrow];
+            tensor::quantize_activation(act, &x[(n - 1) * cols..], &mut q).unwrap();
+            let last = tensor::vec_dot(t, w.row(rows - 1), &q).unwrap();
+            assert_eq!(want[n * rows - 1].to_bits(), last.to_bits(), "{t}");
+            for (name, be) in &backends {
+                let got = matmul(be.as_ref(), &w, &x, n);
+                assert_eq!(bits(&got), bits(&want), "{name}: {t}, {n} tokens");
+            }
+        }
+    }
+}
+
+#[test]
+fn decode_matvecs_allocate_nothing_once_warm() {
+    let mut r = ChaCha8Rng::seed_from_u64(3);
+    let (rows, cols) = (96, 768);
+    let backends: Vec<Box<dyn Backend>> = vec![
+        Box::new(simd(Isa::selected())),
+        Box::new(PoolBackend::new(simd(Isa::selected()), 2)),
+        Box::new(ParallelBackend::new(simd(Isa::selected()), 2)),
+    ];
+    for t in TYPES {
+        let w = random_matrix(&mut r, t, rows, cols);
+        let x: Vec<f32> = (0..cols).map(|_| r.random_range(-1.0f32..1.0)).collect();
+        let mut out = vec![0.0f32; rows];
+        for be in &backends {
+            be.matmul(&w, &x, 1, &mut out);
+            ALLOCS.store(0, Ordering::SeqCst);
+            COUNT_HERE.with(|c| c.set(true));
+            for _ in 0..5 {
+                be.matmul(&w, &x, 1, &mut out);
+            }
+            COUNT_HERE.with(|c| c.set(false));
+            let n = ALLOCS.load(Ordering::SeqCst);
+            assert_eq!(n, 0, "{} {t}: {n} allocations in 5 matvecs", be.name());
+        }
+    }
+}
