@@ -119,6 +119,10 @@ async fn chat_messages_logprobs_tokenizer_and_model_info() {
     );
     assert_eq!(info.vocab_size, 261);
     assert_eq!(info.queue_capacity, 16);
+    assert_eq!(info.max_batch, 8);
+    assert_eq!(info.prefill_chunk, 256);
+    // The default KV budget: max_batch full contexts (the demo model's cache is small).
+    assert_eq!(info.kv_cache_tokens, 8 * info.context_length);
     assert!(info.context_length >= 2 && info.context_length <= info.model_context_length);
 
     let ids = c
@@ -359,7 +363,10 @@ async fn an_engine_panic_fails_that_request_with_internal_and_serving_goes_on() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deadlines_end_running_and_queued_requests() {
-    let server = start_demo(test_config()).await;
+    // One sequence slot, so that a running request makes the next one queue.
+    let mut cfg = test_config();
+    cfg.engine.max_batch = 1;
+    let server = start_demo(cfg).await;
     let mut c = client(server.addr()).await;
 
     // A running request past its deadline ends with DEADLINE_EXCEEDED, not success.

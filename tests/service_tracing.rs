@@ -1,6 +1,8 @@
 //! The engine thread's tracing: each request is a `request` span (request id, prompt
-//! tokens) holding one `prefill` span and a `decode_step` span (step, position) per decoded
-//! token, with the backend's kernel spans inside those.
+//! tokens) holding a `prefill` span per prompt chunk and a `decode_step` span (step,
+//! position) per decoded token. The forward passes are batched over requests, so each is an
+//! `engine_step` span (batch size, decode rows, prefill rows) holding the backend's kernel
+//! spans.
 //!
 //! The engine runs on its own thread, so the capturing subscriber is the global default:
 //! this file holds one test.
@@ -51,7 +53,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
 }
 
 #[test]
-fn request_span_holds_prefill_and_decode_steps() {
+fn request_span_holds_prefill_and_decode_steps_and_engine_steps_hold_kernels() {
     let capture = Capture::default();
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(capture.clone()))
         .expect("no other global subscriber in this test binary");
@@ -102,6 +104,7 @@ fn request_span_holds_prefill_and_decode_steps() {
     assert_eq!(prefill.len(), 1);
     assert_eq!(prefill[0].parent.as_deref(), Some("request"));
     assert_eq!(prefill[0].fields["tokens"], "5");
+    assert_eq!(prefill[0].fields["position"], "0");
 
     // Three tokens: the first comes from the prefill, two more from decode steps.
     let steps: Vec<(String, String, Option<String>)> = spans
@@ -118,12 +121,33 @@ fn request_span_holds_prefill_and_decode_steps() {
     let want = |step: &str, pos: &str| (step.to_string(), pos.to_string(), Some("request".into()));
     assert_eq!(steps, vec![want("1", "5"), want("2", "6")]);
 
-    // The backend's kernels nest inside the phases.
+    // One engine step per forward pass: the prompt, then two single-token decode steps.
+    let engine_steps: Vec<(String, String, String)> = spans
+        .iter()
+        .filter(|s| s.name == "engine_step")
+        .map(|s| {
+            (
+                s.fields["batch_size"].clone(),
+                s.fields["decode_rows"].clone(),
+                s.fields["prefill_rows"].clone(),
+            )
+        })
+        .collect();
+    let row = |b: &str, d: &str, p: &str| (b.to_string(), d.to_string(), p.to_string());
+    assert_eq!(
+        engine_steps,
+        vec![row("1", "0", "5"), row("1", "1", "0"), row("1", "1", "0")]
+    );
+
+    // The backend's kernels nest inside the engine steps.
     let matmul_parents: Vec<&str> = spans
         .iter()
         .filter(|s| s.name == "matmul")
         .filter_map(|s| s.parent.as_deref())
         .collect();
-    assert!(matmul_parents.contains(&"prefill"));
-    assert!(matmul_parents.contains(&"decode_step"));
+    assert!(!matmul_parents.is_empty());
+    assert!(
+        matmul_parents.iter().all(|p| *p == "engine_step"),
+        "{matmul_parents:?}"
+    );
 }

@@ -1,6 +1,8 @@
 //! `inferno loadtest`: a load generator for a running service. Sends a bounded number of
-//! Generate calls from concurrent clients (bounded in time too) and reports throughput,
-//! time to first token and inter-token latency percentiles, and counts by status. With
+//! Generate calls from concurrent clients (bounded in time too) and reports aggregate
+//! throughput (tokens/s over all streams), time to first token and per-stream inter-token
+//! latency percentiles, prompt tokens the server reused from its prefix cache, and counts
+//! by status. With
 //! `--baseline` it also runs the same request in-process on the same model and reports the
 //! service's per-token overhead over the bare engine.
 
@@ -81,6 +83,8 @@ struct Sample {
     tokens: usize,
     /// The server's own decode rate for this request.
     server_decode_tps: f64,
+    /// Prompt tokens the server reused from its prefix cache.
+    cached_prompt_tokens: usize,
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -133,11 +137,15 @@ pub fn cmd_loadtest(a: LoadtestArgs) -> Result<()> {
         .flat_map(|s| s.gaps.iter().copied().map(ms))
         .collect();
     gaps.sort_by(f64::total_cmp);
-    let gap_mean = if gaps.is_empty() {
-        0.0
-    } else {
-        gaps.iter().sum::<f64>() / gaps.len() as f64
-    };
+    let gap_mean = mean(&gaps);
+    // Each stream's own mean gap: how smooth streams are one by one under this load.
+    let mut stream_gaps: Vec<f64> = ok
+        .iter()
+        .filter(|s| !s.gaps.is_empty())
+        .map(|s| s.gaps.iter().copied().map(ms).sum::<f64>() / s.gaps.len() as f64)
+        .collect();
+    stream_gaps.sort_by(f64::total_cmp);
+    let cached_prompt_tokens: usize = ok.iter().map(|s| s.cached_prompt_tokens).sum();
     let server_tps: Vec<f64> = ok
         .iter()
         .map(|s| s.server_decode_tps)
@@ -166,11 +174,17 @@ pub fn cmd_loadtest(a: LoadtestArgs) -> Result<()> {
         "requests_per_second": ok.len() as f64 / secs,
         "completion_tokens": tokens,
         "tokens_per_second": tokens as f64 / secs,
+        "aggregate_tokens_per_second": tokens as f64 / secs,
+        "cached_prompt_tokens": cached_prompt_tokens,
         "ttft_ms": {"p50": percentile(&ttft, 50.0), "p99": percentile(&ttft, 99.0)},
         "inter_token_ms": {
             "mean": gap_mean,
             "p50": percentile(&gaps, 50.0),
             "p99": percentile(&gaps, 99.0),
+        },
+        "per_stream_mean_inter_token_ms": {
+            "p50": percentile(&stream_gaps, 50.0),
+            "p99": percentile(&stream_gaps, 99.0),
         },
         "server_decode_ms_per_token": server_ms_per_token,
         "baseline": baseline.map(|(b, b_mean)| serde_json::json!({
@@ -192,7 +206,8 @@ pub fn cmd_loadtest(a: LoadtestArgs) -> Result<()> {
             }
             println!("wall: {secs:.3} s");
             println!(
-                "throughput: {:.2} requests/s, {:.1} tokens/s ({tokens} tokens)",
+                "throughput: {:.2} requests/s, {:.1} tokens/s aggregate over all streams \
+                 ({tokens} tokens)",
                 ok.len() as f64 / secs,
                 tokens as f64 / secs
             );
@@ -202,10 +217,17 @@ pub fn cmd_loadtest(a: LoadtestArgs) -> Result<()> {
                 percentile(&ttft, 99.0)
             );
             println!(
-                "inter-token: mean {gap_mean:.4} ms  p50 {:.4} ms  p99 {:.4} ms",
+                "inter-token (within each stream): mean {gap_mean:.4} ms  p50 {:.4} ms  \
+                 p99 {:.4} ms",
                 percentile(&gaps, 50.0),
                 percentile(&gaps, 99.0)
             );
+            println!(
+                "per-stream mean inter-token: p50 {:.4} ms  p99 {:.4} ms",
+                percentile(&stream_gaps, 50.0),
+                percentile(&stream_gaps, 99.0)
+            );
+            println!("prompt tokens reused from the server's prefix cache: {cached_prompt_tokens}");
             println!("server-reported decode: {server_ms_per_token:.3} ms/token");
             if let Some((b, b_mean)) = baseline {
                 println!(
@@ -313,6 +335,7 @@ async fn one(
                 }
                 Some(pb::generate_response::Event::Done(d)) => {
                     s.server_decode_tps = d.timings.map_or(0.0, |t| t.decode_tokens_per_second);
+                    s.cached_prompt_tokens = d.usage.map_or(0, |u| u.cached_prompt_tokens as usize);
                 }
                 None => {}
             }

@@ -35,10 +35,23 @@ pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
-    /// Generate requests that may wait behind the running one; more are refused with
+    /// Generate requests that may wait to be admitted into the batch; more are refused with
     /// RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = 16)]
     pub queue_capacity: usize,
+    /// Sequences generated at once: each engine step runs one token of every running
+    /// stream in a single forward pass.
+    #[arg(long, default_value_t = 8)]
+    pub max_batch: usize,
+    /// Most prompt tokens one engine step processes for a starting request, so a long
+    /// prompt delays running streams by one chunk at a time.
+    #[arg(long, default_value_t = 256)]
+    pub prefill_chunk: usize,
+    /// KV-cache positions shared by all sequences (each running request reserves its prompt
+    /// plus max_tokens; finished ones are kept for prompt-prefix reuse). Default: max-batch
+    /// full contexts, capped at 2 GiB of cache (but at least one context).
+    #[arg(long)]
+    pub kv_cache_tokens: Option<usize>,
     /// On SIGINT/SIGTERM, how long in-flight requests may finish before they are cancelled
     /// (e.g. 30s, 500ms).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
@@ -113,6 +126,9 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         metrics_addr: a.metrics_addr,
         engine: EngineConfig {
             queue_capacity: a.queue_capacity.max(1),
+            max_batch: a.max_batch.max(1),
+            prefill_chunk: a.prefill_chunk.max(1),
+            kv_cache_tokens: a.kv_cache_tokens.map(|n| n.max(1)),
             ..EngineConfig::default()
         },
         drain_timeout: a.drain_timeout,

@@ -1,12 +1,14 @@
 //! One generation: prefill the prompt, then sample and decode token by token until an end
 //! condition, streaming valid UTF-8 text and measuring the run.
 //!
-//! Traced as a `prefill` span and one `decode_step` span (step, position) per decoded
-//! token, at DEBUG level, inside the caller's `request` span when it has one.
+//! The sampling side of a generation is a [`Sequence`], which the engine thread also drives
+//! for each sequence of a batch; [`generate`] runs one sequence on its own, traced as a
+//! `prefill` span and one `decode_step` span (step, position) per decoded token, at DEBUG
+//! level, inside the caller's span when it has one.
 
 use crate::model::{Logits, Model, ModelError, State};
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{StreamDecoder, Tokenizer};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 use tracing::debug_span;
@@ -70,6 +72,8 @@ pub enum Flow {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Metrics {
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV was reused from an earlier sequence instead of computed.
+    pub cached_prompt_tokens: usize,
     pub completion_tokens: usize,
     pub time_to_first_token_ms: f64,
     pub prefill_tokens_per_second: f64,
@@ -103,13 +107,13 @@ pub enum GenerateError {
 }
 
 /// Holds back text that could still turn into a stop string, and finds the stop.
-struct StopScan<'a> {
-    stops: &'a [String],
+struct StopScan {
+    stops: Vec<String>,
     text: String,
     emitted: usize,
 }
 
-impl StopScan<'_> {
+impl StopScan {
     /// Appends `delta`; returns the range of newly final text and whether a stop matched.
     fn push(&mut self, delta: &str) -> (std::ops::Range<usize>, bool) {
         let search_from = self
@@ -133,7 +137,7 @@ impl StopScan<'_> {
         }
         // Longest suffix of the text that is a proper prefix of some stop string.
         let mut hold = 0;
-        for s in self.stops {
+        for s in &self.stops {
             for (k, _) in s.char_indices().skip(1) {
                 if k > hold && self.text.ends_with(&s[..k]) {
                     hold = k;
@@ -160,6 +164,232 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
     i
 }
 
+/// What a sequence does after a token: feed it back, or end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Run this token through the model next; its logits come back to [`Sequence::advance`].
+    Feed(u32),
+    Finished(FinishReason),
+}
+
+/// One generation's sampling side: everything but the forward pass. It takes the logits
+/// after each forward call, samples, streams text and decides when to stop; whoever runs
+/// the model ([`generate`] for one sequence, the engine thread for a batch) feeds it.
+pub struct Sequence<'t> {
+    tokenizer: &'t Tokenizer,
+    opts: GenerateOptions,
+    sampler: Sampler,
+    /// The prompt, then every generated token.
+    history: Vec<u32>,
+    prompt_len: usize,
+    /// Prompt tokens whose KV came from a cache instead of being computed.
+    cached_prompt: usize,
+    out_tokens: Vec<u32>,
+    decoder: StreamDecoder<'t>,
+    scan: StopScan,
+    start: Instant,
+    prefill: Duration,
+    decode_ms: Vec<f64>,
+    first_token_at: Option<Duration>,
+    decode_start: Instant,
+}
+
+impl<'t> Sequence<'t> {
+    /// Starts a generation from `prompt` for a sequence of `context` positions. Its clock
+    /// (time to first token, time limit) starts now.
+    pub fn new(
+        tokenizer: &'t Tokenizer,
+        vocab: usize,
+        prompt: &[u32],
+        opts: GenerateOptions,
+        context: usize,
+    ) -> Result<Self, GenerateError> {
+        let start = Instant::now();
+        let sampler = Sampler::new(opts.sampling.clone(), vocab)?;
+        if prompt.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        if prompt.len() >= context {
+            return Err(GenerateError::PromptTooLong {
+                prompt: prompt.len(),
+                context,
+            });
+        }
+        let mut history = Vec::with_capacity(prompt.len() + opts.max_tokens);
+        history.extend_from_slice(prompt);
+        Ok(Self {
+            tokenizer,
+            sampler,
+            prompt_len: prompt.len(),
+            cached_prompt: 0,
+            out_tokens: Vec::with_capacity(opts.max_tokens),
+            decoder: tokenizer.stream_decoder(),
+            scan: StopScan {
+                stops: opts.stop.clone(),
+                text: String::with_capacity(opts.max_tokens * 8),
+                emitted: 0,
+            },
+            decode_ms: Vec::with_capacity(opts.max_tokens),
+            history,
+            opts,
+            start,
+            prefill: Duration::ZERO,
+            first_token_at: None,
+            decode_start: start,
+        })
+    }
+
+    pub fn prompt(&self) -> &[u32] {
+        &self.history[..self.prompt_len]
+    }
+
+    /// The prompt and every token generated so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.history
+    }
+
+    pub fn completion_tokens(&self) -> usize {
+        self.out_tokens.len()
+    }
+
+    pub fn options(&self) -> &GenerateOptions {
+        &self.opts
+    }
+
+    /// Notes that the first `n` prompt tokens' KV was reused rather than computed.
+    pub fn set_cached_prompt_tokens(&mut self, n: usize) {
+        self.cached_prompt = n.min(self.prompt_len);
+    }
+
+    pub fn cached_prompt_tokens(&self) -> usize {
+        self.cached_prompt
+    }
+
+    /// Counts a forward call (or the share of a batched one) that ran prompt tokens.
+    pub fn record_prefill(&mut self, took: Duration) {
+        self.prefill += took;
+    }
+
+    /// Counts a forward call that ran a generated token.
+    pub fn record_decode(&mut self, took: Duration) {
+        self.decode_ms.push(took.as_secs_f64() * 1e3);
+    }
+
+    /// Takes the logits that followed the last token run, picks the next token and reports
+    /// it to `on_token`. `room` says whether the sequence's cache can take another token.
+    pub fn advance(
+        &mut self,
+        logits: &[f32],
+        room: bool,
+        mut on_token: impl FnMut(TokenEvent<'_>) -> Flow,
+    ) -> Step {
+        if self.out_tokens.len() >= self.opts.max_tokens {
+            return Step::Finished(FinishReason::Length);
+        }
+        if self
+            .opts
+            .time_limit
+            .is_some_and(|tl| self.start.elapsed() >= tl)
+        {
+            return Step::Finished(FinishReason::TimeLimit);
+        }
+        let id = self.sampler.sample(logits, &self.history);
+        if self.first_token_at.is_none() {
+            self.first_token_at = Some(self.start.elapsed());
+            self.decode_start = Instant::now();
+        }
+        if !self.opts.ignore_eos && self.tokenizer.is_eog(id) {
+            return Step::Finished(FinishReason::Eos);
+        }
+        self.out_tokens.push(id);
+        self.history.push(id);
+        let piece = self.decoder.push(id);
+        let (range, stopped) = self.scan.push(&piece);
+        let flow = on_token(TokenEvent {
+            id: Some(id),
+            text: &self.scan.text[range],
+            logits,
+            index: self.out_tokens.len() - 1,
+        });
+        if stopped {
+            return Step::Finished(FinishReason::StopSequence);
+        }
+        if flow == Flow::Stop {
+            return Step::Finished(FinishReason::Cancelled);
+        }
+        if self.out_tokens.len() >= self.opts.max_tokens || !room {
+            return Step::Finished(FinishReason::Length);
+        }
+        Step::Feed(id)
+    }
+
+    /// Ends the generation: releases the text the stop scan still held (unless a stop
+    /// string ended it) through `on_token`, and measures the run.
+    pub fn finish(
+        self,
+        finish: FinishReason,
+        logits: &[f32],
+        mut on_token: impl FnMut(TokenEvent<'_>) -> Flow,
+    ) -> Generation {
+        let Sequence {
+            sampler,
+            mut scan,
+            mut decoder,
+            out_tokens,
+            prefill,
+            decode_ms,
+            decode_start,
+            first_token_at,
+            start,
+            prompt_len,
+            cached_prompt,
+            ..
+        } = self;
+        let decode_time = decode_start.elapsed();
+        if finish != FinishReason::StopSequence {
+            let tail = decoder.finish();
+            scan.text.push_str(&tail);
+            let range = scan.flush();
+            if !range.is_empty() {
+                on_token(TokenEvent {
+                    id: None,
+                    text: &scan.text[range],
+                    logits,
+                    index: out_tokens.len(),
+                });
+            }
+        }
+        let prefill_ms = prefill.as_secs_f64() * 1e3;
+        let forward_ms = || std::iter::once(prefill_ms).chain(decode_ms.iter().copied());
+        let n_fwd = 1 + decode_ms.len();
+        let decode_steps = decode_ms.len();
+        let computed = prompt_len - cached_prompt;
+        let metrics = Metrics {
+            prompt_tokens: prompt_len,
+            cached_prompt_tokens: cached_prompt,
+            completion_tokens: out_tokens.len(),
+            time_to_first_token_ms: first_token_at.unwrap_or(start.elapsed()).as_secs_f64() * 1e3,
+            prefill_tokens_per_second: computed as f64 / prefill.as_secs_f64().max(1e-9),
+            decode_tokens_per_second: if decode_steps > 0 {
+                decode_steps as f64 / decode_time.as_secs_f64().max(1e-9)
+            } else {
+                0.0
+            },
+            per_forward_ms_min: forward_ms().fold(f64::INFINITY, f64::min),
+            per_forward_ms_max: forward_ms().fold(0.0, f64::max),
+            per_forward_ms_mean: forward_ms().sum::<f64>() / n_fwd as f64,
+            forward_calls: n_fwd,
+        };
+        Generation {
+            text: scan.text,
+            tokens: out_tokens,
+            finish_reason: finish,
+            seed: sampler.seed(),
+            metrics,
+        }
+    }
+}
+
 /// Generates from `prompt` (token ids) with a fresh sequence in `state`, calling `on_token`
 /// for every token. `state` must have been made by `model.new_state`.
 pub fn generate(
@@ -170,129 +400,38 @@ pub fn generate(
     opts: &GenerateOptions,
     mut on_token: impl FnMut(TokenEvent<'_>) -> Flow,
 ) -> Result<Generation, GenerateError> {
-    let start = Instant::now();
-    let mut sampler = Sampler::new(opts.sampling.clone(), model.config.vocab)?;
-    if prompt.is_empty() {
-        return Err(GenerateError::EmptyPrompt);
-    }
-    if prompt.len() >= state.capacity() {
-        return Err(GenerateError::PromptTooLong {
-            prompt: prompt.len(),
-            context: state.capacity(),
-        });
-    }
-    state.reset();
     let vocab = model.config.vocab;
+    let mut seq = Sequence::new(tokenizer, vocab, prompt, opts.clone(), state.capacity())?;
+    state.reset();
     let mut logits = vec![0.0f32; vocab];
-    let mut history: Vec<u32> = Vec::with_capacity(prompt.len() + opts.max_tokens);
-    history.extend_from_slice(prompt);
-    let mut out_tokens = Vec::with_capacity(opts.max_tokens);
-    let mut decoder = tokenizer.stream_decoder();
-    let mut scan = StopScan {
-        stops: &opts.stop,
-        text: String::with_capacity(opts.max_tokens * 8),
-        emitted: 0,
-    };
-    let mut forward_ms: Vec<f64> = Vec::with_capacity(opts.max_tokens + 1);
 
     let t0 = Instant::now();
     {
         let _span = debug_span!("prefill", tokens = prompt.len()).entered();
         model.forward(state, prompt, Logits::Last(&mut logits))?;
     }
-    let prefill = t0.elapsed();
-    forward_ms.push(prefill.as_secs_f64() * 1e3);
-    let mut first_token_at = None;
-    let mut decode_start = Instant::now();
+    seq.record_prefill(t0.elapsed());
 
     let finish = loop {
-        if out_tokens.len() >= opts.max_tokens {
-            break FinishReason::Length;
+        let room = state.position() < state.capacity();
+        match seq.advance(&logits, room, &mut on_token) {
+            Step::Finished(reason) => break reason,
+            Step::Feed(id) => {
+                let t = Instant::now();
+                {
+                    let _span = debug_span!(
+                        "decode_step",
+                        step = seq.completion_tokens(),
+                        position = state.position()
+                    )
+                    .entered();
+                    model.forward(state, &[id], Logits::Last(&mut logits))?;
+                }
+                seq.record_decode(t.elapsed());
+            }
         }
-        if opts.time_limit.is_some_and(|tl| start.elapsed() >= tl) {
-            break FinishReason::TimeLimit;
-        }
-        let id = sampler.sample(&logits, &history);
-        if first_token_at.is_none() {
-            first_token_at = Some(start.elapsed());
-            decode_start = Instant::now();
-        }
-        if !opts.ignore_eos && tokenizer.is_eog(id) {
-            break FinishReason::Eos;
-        }
-        out_tokens.push(id);
-        history.push(id);
-        let piece = decoder.push(id);
-        let (range, stopped) = scan.push(&piece);
-        let flow = on_token(TokenEvent {
-            id: Some(id),
-            text: &scan.text[range],
-            logits: &logits,
-            index: out_tokens.len() - 1,
-        });
-        if stopped {
-            break FinishReason::StopSequence;
-        }
-        if flow == Flow::Stop {
-            break FinishReason::Cancelled;
-        }
-        if out_tokens.len() >= opts.max_tokens {
-            break FinishReason::Length;
-        }
-        if state.position() >= state.capacity() {
-            break FinishReason::Length;
-        }
-        let t = Instant::now();
-        {
-            let _span = debug_span!(
-                "decode_step",
-                step = out_tokens.len(),
-                position = state.position()
-            )
-            .entered();
-            model.forward(state, &[id], Logits::Last(&mut logits))?;
-        }
-        forward_ms.push(t.elapsed().as_secs_f64() * 1e3);
     };
-    let decode_time = decode_start.elapsed();
-    // Whatever the stop scan still held back is final now, unless a stop string ended it.
-    if finish != FinishReason::StopSequence {
-        let tail = decoder.finish();
-        scan.text.push_str(&tail);
-        let range = scan.flush();
-        if !range.is_empty() {
-            on_token(TokenEvent {
-                id: None,
-                text: &scan.text[range],
-                logits: &logits,
-                index: out_tokens.len(),
-            });
-        }
-    }
-    let n_fwd = forward_ms.len();
-    let decode_steps = n_fwd.saturating_sub(1);
-    let metrics = Metrics {
-        prompt_tokens: prompt.len(),
-        completion_tokens: out_tokens.len(),
-        time_to_first_token_ms: first_token_at.unwrap_or(start.elapsed()).as_secs_f64() * 1e3,
-        prefill_tokens_per_second: prompt.len() as f64 / prefill.as_secs_f64().max(1e-9),
-        decode_tokens_per_second: if decode_steps > 0 {
-            decode_steps as f64 / decode_time.as_secs_f64().max(1e-9)
-        } else {
-            0.0
-        },
-        per_forward_ms_min: forward_ms.iter().cloned().fold(f64::INFINITY, f64::min),
-        per_forward_ms_max: forward_ms.iter().cloned().fold(0.0, f64::max),
-        per_forward_ms_mean: forward_ms.iter().sum::<f64>() / n_fwd.max(1) as f64,
-        forward_calls: n_fwd,
-    };
-    Ok(Generation {
-        text: scan.text,
-        tokens: out_tokens,
-        finish_reason: finish,
-        seed: sampler.seed(),
-        metrics,
-    })
+    Ok(seq.finish(finish, &logits, on_token))
 }
 
 #[cfg(test)]
@@ -302,7 +441,7 @@ mod tests {
     fn run(stops: &[&str], pieces: &[&str]) -> (Vec<String>, bool, String) {
         let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
         let mut scan = StopScan {
-            stops: &stops,
+            stops,
             text: String::new(),
             emitted: 0,
         };

@@ -107,6 +107,35 @@ impl<T> BoundedQueue<T> {
         }
     }
 
+    /// Takes the oldest item if `take` says so after looking at it; never blocks. The
+    /// consumer uses it to leave an item queued (and counted against the capacity) until it
+    /// can be served.
+    pub fn pop_if(&self, take: impl FnOnce(&T) -> bool) -> Option<T> {
+        let mut g = self.lock();
+        if take(g.items.front()?) {
+            g.items.pop_front()
+        } else {
+            None
+        }
+    }
+
+    /// Blocks while the queue is empty and open; `false` once it is closed and empty.
+    pub fn wait_nonempty(&self) -> bool {
+        let mut g = self.lock();
+        loop {
+            if !g.items.is_empty() {
+                return true;
+            }
+            if g.closed {
+                return false;
+            }
+            g = self
+                .ready
+                .wait(g)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
     /// Refuses further items; the consumer still gets those already queued.
     pub fn close(&self) {
         self.lock().closed = true;
@@ -173,6 +202,21 @@ mod tests {
         assert!(q.is_full(|_| false));
         assert!(!q.is_full(|t: &i32| *t < 0));
         assert_eq!(q.len(), 1);
+    }
+
+    #[test]
+    fn pop_if_leaves_a_refused_item_at_the_front() {
+        let q = BoundedQueue::new(2);
+        assert_eq!(q.pop_if(|_| true), None);
+        q.try_push(1, |_| false).unwrap();
+        q.try_push(2, |_| false).unwrap();
+        assert_eq!(q.pop_if(|&x| x > 1), None);
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.pop_if(|&x| x == 1), Some(1));
+        assert!(q.wait_nonempty());
+        assert_eq!(q.pop(), Some(2));
+        q.close();
+        assert!(!q.wait_nonempty());
     }
 
     #[test]

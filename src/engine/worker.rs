@@ -1,24 +1,26 @@
 //! The engine thread: one OS thread that loads and owns the model, its backend stack and
-//! its one sequence state, and runs queued generation requests one at a time, streaming
-//! each request's tokens back through its own channel.
+//! every sequence's KV cache, and serves queued generation requests in batches
+//! ([`super::batch`]), streaming each request's tokens back through its own channel.
 //!
 //! Callers never touch the model. They [`Engine::submit`] a [`Job`] (refused at once when
 //! the bounded queue is full) and read [`Event`]s from the job's channel. A request whose
-//! receiver is dropped (the client went away) stops within one decode step, and one still
-//! queued is dropped before its prefill. A panic while serving one request fails only that
-//! request; the thread resets the sequence and goes on with the next.
+//! receiver is dropped (the client went away) stops within one engine step, and one still
+//! queued is dropped before its prefill. A panic while serving fails only the requests it
+//! hit; the thread frees their caches and goes on with the others.
 
-use super::generate::{generate, FinishReason, Flow, GenerateError, GenerateOptions};
+use super::batch::{self, Limits};
+use super::generate::{FinishReason, GenerateOptions};
+use super::kv_pool::KvUsage;
 use super::queue::{BoundedQueue, PushError};
-use crate::model::{Model, ModelConfig, State};
+use crate::model::{Model, ModelConfig};
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
-use tracing::{error, info, info_span, warn};
+use tracing::{error, info};
 
 /// Most alternatives a request may ask for per token.
 pub const MAX_LOGPROBS: usize = 20;
@@ -33,9 +35,10 @@ pub struct EngineAssets {
     pub model: Model,
     pub tokenizer: Arc<Tokenizer>,
     pub chat_template: Arc<ChatTemplate>,
-    /// Positions of the one sequence state (prompt plus completion).
+    /// Positions one sequence may hold (prompt plus completion).
     pub ctx_size: usize,
-    /// Prompt tokens processed per forward call during prefill.
+    /// Prompt tokens per forward call for a single-sequence [`crate::model::State`] (the
+    /// engine itself uses [`EngineConfig::prefill_chunk`]).
     pub max_batch: usize,
     pub description: ModelDescription,
 }
@@ -58,6 +61,12 @@ pub struct Served {
     pub ctx_size: usize,
     pub quantization: String,
     pub description: ModelDescription,
+    /// Sequences generated at once.
+    pub max_batch: usize,
+    /// Most prompt tokens one engine step runs for a waiting prompt.
+    pub prefill_chunk: usize,
+    /// KV-cache positions shared by all sequences (running and kept for reuse).
+    pub kv_cache_tokens: usize,
 }
 
 /// The engine's life cycle as the handlers see it.
@@ -70,18 +79,50 @@ pub enum EngineState {
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
-    /// Requests that may wait behind the running one.
+    /// Requests that may wait to be admitted into the batch.
     pub queue_capacity: usize,
+    /// Sequences generated at once (each engine step runs one token of each).
+    pub max_batch: usize,
+    /// Most prompt tokens one engine step runs for a waiting prompt, so a long prompt holds
+    /// running streams up by one chunk at a time.
+    pub prefill_chunk: usize,
+    /// KV-cache positions shared by all sequences; `None`: `max_batch` full contexts, capped
+    /// at [`DEFAULT_KV_CACHE_BYTES`] (but at least one context).
+    pub kv_cache_tokens: Option<usize>,
     /// Honour [`FAULT_PANIC_REQUEST_ID`]. Tests only.
     #[doc(hidden)]
     pub fault_injection: bool,
 }
 
+/// The default KV budget's cap in bytes.
+pub const DEFAULT_KV_CACHE_BYTES: usize = 2 << 30;
+
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             queue_capacity: 16,
+            max_batch: 8,
+            prefill_chunk: 256,
+            kv_cache_tokens: None,
             fault_injection: false,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The engine's limits for a model with `ctx` positions per sequence and
+    /// `bytes_per_token` of KV cache per position.
+    pub(crate) fn limits(&self, ctx: usize, bytes_per_token: usize) -> Limits {
+        let max_batch = self.max_batch.max(1);
+        let default_budget = || {
+            let by_memory = DEFAULT_KV_CACHE_BYTES / bytes_per_token.max(1);
+            max_batch.saturating_mul(ctx).min(by_memory.max(ctx))
+        };
+        Limits {
+            max_batch,
+            prefill_chunk: self.prefill_chunk.max(1),
+            ctx,
+            kv_budget: self.kv_cache_tokens.unwrap_or_else(default_budget).max(1),
         }
     }
 }
@@ -97,7 +138,7 @@ pub struct Job {
     pub deadline: Option<Instant>,
     /// Where the engine sends this request's events.
     pub events: mpsc::UnboundedSender<Event>,
-    enqueued_at: Instant,
+    pub(super) enqueued_at: Instant,
 }
 
 impl Job {
@@ -118,7 +159,7 @@ impl Job {
         }
     }
 
-    fn client_gone(&self) -> bool {
+    pub(super) fn client_gone(&self) -> bool {
         self.events.is_closed()
     }
 }
@@ -164,6 +205,8 @@ pub struct Done {
     /// Text released only at the end.
     pub text: String,
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV was reused from an earlier sequence.
+    pub cached_prompt_tokens: usize,
     pub completion_tokens: usize,
     pub seed: u64,
     pub timings: Timings,
@@ -239,6 +282,12 @@ pub trait Observer: Send + Sync {
     fn decode_step(&self, _step: Duration) {}
     fn tokens_generated(&self, _n: usize) {}
     fn finished(&self, _outcome: Outcome) {}
+    /// One engine step: sequences in the forward pass, and its decode and prompt rows.
+    fn step(&self, _batch_size: usize, _decode_rows: usize, _prefill_rows: usize) {}
+    /// The KV cache's occupancy after a change.
+    fn kv_usage(&self, _usage: KvUsage) {}
+    /// Prompt tokens a starting request reused from the prefix cache.
+    fn prompt_tokens_reused(&self, _n: usize) {}
 }
 
 /// An observer that ignores everything.
@@ -247,14 +296,28 @@ impl Observer for NoObserver {}
 
 type Loader = Box<dyn FnOnce() -> Result<EngineAssets, String> + Send>;
 
-struct Shared {
-    queue: BoundedQueue<Job>,
-    cancel_all: AtomicBool,
-    /// A job is being served.
-    busy: AtomicBool,
+pub(super) struct Shared {
+    pub(super) queue: BoundedQueue<Job>,
+    pub(super) cancel_all: AtomicBool,
+    /// Some job is being served.
+    pub(super) busy: AtomicBool,
     state: watch::Sender<EngineState>,
-    fault_injection: bool,
-    observer: Arc<dyn Observer>,
+    config: EngineConfig,
+    pub(super) fault_injection: bool,
+    pub(super) observer: Arc<dyn Observer>,
+    kv_reserved: AtomicUsize,
+    kv_cached: AtomicUsize,
+    kv_budget: AtomicUsize,
+}
+
+impl Shared {
+    /// Publishes the KV cache's occupancy to [`Engine::kv_usage`] and the observer.
+    pub(super) fn publish_kv(&self, u: KvUsage) {
+        self.kv_reserved.store(u.reserved, Ordering::Relaxed);
+        self.kv_cached.store(u.cached, Ordering::Relaxed);
+        self.kv_budget.store(u.budget, Ordering::Relaxed);
+        self.observer.kv_usage(u);
+    }
 }
 
 /// A handle to the engine thread.
@@ -278,7 +341,11 @@ impl Engine {
             busy: AtomicBool::new(false),
             state,
             fault_injection: config.fault_injection,
+            config,
             observer,
+            kv_reserved: AtomicUsize::new(0),
+            kv_cached: AtomicUsize::new(0),
+            kv_budget: AtomicUsize::new(0),
         });
         let thread_shared = Arc::clone(&shared);
         let loader: Loader = Box::new(loader);
@@ -304,9 +371,18 @@ impl Engine {
         self.shared.queue.capacity()
     }
 
-    /// Requests waiting now (not counting the running one).
+    /// Requests waiting now (not counting the running ones).
     pub fn queue_depth(&self) -> usize {
         self.shared.queue.len()
+    }
+
+    /// KV-cache positions reserved by running sequences and kept for reuse, of the budget.
+    pub fn kv_usage(&self) -> KvUsage {
+        KvUsage {
+            reserved: self.shared.kv_reserved.load(Ordering::Relaxed),
+            cached: self.shared.kv_cached.load(Ordering::Relaxed),
+            budget: self.shared.kv_budget.load(Ordering::Relaxed),
+        }
     }
 
     /// No job is running and none is queued.
@@ -396,28 +472,30 @@ fn engine_main(shared: Arc<Shared>, loader: Loader) {
             return;
         }
     };
-    let mut state = assets
-        .model
-        .new_state(assets.ctx_size, assets.max_batch.max(1));
+    let model = &assets.model;
+    let ctx = assets.ctx_size.clamp(1, model.config.context_length);
+    let limits = shared.config.limits(ctx, model.kv_bytes_per_token());
     let served = Arc::new(Served {
         tokenizer: Arc::clone(&assets.tokenizer),
         chat_template: Arc::clone(&assets.chat_template),
-        config: assets.model.config.clone(),
-        ctx_size: state.capacity(),
-        quantization: assets.model.weights.main_dtype().name().to_string(),
+        config: model.config.clone(),
+        ctx_size: ctx,
+        quantization: model.weights.main_dtype().name().to_string(),
         description: assets.description.clone(),
+        max_batch: limits.max_batch,
+        prefill_chunk: limits.prefill_chunk,
+        kv_cache_tokens: limits.kv_budget,
     });
     shared.state.send_replace(EngineState::Ready(served));
     info!(
-        ctx_size = state.capacity(),
+        ctx_size = ctx,
+        max_batch = limits.max_batch,
+        prefill_chunk = limits.prefill_chunk,
+        kv_cache_tokens = limits.kv_budget,
         queue_capacity = shared.queue.capacity(),
         "engine ready"
     );
-    while let Some(job) = shared.queue.pop() {
-        shared.busy.store(true, Ordering::SeqCst);
-        serve_job(&shared, &assets, &mut state, job);
-        shared.busy.store(false, Ordering::SeqCst);
-    }
+    batch::run(&shared, &assets, limits);
 }
 
 fn fail_all(shared: &Shared, msg: Arc<str>) {
@@ -428,7 +506,7 @@ fn fail_all(shared: &Shared, msg: Arc<str>) {
     }
 }
 
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+pub(super) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {
@@ -438,195 +516,8 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Why the token callback asked the generation to stop.
-#[derive(Clone, Copy, PartialEq)]
-enum StopCause {
-    ClientGone,
-    Deadline,
-    Shutdown,
-}
-
-fn serve_job(shared: &Shared, assets: &EngineAssets, state: &mut State, job: Job) {
-    let obs = shared.observer.as_ref();
-    if job.client_gone() {
-        info!(request_id = %job.request_id, "client gone while queued; dropped before prefill");
-        obs.finished(Outcome::Cancelled);
-        return;
-    }
-    // Metrics are recorded before the client hears the outcome, so a client that has seen
-    // its stream end also sees it counted.
-    if shared.cancel_all.load(Ordering::SeqCst) {
-        obs.finished(Outcome::Unavailable);
-        let _ = job.events.send(Event::Failed(JobError::ShuttingDown));
-        return;
-    }
-    if job.deadline.is_some_and(|d| Instant::now() >= d) {
-        obs.finished(Outcome::DeadlineExceeded);
-        let _ = job.events.send(Event::Failed(JobError::DeadlineExceeded));
-        return;
-    }
-    let queue_wait = job.enqueued_at.elapsed();
-    obs.queue_wait(queue_wait);
-    let span = info_span!(
-        "request",
-        request_id = %job.request_id,
-        prompt_tokens = job.prompt.len()
-    );
-    let _entered = span.enter();
-
-    let started = Instant::now();
-    let mut last_token_at: Option<Instant> = None;
-    let mut completion_tokens = 0usize;
-    let mut tail = String::new();
-    let mut stop_cause = None;
-    let mut lp_buf = if job.logprobs > 0 {
-        vec![0.0f32; assets.model.config.vocab]
-    } else {
-        Vec::new()
-    };
-    let n_logprobs = job.logprobs.min(MAX_LOGPROBS);
-    let inject_panic = shared.fault_injection && job.request_id == FAULT_PANIC_REQUEST_ID;
-
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        generate(
-            &assets.model,
-            &assets.tokenizer,
-            state,
-            &job.prompt,
-            &job.options,
-            |ev| {
-                let Some(id) = ev.id else {
-                    // The final flush: text held back until the end.
-                    tail.push_str(ev.text);
-                    return Flow::Continue;
-                };
-                let now = Instant::now();
-                match last_token_at {
-                    None => obs.time_to_first_token(now - started),
-                    Some(prev) => obs.decode_step(now - prev),
-                }
-                last_token_at = Some(now);
-                completion_tokens += 1;
-                if inject_panic && ev.index >= 1 {
-                    panic!("injected engine fault");
-                }
-                let logprobs =
-                    (job.logprobs > 0).then(|| logprobs_of(ev.logits, id, n_logprobs, &mut lp_buf));
-                let sent = job.events.send(Event::Token(TokenOut {
-                    index: ev.index,
-                    id,
-                    text: ev.text.to_string(),
-                    logprobs,
-                }));
-                if sent.is_err() {
-                    stop_cause = Some(StopCause::ClientGone);
-                } else if shared.cancel_all.load(Ordering::Relaxed) {
-                    stop_cause = Some(StopCause::Shutdown);
-                } else if job.deadline.is_some_and(|d| now >= d) {
-                    stop_cause = Some(StopCause::Deadline);
-                }
-                if stop_cause.is_some() {
-                    Flow::Stop
-                } else {
-                    Flow::Continue
-                }
-            },
-        )
-    }));
-    obs.tokens_generated(completion_tokens);
-
-    let failed_done = |completion_tokens| Done {
-        finish_reason: None,
-        text: String::new(),
-        prompt_tokens: job.prompt.len(),
-        completion_tokens,
-        seed: job.options.sampling.seed.unwrap_or(0),
-        timings: Timings {
-            queue_wait,
-            total: started.elapsed(),
-            ..Timings::default()
-        },
-    };
-    let (events, outcome): (Vec<Event>, Outcome) = match result {
-        Err(p) => {
-            let msg = panic_message(&p);
-            error!(panic = %msg, "the engine panicked while serving a request");
-            // The sequence may have been left mid-step; start the next one clean.
-            state.reset();
-            (
-                vec![
-                    Event::Done(failed_done(completion_tokens)),
-                    Event::Failed(JobError::Internal(format!("panic: {msg}"))),
-                ],
-                Outcome::Internal,
-            )
-        }
-        Ok(Err(e)) => {
-            let (err, outcome) = match e {
-                GenerateError::EmptyPrompt
-                | GenerateError::PromptTooLong { .. }
-                | GenerateError::Sampling(_) => (
-                    JobError::InvalidArgument(e.to_string()),
-                    Outcome::InvalidArgument,
-                ),
-                GenerateError::Model(m) => (JobError::Internal(m.to_string()), Outcome::Internal),
-            };
-            warn!(error = %err, "generation failed");
-            (
-                vec![
-                    Event::Done(failed_done(completion_tokens)),
-                    Event::Failed(err),
-                ],
-                outcome,
-            )
-        }
-        Ok(Ok(g)) => {
-            let m = &g.metrics;
-            let done = Done {
-                finish_reason: Some(g.finish_reason),
-                text: tail,
-                prompt_tokens: m.prompt_tokens,
-                completion_tokens: m.completion_tokens,
-                seed: g.seed,
-                timings: Timings {
-                    queue_wait,
-                    time_to_first_token: Duration::from_secs_f64(
-                        m.time_to_first_token_ms.max(0.0) / 1e3,
-                    ),
-                    prefill_tokens_per_second: m.prefill_tokens_per_second,
-                    decode_tokens_per_second: m.decode_tokens_per_second,
-                    total: started.elapsed(),
-                },
-            };
-            info!(
-                finish_reason = ?g.finish_reason,
-                completion_tokens = m.completion_tokens,
-                ttft_ms = m.time_to_first_token_ms,
-                decode_tokens_per_second = m.decode_tokens_per_second,
-                "request finished"
-            );
-            match stop_cause {
-                None => (vec![Event::Done(done)], Outcome::Ok),
-                Some(StopCause::ClientGone) => (Vec::new(), Outcome::Cancelled),
-                Some(StopCause::Deadline) => (
-                    vec![Event::Failed(JobError::DeadlineExceeded)],
-                    Outcome::DeadlineExceeded,
-                ),
-                Some(StopCause::Shutdown) => (
-                    vec![Event::Done(done), Event::Failed(JobError::ShuttingDown)],
-                    Outcome::Unavailable,
-                ),
-            }
-        }
-    };
-    obs.finished(outcome);
-    for ev in events {
-        let _ = job.events.send(ev);
-    }
-}
-
 /// The chosen token's log-probability and the `n` most likely tokens'.
-fn logprobs_of(logits: &[f32], chosen: u32, n: usize, buf: &mut [f32]) -> Logprobs {
+pub(super) fn logprobs_of(logits: &[f32], chosen: u32, n: usize, buf: &mut [f32]) -> Logprobs {
     crate::sampling::log_softmax(logits, buf);
     let mut top: Vec<TokenLogprob> = Vec::with_capacity(n + 1);
     for (id, &lp) in buf.iter().enumerate() {

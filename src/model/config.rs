@@ -110,13 +110,13 @@ impl ModelConfig {
                 return bad(format!("{name} = {v} is out of range (1..={LIMIT})"));
             }
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!(
                 "head_count {} is not a multiple of head_count_kv {}",
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return bad(format!(
                 "key_length {} must be even for RoPE",
                 self.head_dim

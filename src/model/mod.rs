@@ -1,5 +1,6 @@
 //! The model: hyper-parameters ([`config`]), weights ([`weights`]), the per-sequence KV cache
-//! ([`kv_cache`]) and the forward pass shared by the Qwen architectures ([`qwen`]).
+//! ([`kv_cache`]) and the forward pass shared by the Qwen architectures ([`qwen`]), for one
+//! sequence or a batch of them.
 
 pub mod config;
 pub mod kv_cache;
@@ -9,7 +10,7 @@ pub mod weights;
 
 pub use config::{Architecture, ModelConfig};
 pub use kv_cache::KvCache;
-pub use qwen::{Logits, Model, State};
+pub use qwen::{Logits, Model, Scratch, SeqStep, State};
 pub use weights::ModelWeights;
 
 use crate::gguf::GgufError;
@@ -41,6 +42,8 @@ pub enum ModelError {
     TokenOutOfRange { id: u32, vocab: usize },
     #[error("the sequence needs {needed} positions but the context holds {capacity}")]
     ContextOverflow { needed: usize, capacity: usize },
+    #[error("a forward pass of {rows} token rows exceeds the {capacity} rows its buffers hold")]
+    BatchTooLarge { rows: usize, capacity: usize },
     #[error("no tokens to process")]
     EmptyInput,
     #[error("logits buffer holds {got} values, {needed} needed")]

@@ -1,7 +1,9 @@
-//! Prometheus metrics for the service: counters and histograms kept with atomics, rendered
-//! in the text exposition format, and a minimal HTTP endpoint that serves them.
+//! Prometheus metrics for the service: counters, gauges and histograms kept with atomics
+//! (requests, tokens, latencies, batch sizes, KV-cache occupancy), rendered in the text
+//! exposition format, and a minimal HTTP endpoint that serves them.
 
 use crate::engine::worker::{Observer, Outcome};
+use crate::engine::KvUsage;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,6 +17,66 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     60.0,
 ];
+
+/// Upper bounds of the batch-size histogram's buckets (sequences per engine step).
+const BATCH_BUCKETS: &[u64] = &[1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64];
+
+/// A fixed-bucket histogram of small whole numbers (sequences per step).
+pub struct CountHistogram {
+    /// Observations per bucket (not cumulative); the last one is +Inf.
+    counts: Vec<AtomicU64>,
+    sum: AtomicU64,
+}
+
+impl CountHistogram {
+    fn new() -> Self {
+        Self {
+            counts: (0..=BATCH_BUCKETS.len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            sum: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, v: u64) {
+        let i = BATCH_BUCKETS.partition_point(|&b| b < v);
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(v, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+
+    /// Observations at most `le`, summed over the buckets whose bound is at most `le`.
+    pub fn count_le(&self, le: u64) -> u64 {
+        BATCH_BUCKETS
+            .iter()
+            .zip(&self.counts)
+            .take_while(|(b, _)| **b <= le)
+            .map(|(_, c)| c.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        let mut cum = 0u64;
+        for (i, c) in self.counts.iter().enumerate() {
+            cum += c.load(Ordering::Relaxed);
+            match BATCH_BUCKETS.get(i) {
+                Some(b) => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+                }
+                None => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
+                }
+            }
+        }
+        let _ = writeln!(out, "{name}_sum {}", self.sum.load(Ordering::Relaxed));
+        let _ = writeln!(out, "{name}_count {cum}");
+    }
+}
 
 /// A fixed-bucket histogram of durations.
 pub struct Histogram {
@@ -75,6 +137,12 @@ pub struct Metrics {
     pub queue_wait: Histogram,
     pub time_to_first_token: Histogram,
     pub decode_step: Histogram,
+    /// Sequences in each engine step's forward pass.
+    pub batch_size: CountHistogram,
+    prompt_tokens_reused: AtomicU64,
+    kv_reserved: AtomicU64,
+    kv_cached: AtomicU64,
+    kv_budget: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -92,7 +160,17 @@ impl Metrics {
             queue_wait: Histogram::new(),
             time_to_first_token: Histogram::new(),
             decode_step: Histogram::new(),
+            batch_size: CountHistogram::new(),
+            prompt_tokens_reused: AtomicU64::new(0),
+            kv_reserved: AtomicU64::new(0),
+            kv_cached: AtomicU64::new(0),
+            kv_budget: AtomicU64::new(0),
         }
+    }
+
+    /// Prompt tokens reused from the prefix cache so far.
+    pub fn prompt_tokens_reused(&self) -> u64 {
+        self.prompt_tokens_reused.load(Ordering::Relaxed)
     }
 
     /// Counts one finished request.
@@ -157,9 +235,25 @@ impl Metrics {
              inferno_generated_tokens_total {}\n\
              # HELP inferno_auth_failures_total Requests refused for a missing or wrong token.\n\
              # TYPE inferno_auth_failures_total counter\n\
-             inferno_auth_failures_total {}\n",
+             inferno_auth_failures_total {}\n\
+             # HELP inferno_prompt_tokens_reused_total Prompt tokens whose KV came from the prefix cache.\n\
+             # TYPE inferno_prompt_tokens_reused_total counter\n\
+             inferno_prompt_tokens_reused_total {}\n\
+             # HELP inferno_kv_cache_reserved_tokens KV-cache positions reserved by running sequences.\n\
+             # TYPE inferno_kv_cache_reserved_tokens gauge\n\
+             inferno_kv_cache_reserved_tokens {}\n\
+             # HELP inferno_kv_cache_cached_tokens KV-cache positions kept from finished sequences for prefix reuse.\n\
+             # TYPE inferno_kv_cache_cached_tokens gauge\n\
+             inferno_kv_cache_cached_tokens {}\n\
+             # HELP inferno_kv_cache_capacity_tokens KV-cache positions for all sequences (the budget).\n\
+             # TYPE inferno_kv_cache_capacity_tokens gauge\n\
+             inferno_kv_cache_capacity_tokens {}\n",
             self.tokens.load(Ordering::Relaxed),
             self.auth_failures.load(Ordering::Relaxed),
+            self.prompt_tokens_reused.load(Ordering::Relaxed),
+            self.kv_reserved.load(Ordering::Relaxed),
+            self.kv_cached.load(Ordering::Relaxed),
+            self.kv_budget.load(Ordering::Relaxed),
         );
         self.queue_wait.render(
             &mut out,
@@ -175,6 +269,11 @@ impl Metrics {
             &mut out,
             "inferno_decode_step_seconds",
             "Time between consecutive tokens of a request.",
+        );
+        self.batch_size.render(
+            &mut out,
+            "inferno_batch_size",
+            "Sequences in each engine step's forward pass.",
         );
         out
     }
@@ -195,6 +294,18 @@ impl Observer for Metrics {
     }
     fn finished(&self, outcome: Outcome) {
         self.request("Generate", outcome.code_name());
+    }
+    fn step(&self, batch_size: usize, _decode_rows: usize, _prefill_rows: usize) {
+        self.batch_size.observe(batch_size as u64);
+    }
+    fn kv_usage(&self, u: KvUsage) {
+        self.kv_reserved.store(u.reserved as u64, Ordering::Relaxed);
+        self.kv_cached.store(u.cached as u64, Ordering::Relaxed);
+        self.kv_budget.store(u.budget as u64, Ordering::Relaxed);
+    }
+    fn prompt_tokens_reused(&self, n: usize) {
+        self.prompt_tokens_reused
+            .fetch_add(n as u64, Ordering::Relaxed);
     }
 }
 
@@ -312,5 +423,35 @@ mod tests {
         assert!(text.contains("inferno_queue_depth 3\n"));
         assert!(text.contains("inferno_generated_tokens_total 5\n"));
         assert_eq!(m.requests("Generate", "OK"), 2);
+        m.step(3, 2, 17);
+        m.step(8, 8, 0);
+        m.kv_usage(KvUsage {
+            reserved: 40,
+            cached: 2,
+            budget: 100,
+        });
+        let text = m.render(0, 16);
+        assert!(
+            text.contains("inferno_batch_size_bucket{le=\"3\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("inferno_batch_size_bucket{le=\"+Inf\"} 2\n"),
+            "{text}"
+        );
+        assert!(text.contains("inferno_batch_size_sum 11\n"), "{text}");
+        assert!(
+            text.contains("inferno_kv_cache_reserved_tokens 40\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("inferno_kv_cache_cached_tokens 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("inferno_kv_cache_capacity_tokens 100\n"),
+            "{text}"
+        );
+        assert_eq!(m.batch_size.count_le(4), 1);
     }
 }

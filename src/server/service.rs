@@ -204,14 +204,30 @@ pub(crate) fn prepare(
             prompt.len()
         )));
     }
-    let room = ctx - prompt.len();
+    // A running request reserves its prompt plus max_tokens in the shared KV cache.
+    let kv = served.kv_cache_tokens;
+    if prompt.len() >= kv {
+        return Err(invalid(format!(
+            "the prompt has {} tokens but the server's KV cache holds {kv} \
+             (--kv-cache-tokens)",
+            prompt.len()
+        )));
+    }
+    let room = ctx.min(kv) - prompt.len();
     let max_tokens = match req.max_tokens {
         Some(n) => {
             let n = n as usize;
-            if n > room {
+            if prompt.len() + n > ctx {
                 return Err(invalid(format!(
                     "the prompt ({} tokens) plus max_tokens ({n}) exceeds the context window \
                      ({ctx} tokens)",
+                    prompt.len()
+                )));
+            }
+            if n > room {
+                return Err(invalid(format!(
+                    "the prompt ({} tokens) plus max_tokens ({n}) exceeds the server's KV \
+                     cache ({kv} tokens, --kv-cache-tokens)",
                     prompt.len()
                 )));
             }
@@ -309,6 +325,7 @@ impl GenerateStream {
                         usage: Some(pb::Usage {
                             prompt_tokens: d.prompt_tokens as u32,
                             completion_tokens: d.completion_tokens as u32,
+                            cached_prompt_tokens: d.cached_prompt_tokens as u32,
                         }),
                         seed: d.seed,
                         timings: Some(pb::Timings {
@@ -486,6 +503,9 @@ impl pb::inference_server::Inference for InferenceService {
                 hidden_size: c.hidden as u32,
                 demo: d.demo,
                 server_version: env!("CARGO_PKG_VERSION").to_string(),
+                max_batch: s.max_batch as u32,
+                prefill_chunk: s.prefill_chunk as u32,
+                kv_cache_tokens: s.kv_cache_tokens as u32,
             })
         });
         self.count("GetModelInfo", r)

@@ -25,6 +25,7 @@ pub fn test_config() -> ServerConfig {
         engine: EngineConfig {
             queue_capacity: 16,
             fault_injection: true,
+            ..EngineConfig::default()
         },
         ..ServerConfig::default()
     }
