@@ -67,101 +67,111 @@ fn greedy_tokens_match_llama_cpp_on_qwen2_5_coder_q4_k_m() {
     .expect("expected.json is JSON");
 
     let gguf = GgufFile::open(&path).expect("model file opens");
-    // The reference backend unless INFERNO_TEST_BACKEND names a faster one (they reproduce
-    // its numerics).
-    let backend = std::env::var("INFERNO_TEST_BACKEND").unwrap_or_else(|_| "scalar".into());
-    let be = create_backend(&backend, &BackendOptions::default()).expect("backend");
-    let model = Model::load(&gguf, be).expect("model loads");
-    let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
-    let template = ChatTemplate::from_gguf(&gguf)
-        .expect("chat template parses")
-        .expect("the file has a chat template");
-    assert_eq!(model.config.arch, Architecture::Qwen2);
-    // The mix this file is known for; if it changes, the test no longer covers these types.
-    let types: Vec<GgmlType> = gguf.tensors().iter().map(|t| t.dtype).collect();
-    for t in [
-        GgmlType::Q5_0,
-        GgmlType::Q8_0,
-        GgmlType::Q4_K,
-        GgmlType::Q6_K,
-        GgmlType::F32,
-    ] {
-        assert!(types.contains(&t), "the file has no {t} tensor");
-    }
-
-    let vocab = model.config.vocab;
-    let mut logits = vec![0.0f32; vocab];
+    // The service's default backend, or the ones INFERNO_TEST_BACKEND lists (comma-
+    // separated). `scalar` gives the same tokens but takes minutes in a debug build; the
+    // fixture tests hold it to the reference implementations.
+    let backends: Vec<String> = std::env::var("INFERNO_TEST_BACKEND")
+        .unwrap_or_else(|_| "pool".into())
+        .split(',')
+        .map(|b| b.trim().to_string())
+        .collect();
     let mut failures = Vec::new();
-    // One state for all cases: each keeps the cache of the prefix it shares with the
-    // previous prompt (the system prompt), since a position's values do not depend on how
-    // the tokens before it were batched.
-    let cases = expected["cases"].as_array().unwrap();
-    let longest = cases
-        .iter()
-        .map(|c| c["prompt_ids"].as_array().unwrap().len() + c["tokens"].as_array().unwrap().len())
-        .max()
-        .unwrap_or(0);
-    let mut st = model.new_state(longest + 1, 64);
-    let mut cached: Vec<u32> = Vec::new();
-    for (k, case) in cases.iter().enumerate() {
-        let messages: Vec<ChatMessage> = case["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
-            .collect();
-        let rendered = template.render(&messages, true, None).expect("render");
-        assert_eq!(
-            rendered,
-            case["rendered"].as_str().unwrap(),
-            "case {k}: rendered prompt"
-        );
-        let ids = tok.encode(&rendered, true).expect("encode");
-        let want_prompt: Vec<u32> = case["prompt_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        assert_eq!(
-            ids, want_prompt,
-            "case {k}: prompt ids differ from llama.cpp's"
-        );
-        let want: Vec<u32> = case["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-
-        let t0 = std::time::Instant::now();
-        let shared = cached
-            .iter()
-            .zip(&ids)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(ids.len() - 1);
-        st.truncate(shared);
-        model
-            .forward(&mut st, &ids[shared..], Logits::Last(&mut logits))
-            .expect("prompt");
-        cached = ids.clone();
-        let (mut got, mut gaps) = (Vec::new(), Vec::new());
-        for _ in 0..want.len() {
-            let (id, gap) = argmax_and_gap(&logits);
-            got.push(id);
-            gaps.push(gap);
-            // The last token's logits are never looked at.
-            if tok.is_eog(id) || got.len() == want.len() {
-                break;
-            }
-            cached.push(id);
-            model
-                .forward(&mut st, &[id], Logits::Last(&mut logits))
-                .expect("decode");
+    for backend in &backends {
+        let be = create_backend(&backend, &BackendOptions::default()).expect("backend");
+        let model = Model::load(&gguf, be).expect("model loads");
+        let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
+        let template = ChatTemplate::from_gguf(&gguf)
+            .expect("chat template parses")
+            .expect("the file has a chat template");
+        assert_eq!(model.config.arch, Architecture::Qwen2);
+        // The mix this file is known for; if it changes, the test no longer covers these types.
+        let types: Vec<GgmlType> = gguf.tensors().iter().map(|t| t.dtype).collect();
+        for t in [
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::F32,
+        ] {
+            assert!(types.contains(&t), "the file has no {t} tensor");
         }
-        let text = tok.decode(&got, false).expect("decode text");
-        println!(
+
+        let vocab = model.config.vocab;
+        let mut logits = vec![0.0f32; vocab];
+        // One state for all cases: each keeps the cache of the prefix it shares with the
+        // previous prompt (the system prompt), since a position's values do not depend on how
+        // the tokens before it were batched.
+        let cases = expected["cases"].as_array().unwrap();
+        let longest = cases
+            .iter()
+            .map(|c| {
+                c["prompt_ids"].as_array().unwrap().len() + c["tokens"].as_array().unwrap().len()
+            })
+            .max()
+            .unwrap_or(0);
+        let mut st = model.new_state(longest + 1, 64);
+        let mut cached: Vec<u32> = Vec::new();
+        for (k, case) in cases.iter().enumerate() {
+            let messages: Vec<ChatMessage> = case["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())
+                })
+                .collect();
+            let rendered = template.render(&messages, true, None).expect("render");
+            assert_eq!(
+                rendered,
+                case["rendered"].as_str().unwrap(),
+                "case {k}: rendered prompt"
+            );
+            let ids = tok.encode(&rendered, true).expect("encode");
+            let want_prompt: Vec<u32> = case["prompt_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            assert_eq!(
+                ids, want_prompt,
+                "case {k}: prompt ids differ from llama.cpp's"
+            );
+            let want: Vec<u32> = case["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+
+            let t0 = std::time::Instant::now();
+            let shared = cached
+                .iter()
+                .zip(&ids)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(ids.len() - 1);
+            st.truncate(shared);
+            model
+                .forward(&mut st, &ids[shared..], Logits::Last(&mut logits))
+                .expect("prompt");
+            cached = ids.clone();
+            let (mut got, mut gaps) = (Vec::new(), Vec::new());
+            for _ in 0..want.len() {
+                let (id, gap) = argmax_and_gap(&logits);
+                got.push(id);
+                gaps.push(gap);
+                // The last token's logits are never looked at.
+                if tok.is_eog(id) || got.len() == want.len() {
+                    break;
+                }
+                cached.push(id);
+                model
+                    .forward(&mut st, &[id], Logits::Last(&mut logits))
+                    .expect("decode");
+            }
+            let text = tok.decode(&got, false).expect("decode text");
+            println!(
             "case {k} ({backend}, {:.1} s): {:?}\n  smallest top-2 gap: ours {:.4}, llama.cpp {:.4}",
             t0.elapsed().as_secs_f64(),
             text,
@@ -173,10 +183,10 @@ fn greedy_tokens_match_llama_cpp_on_qwen2_5_coder_q4_k_m() {
                 .map(|v| v.as_f64().unwrap())
                 .fold(f64::INFINITY, f64::min)
         );
-        if got != want {
-            let at = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-            failures.push(format!(
-                "case {k}: first difference at token {at}: ours {:?} (gap {:.4}), llama.cpp {:?} \
+            if got != want {
+                let at = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+                failures.push(format!(
+                "{backend} case {k}: first difference at token {at}: ours {:?} (gap {:.4}), llama.cpp {:?} \
                  (its gap {}); ours {text:?}, llama.cpp {:?}",
                 got.get(at),
                 gaps.get(at).copied().unwrap_or(f32::NAN),
@@ -184,6 +194,7 @@ fn greedy_tokens_match_llama_cpp_on_qwen2_5_coder_q4_k_m() {
                 case["top2_gap"][at],
                 case["text"].as_str().unwrap_or("")
             ));
+            }
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

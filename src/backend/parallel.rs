@@ -108,7 +108,7 @@ impl Backend for ParallelBackend {
         assert!(x.len() >= n * w.cols && out.len() >= n * w.rows);
         let k = self.k;
         let o = OutPtr(out.as_mut_ptr());
-        if let Some(p) = PackedQ8::of(w) {
+        if let Some(p) = PackedQ8::for_rows(w, n) {
             with_act_scratch(|act| {
                 act.reserve(n, w.cols);
                 let (cols, nb) = (w.cols, w.cols / q8_0::BLOCK);

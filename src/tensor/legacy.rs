@@ -169,6 +169,26 @@ fn isum(w: &[u8; BLOCK], offset: i32, x: &[u8]) -> i32 {
     s
 }
 
+/// Rewrites Q4_0 (or, with `five`, Q5_0) blocks as Q8_0 blocks holding exactly the same
+/// values: the same f16 scale, and the quant minus its offset (8 or 16) as an 8-bit integer.
+/// Products with Q8_0 activations are then the same integer sums scaled the same way, so
+/// the Q8_0 kernels give bit-identical results. Whole blocks only; extra bytes are ignored.
+pub fn widen_to_q8_0(five: bool, src: &[u8], out: &mut [u8]) {
+    let (bytes, offset) = if five { (Q5_0_BYTES, 16) } else { (Q4_0_BYTES, 8) };
+    let q8 = super::q8_0::BLOCK_BYTES;
+    for (sb, ob) in src.chunks_exact(bytes).zip(out.chunks_exact_mut(q8)) {
+        let q = if five {
+            five_bits(u32_at(sb, 2), &sb[6..])
+        } else {
+            nibbles(&sb[2..])
+        };
+        ob[..2].copy_from_slice(&sb[..2]);
+        for (o, &v) in ob[2..].iter_mut().zip(&q) {
+            *o = ((v as i32 - offset) as i8) as u8;
+        }
+    }
+}
+
 /// Q4_0 weights · Q8_0 activations: `Σ_blocks isum · (d_w · d_x)`.
 pub fn dot_q4_0_q8_0(w: &[u8], x: &[u8]) -> f32 {
     let mut acc = 0.0f32;
@@ -278,5 +298,52 @@ mod tests {
         let want = -2.0 * x.iter().sum::<f32>();
         let got = dot_q4_1_q8_1(&w, &xq);
         assert!((got - want).abs() <= 1e-3 * want.abs(), "{got} vs {want}");
+    }
+
+    #[test]
+    fn widening_to_q8_0_keeps_values_and_products_exact() {
+        // Pseudo-random bytes cover every quant; scales include f16 extremes.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed as u8
+        };
+        let x: Vec<f32> = (0..8 * BLOCK).map(|i| ((i * 7919) % 61) as f32 - 30.0).collect();
+        let mut xq = vec![0u8; 8 * super::super::q8_0::BLOCK_BYTES];
+        super::super::q8_0::quantize(&x, &mut xq);
+        for five in [false, true] {
+            let bytes = if five { Q5_0_BYTES } else { Q4_0_BYTES };
+            let mut w: Vec<u8> = (0..8 * bytes).map(|_| next()).collect();
+            for (b, scale) in [65504.0f32, -6.1e-5, 1.0, 0.0, -0.37, 2.5e-3, -1e3, 7.0]
+                .iter()
+                .enumerate()
+            {
+                w[b * bytes..b * bytes + 2].copy_from_slice(&f16_bytes(*scale));
+            }
+            let mut wide = vec![0u8; 8 * super::super::q8_0::BLOCK_BYTES];
+            widen_to_q8_0(five, &w, &mut wide);
+            let (mut a, mut b) = (vec![0f32; 8 * BLOCK], vec![0f32; 8 * BLOCK]);
+            if five {
+                dequantize_q5_0(&w, &mut a);
+            } else {
+                dequantize_q4_0(&w, &mut a);
+            }
+            super::super::q8_0::dequantize(&wide, &mut b);
+            assert_eq!(
+                a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+            let native = if five {
+                dot_q5_0_q8_0(&w, &xq)
+            } else {
+                dot_q4_0_q8_0(&w, &xq)
+            };
+            assert_eq!(
+                native.to_bits(),
+                super::super::q8_0::dot(&wide, &xq).to_bits()
+            );
+        }
     }
 }

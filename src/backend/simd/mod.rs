@@ -32,7 +32,8 @@ mod x86;
 mod x86_quants;
 
 use super::{AttentionShape, Backend};
-use crate::tensor::{q8_0, GgmlType, Matrix};
+use crate::gguf::TensorBytes;
+use crate::tensor::{legacy, q8_0, GgmlType, Matrix};
 use rayon::prelude::*;
 use std::any::Any;
 use std::cell::RefCell;
@@ -285,6 +286,12 @@ impl PackedQ8 {
     /// The packed form stored on `m` by [`SimdBackend::prepare`], if any.
     pub fn of(m: &Matrix) -> Option<&PackedQ8> {
         m.prepared.as_ref()?.downcast_ref::<PackedQ8>()
+    }
+
+    /// The packed form to multiply `n` activation rows with: always for Q8_0; for the
+    /// types widened to Q8_0 only when `n > 1` (one row reads the native blocks).
+    pub fn for_rows(m: &Matrix, n: usize) -> Option<&PackedQ8> {
+        Self::of(m).filter(|_| m.dtype == GgmlType::Q8_0 || n > 1)
     }
 }
 
@@ -696,11 +703,36 @@ impl<B: Backend> SimdBackend<B> {
 }
 
 /// Packs Q8_0 matrices for `k`'s instruction set (shared by the backends built on `simd`).
+/// Q4_0 and Q5_0 matrices also get a packed Q8_0 copy holding exactly their values (see
+/// [`legacy::widen_to_q8_0`]): products over several rows use it, since the Q8_0 kernels
+/// tile rows and reuse each weight load for four of them, while single-row products keep
+/// reading the smaller native blocks (decode is bound by memory). Results are the same bits
+/// either way.
 pub fn prepare_matrix(k: &Kernels, w: &mut Matrix) {
-    if w.dtype == GgmlType::Q8_0 && PackedQ8::of(w).is_none() {
-        if let Some(p) = PackedQ8::pack(k.isa, w) {
-            w.prepared = Some(Arc::new(p) as Arc<dyn Any + Send + Sync>);
+    if PackedQ8::of(w).is_some() {
+        return;
+    }
+    let packed = match w.dtype {
+        GgmlType::Q8_0 => PackedQ8::pack(k.isa, w),
+        GgmlType::Q4_0 | GgmlType::Q5_0 => {
+            let five = w.dtype == GgmlType::Q5_0;
+            let blocks = w.rows * (w.cols / q8_0::BLOCK);
+            let mut wide = vec![0u8; blocks * q8_0::BLOCK_BYTES];
+            legacy::widen_to_q8_0(five, w.bytes(), &mut wide);
+            let m = Matrix {
+                name: w.name.clone(),
+                dtype: GgmlType::Q8_0,
+                rows: w.rows,
+                cols: w.cols,
+                data: TensorBytes::from_vec(wide),
+                prepared: None,
+            };
+            PackedQ8::pack(k.isa, &m)
         }
+        _ => None,
+    };
+    if let Some(p) = packed {
+        w.prepared = Some(Arc::new(p) as Arc<dyn Any + Send + Sync>);
     }
 }
 
@@ -720,7 +752,7 @@ impl<B: Backend> Backend for SimdBackend<B> {
 
     fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
         assert!(x.len() >= n * w.cols && out.len() >= n * w.rows);
-        if let Some(p) = PackedQ8::of(w) {
+        if let Some(p) = PackedQ8::for_rows(w, n) {
             with_act_scratch(|act| {
                 self.k.quantize_into(x, n, w.cols, act);
                 let a = act.view(n, w.cols);
