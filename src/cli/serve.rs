@@ -47,6 +47,11 @@ pub struct ServeArgs {
     /// prompt delays running streams by one chunk at a time.
     #[arg(long, default_value_t = 256)]
     pub prefill_chunk: usize,
+    /// The prefill chunk while other streams are generating (at most --prefill-chunk): each
+    /// step of theirs waits for it, so it bounds what admitting a prompt adds to their
+    /// inter-token latency.
+    #[arg(long, default_value_t = 8)]
+    pub prefill_chunk_running: usize,
     /// KV-cache positions shared by all sequences (each running request reserves its prompt
     /// plus max_tokens; finished ones are kept for prompt-prefix reuse). Default: max-batch
     /// full contexts, capped at 2 GiB of cache (but at least one context).
@@ -128,6 +133,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             queue_capacity: a.queue_capacity.max(1),
             max_batch: a.max_batch.max(1),
             prefill_chunk: a.prefill_chunk.max(1),
+            prefill_chunk_running: a.prefill_chunk_running.max(1),
             kv_cache_tokens: a.kv_cache_tokens.map(|n| n.max(1)),
             ..EngineConfig::default()
         },

@@ -30,6 +30,8 @@ use tracing::{debug_span, error, info, info_span, warn, Span};
 pub struct Limits {
     pub max_batch: usize,
     pub prefill_chunk: usize,
+    /// The prefill chunk while other sequences are decoding (at most `prefill_chunk`).
+    pub prefill_chunk_running: usize,
     /// Positions one sequence may hold.
     pub ctx: usize,
     /// KV-cache positions for all sequences.
@@ -341,12 +343,20 @@ fn step(
     active: &mut Vec<Active<'_>>,
 ) -> Vec<SeqStep<'static>> {
     let (mut decode_rows, mut prefill_rows) = (0, 0);
+    // A prompt chunk lengthens the step every running stream waits on: while any stream is
+    // decoding, take the smaller chunk so their inter-token latency stays even; with none
+    // running, the large one so the prompt's first token comes soon.
+    let chunk = if active.iter().any(|a| a.decoding) {
+        limits.prefill_chunk_running
+    } else {
+        limits.prefill_chunk
+    };
     for a in active.iter_mut() {
         a.role = if a.decoding {
             decode_rows += 1;
             Role::Decode
         } else if prefill_rows == 0 {
-            let n = (a.seq.prompt().len() - a.prefilled).min(limits.prefill_chunk);
+            let n = (a.seq.prompt().len() - a.prefilled).min(chunk);
             prefill_rows = n;
             Role::Prefill(n)
         } else {

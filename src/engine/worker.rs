@@ -86,6 +86,9 @@ pub struct EngineConfig {
     /// Most prompt tokens one engine step runs for a waiting prompt, so a long prompt holds
     /// running streams up by one chunk at a time.
     pub prefill_chunk: usize,
+    /// The prefill chunk while other streams are decoding: small, so admitting a long
+    /// prompt adds little to their inter-token latency.
+    pub prefill_chunk_running: usize,
     /// KV-cache positions shared by all sequences; `None`: `max_batch` full contexts, capped
     /// at [`DEFAULT_KV_CACHE_BYTES`] (but at least one context).
     pub kv_cache_tokens: Option<usize>,
@@ -103,6 +106,7 @@ impl Default for EngineConfig {
             queue_capacity: 16,
             max_batch: 8,
             prefill_chunk: 256,
+            prefill_chunk_running: 8,
             kv_cache_tokens: None,
             fault_injection: false,
         }
@@ -121,6 +125,9 @@ impl EngineConfig {
         Limits {
             max_batch,
             prefill_chunk: self.prefill_chunk.max(1),
+            prefill_chunk_running: self
+                .prefill_chunk_running
+                .clamp(1, self.prefill_chunk.max(1)),
             ctx,
             kv_budget: self.kv_cache_tokens.unwrap_or_else(default_budget).max(1),
         }
@@ -491,6 +498,7 @@ fn engine_main(shared: Arc<Shared>, loader: Loader) {
         ctx_size = ctx,
         max_batch = limits.max_batch,
         prefill_chunk = limits.prefill_chunk,
+        prefill_chunk_running = limits.prefill_chunk_running,
         kv_cache_tokens = limits.kv_budget,
         queue_capacity = shared.queue.capacity(),
         "engine ready"
