@@ -15,6 +15,10 @@ use crate::tensor::{self, GgmlType, Matrix, QuantDot};
 
 type DotFn = fn(&[u8], &[u8]) -> f32;
 
+/// A dot kernel for four weight rows (`rb` bytes apart, from the start of the slice) with
+/// one activation row, each result bit-identical to [`DotFn`]'s for that row.
+pub type Dot4Fn = fn(&[u8], usize, &[u8]) -> [f32; 4];
+
 /// Tokens taken per pass over a range of weight rows: each weight row is used for all of
 /// them while it is in L1, and their activation rows (≤ a few KB each) stay in L2.
 const TOKEN_TILE: usize = 16;
@@ -46,6 +50,17 @@ mod avx2 {
         dot_q5_k_q8_k,
         dot_q6_k_q8_k
     );
+
+    macro_rules! wrap4 {
+        ($($f:ident),*) => {$(
+            pub(super) fn $f(w: &[u8], rb: usize, x: &[u8]) -> [f32; 4] {
+                // SAFETY: only reachable through `simd_dot4`, which checked the features.
+                unsafe { k::$f(w, rb, x) }
+            }
+        )*};
+    }
+
+    wrap4!(dot4_q4_0_q8_0, dot4_q5_0_q8_0);
 }
 
 /// Safe entry points to the NEON kernels, handed out only by [`simd_dot`] after it has
@@ -118,6 +133,21 @@ fn simd_dot(isa: Isa, weight: GgmlType) -> Option<DotFn> {
     }
 }
 
+/// The four-row dot kernel for `weight` on `isa`, where there is one: the activation-side
+/// work of a block is then shared by four weight rows.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn simd_dot4(isa: Isa, weight: GgmlType) -> Option<Dot4Fn> {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vnni if Isa::Avx2.is_available() => match weight {
+            GgmlType::Q4_0 => Some(avx2::dot4_q4_0_q8_0),
+            GgmlType::Q5_0 => Some(avx2::dot4_q5_0_q8_0),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K block, as
 /// `k_quants::scale_min_k4` unpacks them, with whole-word bit operations: bytes 0–3 of the
 /// 12 hold scales 0–3 (low 6 bits), bytes 4–7 mins 0–3, and scales / mins 4–7 take their
@@ -163,6 +193,8 @@ impl Kernels {
 #[derive(Clone, Copy, Debug)]
 pub struct QuantMatmul {
     pub k: QuantDot,
+    /// The four-row kernel for `k.weight`, if this instruction set has one.
+    pub dot4: Option<Dot4Fn>,
     pub cols: usize,
     /// Bytes of one activation row quantized to `k.activation`.
     pub qrow: usize,
@@ -176,6 +208,7 @@ impl QuantMatmul {
         let qrow = k.activation.row_size(w.cols as u64)? as usize;
         (w.cols > 0 && qrow > 0).then_some(Self {
             k,
+            dot4: simd_dot4(kernels.isa, w.dtype),
             cols: w.cols,
             qrow,
         })
@@ -190,7 +223,9 @@ impl QuantMatmul {
 
     /// `out[t * ldo + r] = w[r] · xq[t]` for rows `r0..r1` and tokens `t < n`, with `xq`
     /// holding `n` activation rows quantized by [`QuantMatmul::quantize`]. Weight rows are
-    /// the outer loop and tokens the inner one (in tiles of [`TOKEN_TILE`]).
+    /// the outer loop and tokens the inner one (in tiles of [`TOKEN_TILE`]); with a
+    /// four-row kernel, rows go four at a time (the rest one by one), which changes no
+    /// result: every output is still one row's dot in that row's block order.
     ///
     /// # Safety
     /// `out` must be valid for writes at those offsets, and no other thread may access them
@@ -213,12 +248,29 @@ impl QuantMatmul {
         let mut t0 = 0;
         while t0 < n {
             let t1 = (t0 + TOKEN_TILE).min(n);
-            for r in r0..r1 {
-                let row = &data[r * rb..(r + 1) * rb];
-                for t in t0..t1 {
-                    let v = dot(row, &xq[t * self.qrow..(t + 1) * self.qrow]);
-                    // SAFETY: the caller owns this output element.
-                    unsafe { *out.0.add(t * ldo + r) = v };
+            let mut r = r0;
+            while r < r1 {
+                match self.dot4 {
+                    Some(dot4) if r + 4 <= r1 => {
+                        let rows = &data[r * rb..(r + 4) * rb];
+                        for t in t0..t1 {
+                            let v = dot4(rows, rb, &xq[t * self.qrow..(t + 1) * self.qrow]);
+                            for (i, v) in v.into_iter().enumerate() {
+                                // SAFETY: the caller owns this output element.
+                                unsafe { *out.0.add(t * ldo + r + i) = v };
+                            }
+                        }
+                        r += 4;
+                    }
+                    _ => {
+                        let row = &data[r * rb..(r + 1) * rb];
+                        for t in t0..t1 {
+                            let v = dot(row, &xq[t * self.qrow..(t + 1) * self.qrow]);
+                            // SAFETY: the caller owns this output element.
+                            unsafe { *out.0.add(t * ldo + r) = v };
+                        }
+                        r += 1;
+                    }
                 }
             }
             t0 = t1;
@@ -239,6 +291,42 @@ impl QuantMatmul {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The four-row kernels against the single-row ones on random bytes (random f16 scales
+    /// included: subnormals, infinities, NaNs), for several row lengths.
+    #[test]
+    fn four_row_kernels_match_the_single_row_kernel_bit_for_bit() {
+        let mut state = 0x2545_f491u32;
+        let mut byte = || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state as u8
+        };
+        for isa in [Isa::Avx2, Isa::Neon, Isa::Portable] {
+            for t in [GgmlType::Q4_0, GgmlType::Q5_0] {
+                let (Some(dot4), Some(dot)) = (simd_dot4(isa, t), simd_dot(isa, t)) else {
+                    continue;
+                };
+                for blocks in [0usize, 1, 3, 4, 7, 28] {
+                    let rb = t.row_size(blocks as u64 * 32).unwrap() as usize;
+                    let w: Vec<u8> = (0..4 * rb).map(|_| byte()).collect();
+                    let x: Vec<u8> = (0..blocks * 34).map(|_| byte()).collect();
+                    let got = dot4(&w, rb, &x);
+                    for (r, g) in got.iter().enumerate() {
+                        let want = dot(&w[r * rb..(r + 1) * rb], &x);
+                        // NaN payloads are not specified (the compiler may swap the
+                        // operands of an add), so a NaN only has to stay a NaN.
+                        if want.is_nan() {
+                            assert!(g.is_nan(), "{t} {blocks} row {r}");
+                        } else {
+                            assert_eq!(g.to_bits(), want.to_bits(), "{t} {blocks} row {r}");
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn word_unpacking_of_k4_scales_matches_the_scalar_one() {

@@ -211,9 +211,32 @@ fn scale_pair(scales: __m128i, g: usize) -> __m256i {
 #[target_feature(enable = "avx2")]
 unsafe fn block_q4_0(w: *const u8, x: *const u8) -> __m256i {
     // SAFETY: the caller's promise (quants at w + 2, 16 bytes; x + 2, 32 bytes).
-    let (q, xv) = unsafe { (nibbles32(w.add(2)), ld256(x.add(2))) };
+    let (q, xv) = unsafe { (codes_q4_0(w), ld256(x.add(2))) };
     let p = pairs_offset(q, xv, _mm256_set1_epi8(8));
     _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+/// The 32 unsigned 4-bit codes of the Q4_0 block at `w`, in element order.
+///
+/// # Safety
+/// A whole Q4_0 block must be readable at `w`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn codes_q4_0(w: *const u8) -> __m256i {
+    // SAFETY: the caller's promise (quants at w + 2, 16 bytes).
+    unsafe { nibbles32(w.add(2)) }
+}
+
+/// The 32 unsigned 5-bit codes of the Q5_0 block at `w`, in element order.
+///
+/// # Safety
+/// A whole Q5_0 block must be readable at `w`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn codes_q5_0(w: *const u8) -> __m256i {
+    // SAFETY: the caller's promise (qh at w + 2, quants at w + 6).
+    let (qh, lo) = unsafe { (bit_mask32(w.add(2)), nibbles32(w.add(6))) };
+    _mm256_or_si256(lo, _mm256_and_si256(qh, _mm256_set1_epi8(0x10)))
 }
 
 /// Integer sum of one Q5_0 block with a Q8_0 block.
@@ -223,9 +246,8 @@ unsafe fn block_q4_0(w: *const u8, x: *const u8) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn block_q5_0(w: *const u8, x: *const u8) -> __m256i {
-    // SAFETY: the caller's promise (qh at w + 2, quants at w + 6).
-    let (qh, lo, xv) = unsafe { (bit_mask32(w.add(2)), nibbles32(w.add(6)), ld256(x.add(2))) };
-    let q = _mm256_or_si256(lo, _mm256_and_si256(qh, _mm256_set1_epi8(0x10)));
+    // SAFETY: the caller's promise (a whole block at w; quants at x + 2).
+    let (q, xv) = unsafe { (codes_q5_0(w), ld256(x.add(2))) };
     let p = pairs_offset(q, xv, _mm256_set1_epi8(16));
     _mm256_madd_epi16(p, _mm256_set1_epi16(1))
 }
@@ -696,3 +718,69 @@ pub unsafe fn dot_q6_k_q8_k(w: &[u8], x: &[u8]) -> f32 {
     }
     acc
 }
+
+/// Four weight rows · one activation row for the offset types scaled by `d` alone (Q4_0,
+/// Q5_0), returning each row's dot as the single-row kernel (and the scalar code) computes
+/// it. The activation side of every block (its load, the offset product `off·x` and its
+/// scale) is done once for the four rows. The four rows' block sums are reduced into one
+/// vector (lane r = row r), so each row's f32 term and its accumulation are lanes of vector
+/// operations: `acc_r += isum_r · (d_w,r · d_x)`, block after block, the scalar order.
+macro_rules! legacy_dot4 {
+    ($(#[$doc:meta])* $name:ident, $wsz:expr, $codes:ident, $off:expr) => {
+        $(#[$doc])*
+        ///
+        /// `w` holds four consecutive rows of `rb` bytes each.
+        ///
+        /// # Safety
+        /// AVX2, FMA and F16C must be present.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $name(w: &[u8], rb: usize, x: &[u8]) -> [f32; 4] {
+            let nb = (rb / $wsz).min(x.len() / Q8_0_BYTES);
+            assert!(nb == 0 || w.len() >= 3 * rb + nb * $wsz);
+            let (wp, xp) = (w.as_ptr(), x.as_ptr());
+            let off = _mm256_set1_epi8($off);
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = _mm_setzero_ps();
+            for b in 0..nb {
+                // SAFETY: block b of each of the four rows (at r·rb, r < 4) and of the
+                // activation row lies inside its slice (nb whole blocks, checked above).
+                let t = unsafe {
+                    let (wb, xb) = (wp.add(b * $wsz), xp.add(b * Q8_0_BYTES));
+                    // Four rows walked side by side defeat the hardware prefetcher on
+                    // weights streamed from DRAM, so fetch the next four rows (the next
+                    // call's, contiguous) linearly: two lines per block cover its four blocks.
+                    let ahead = wp.wrapping_add(4 * rb + b * 4 * $wsz);
+                    _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64) as *const i8);
+                    let xv = ld256(xb.add(2));
+                    let xo = _mm256_maddubs_epi16(off, xv);
+                    // Σ (q − off)·x of one row's block: both `maddubs` exact, as in
+                    // `pairs_offset`.
+                    let row = |p: *const u8| {
+                        let q = $codes(p);
+                        let d = _mm256_sub_epi16(_mm256_maddubs_epi16(q, xv), xo);
+                        _mm256_madd_epi16(d, ones)
+                    };
+                    let s = reduce4(row(wb), row(wb.add(rb)), row(wb.add(2 * rb)), row(wb.add(3 * rb)));
+                    let dw = f16x4(wb, rb);
+                    let dx = _mm_set1_ps(f16_at(xb));
+                    _mm_mul_ps(_mm_cvtepi32_ps(s), _mm_mul_ps(dw, dx))
+                };
+                acc = _mm_add_ps(acc, t);
+            }
+            let mut out = [0.0f32; 4];
+            // SAFETY: `out` holds four floats.
+            unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
+            out
+        }
+    };
+}
+
+legacy_dot4!(
+    /// Q4_0 weights · Q8_0 activations for four rows, as `legacy::dot_q4_0_q8_0` per row.
+    dot4_q4_0_q8_0, Q4_0_BYTES, codes_q4_0, 8
+);
+legacy_dot4!(
+    /// Q5_0 weights · Q8_0 activations for four rows, as `legacy::dot_q5_0_q8_0` per row.
+    dot4_q5_0_q8_0, Q5_0_BYTES, codes_q5_0, 16
+);
