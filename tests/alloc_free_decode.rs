@@ -5,50 +5,19 @@
 mod common;
 
 use inferno::model::Logits;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-struct Counting;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-
-thread_local! {
-    static IS_CALLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-fn counting() -> bool {
-    COUNTING.load(Ordering::Relaxed) && IS_CALLER.try_with(|c| c.get()).unwrap_or(false)
-}
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards every call unchanged to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if counting() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if counting() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: `ptr` came from `System` with `layout`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+mod alloc_counter;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: alloc_counter::Counting = alloc_counter::Counting;
 
 #[test]
 fn decode_step_allocates_nothing() {
-    IS_CALLER.with(|c| c.set(true));
+    // The counter sees an allocation when there is one.
+    assert_eq!(
+        alloc_counter::allocations_in(|| drop(std::hint::black_box(Box::new(7u64)))),
+        1
+    );
     for dtype in ["f32", "f16", "q8_0"] {
         for backend in inferno::backend::BACKEND_NAMES {
             let model = common::load_model(&format!("tiny-gqa-tied.{dtype}.gguf"), backend);
@@ -62,19 +31,17 @@ fn decode_step_allocates_nothing() {
             model
                 .forward(&mut st, &[6], Logits::Last(&mut logits))
                 .unwrap();
-            ALLOCS.store(0, Ordering::SeqCst);
-            COUNTING.store(true, Ordering::SeqCst);
-            for t in 0..20u32 {
-                model
-                    .forward(
-                        &mut st,
-                        &[(t * 7) % vocab as u32],
-                        Logits::Last(&mut logits),
-                    )
-                    .unwrap();
-            }
-            COUNTING.store(false, Ordering::SeqCst);
-            let n = ALLOCS.load(Ordering::SeqCst);
+            let n = alloc_counter::allocations_in(|| {
+                for t in 0..20u32 {
+                    model
+                        .forward(
+                            &mut st,
+                            &[(t * 7) % vocab as u32],
+                            Logits::Last(&mut logits),
+                        )
+                        .unwrap();
+                }
+            });
             assert_eq!(
                 n, 0,
                 "{backend} {dtype}: {n} allocations in 20 decode steps"

@@ -16,45 +16,13 @@ use inferno::sampling::SamplingParams;
 use inferno::server::assets::{synthetic_assets, LoadOptions};
 use inferno::server::pb;
 use service_support::*;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 use tonic::Code;
 
-/// Counts allocations made by the thread that sets `COUNTING_HERE` while `COUNTING` is on
-/// (the other tests' threads allocate freely).
-struct Counting;
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-thread_local! {
-    static COUNTING_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-fn counting() -> bool {
-    COUNTING.load(Ordering::Relaxed) && COUNTING_HERE.try_with(|c| c.get()).unwrap_or(false)
-}
-// SAFETY: forwards every call unchanged to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if counting() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if counting() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: `ptr` came from `System` with `layout`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+mod alloc_counter;
+
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: alloc_counter::Counting = alloc_counter::Counting;
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
@@ -190,7 +158,6 @@ fn a_batched_forward_gives_each_sequence_its_logits_alone_bit_for_bit() {
 
 #[test]
 fn a_batched_decode_step_allocates_nothing() {
-    COUNTING_HERE.with(|c| c.set(true));
     for backend in ["scalar", "pool"] {
         let model = demo_model(inferno::tensor::GgmlType::Q8_0, backend);
         let vocab = model.config.vocab;
@@ -216,11 +183,7 @@ fn a_batched_decode_step_allocates_nothing() {
         };
         // Warm-up steps size the kernels' per-thread scratch.
         run(2);
-        ALLOCS.store(0, Ordering::SeqCst);
-        COUNTING.store(true, Ordering::SeqCst);
-        run(10);
-        COUNTING.store(false, Ordering::SeqCst);
-        let n = ALLOCS.load(Ordering::SeqCst);
+        let n = alloc_counter::allocations_in(|| run(10));
         assert_eq!(
             n, 0,
             "{backend}: {n} allocations in 10 batched decode steps"

@@ -16,49 +16,16 @@ use inferno::gguf::TensorBytes;
 use inferno::tensor::{self, GgmlType, Matrix};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 // ---------------------------------------------------------------------------------------
 // Allocation counting (for the decode test): only on threads that ask for it.
 // ---------------------------------------------------------------------------------------
 
-struct Counting;
-
-thread_local! {
-    static COUNT_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-fn counting() -> bool {
-    COUNT_HERE.try_with(|c| c.get()).unwrap_or(false)
-}
-
-// SAFETY: forwards every call unchanged to the system allocator; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if counting() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if counting() {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: `ptr` came from `System` with `layout`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+mod alloc_counter;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: alloc_counter::Counting = alloc_counter::Counting;
 
 // ---------------------------------------------------------------------------------------
 // Random blocks
@@ -411,13 +378,11 @@ fn decode_matvecs_allocate_nothing_once_warm() {
         let mut out = vec![0.0f32; rows];
         for be in &backends {
             be.matmul(&w, &x, 1, &mut out);
-            ALLOCS.store(0, Ordering::SeqCst);
-            COUNT_HERE.with(|c| c.set(true));
-            for _ in 0..5 {
-                be.matmul(&w, &x, 1, &mut out);
-            }
-            COUNT_HERE.with(|c| c.set(false));
-            let n = ALLOCS.load(Ordering::SeqCst);
+            let n = alloc_counter::allocations_in(|| {
+                for _ in 0..5 {
+                    be.matmul(&w, &x, 1, &mut out);
+                }
+            });
             assert_eq!(n, 0, "{} {t}: {n} allocations in 5 matvecs", be.name());
         }
     }
