@@ -174,7 +174,11 @@ fn isum(w: &[u8; BLOCK], offset: i32, x: &[u8]) -> i32 {
 /// Products with Q8_0 activations are then the same integer sums scaled the same way, so
 /// the Q8_0 kernels give bit-identical results. Whole blocks only; extra bytes are ignored.
 pub fn widen_to_q8_0(five: bool, src: &[u8], out: &mut [u8]) {
-    let (bytes, offset) = if five { (Q5_0_BYTES, 16) } else { (Q4_0_BYTES, 8) };
+    let (bytes, offset) = if five {
+        (Q5_0_BYTES, 16)
+    } else {
+        (Q4_0_BYTES, 8)
+    };
     let q8 = super::q8_0::BLOCK_BYTES;
     for (sb, ob) in src.chunks_exact(bytes).zip(out.chunks_exact_mut(q8)) {
         let q = if five {
@@ -310,7 +314,9 @@ mod tests {
             seed ^= seed << 17;
             seed as u8
         };
-        let x: Vec<f32> = (0..8 * BLOCK).map(|i| ((i * 7919) % 61) as f32 - 30.0).collect();
+        let x: Vec<f32> = (0..8 * BLOCK)
+            .map(|i| ((i * 7919) % 61) as f32 - 30.0)
+            .collect();
         let mut xq = vec![0u8; 8 * super::super::q8_0::BLOCK_BYTES];
         super::super::q8_0::quantize(&x, &mut xq);
         for five in [false, true] {

@@ -155,16 +155,19 @@ pub unsafe fn gemm_q8_sdot(
 ) {
     for g in g0..g1 {
         let mut t = 0;
-        // SAFETY (all): forwarded from our own contract.
         while t + 4 <= n {
+            // SAFETY: forwarded from our own contract; tokens t..t + 4 exist.
             unsafe { group_sdot::<4>(w, g, a, t, out, ldo) };
             t += 4;
         }
-        match n - t {
-            3 => unsafe { group_sdot::<3>(w, g, a, t, out, ldo) },
-            2 => unsafe { group_sdot::<2>(w, g, a, t, out, ldo) },
-            1 => unsafe { group_sdot::<1>(w, g, a, t, out, ldo) },
-            _ => {}
+        // SAFETY: forwarded from our own contract; fewer than four tokens are left.
+        unsafe {
+            match n - t {
+                3 => group_sdot::<3>(w, g, a, t, out, ldo),
+                2 => group_sdot::<2>(w, g, a, t, out, ldo),
+                1 => group_sdot::<1>(w, g, a, t, out, ldo),
+                _ => {}
+            }
         }
     }
 }

@@ -234,16 +234,19 @@ pub unsafe fn gemm_q8_avx2(
 ) {
     for g in g0..g1 {
         let mut t = 0;
-        // SAFETY (all four): forwarded from our own contract.
         while t + 4 <= n {
+            // SAFETY: forwarded from our own contract; tokens t..t + 4 exist.
             unsafe { group_avx2::<4>(w, g, a, t, out, ldo) };
             t += 4;
         }
-        match n - t {
-            3 => unsafe { group_avx2::<3>(w, g, a, t, out, ldo) },
-            2 => unsafe { group_avx2::<2>(w, g, a, t, out, ldo) },
-            1 => unsafe { group_avx2::<1>(w, g, a, t, out, ldo) },
-            _ => {}
+        // SAFETY: forwarded from our own contract; fewer than four tokens are left.
+        unsafe {
+            match n - t {
+                3 => group_avx2::<3>(w, g, a, t, out, ldo),
+                2 => group_avx2::<2>(w, g, a, t, out, ldo),
+                1 => group_avx2::<1>(w, g, a, t, out, ldo),
+                _ => {}
+            }
         }
     }
 }
@@ -324,20 +327,24 @@ pub unsafe fn gemm_q8_vnni(
 ) {
     for g in g0..g1 {
         let mut t = 0;
-        // SAFETY (all): forwarded from our own contract.
         while t + 8 <= n {
+            // SAFETY: forwarded from our own contract; tokens t..t + 8 exist.
             unsafe { group_vnni::<8>(w, g, a, t, out, ldo) };
             t += 8;
         }
         while t + 4 <= n {
+            // SAFETY: forwarded from our own contract; tokens t..t + 4 exist.
             unsafe { group_vnni::<4>(w, g, a, t, out, ldo) };
             t += 4;
         }
-        match n - t {
-            3 => unsafe { group_vnni::<3>(w, g, a, t, out, ldo) },
-            2 => unsafe { group_vnni::<2>(w, g, a, t, out, ldo) },
-            1 => unsafe { group_vnni::<1>(w, g, a, t, out, ldo) },
-            _ => {}
+        // SAFETY: forwarded from our own contract; fewer than four tokens are left.
+        unsafe {
+            match n - t {
+                3 => group_vnni::<3>(w, g, a, t, out, ldo),
+                2 => group_vnni::<2>(w, g, a, t, out, ldo),
+                1 => group_vnni::<1>(w, g, a, t, out, ldo),
+                _ => {}
+            }
         }
     }
 }
