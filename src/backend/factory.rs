@@ -1,10 +1,19 @@
 //! Builds a backend stack from its name.
 
+use super::gpu::GpuBackend;
 use super::{Backend, ParallelBackend, PoolBackend, ScalarBackend, SimdBackend, TracingBackend};
 use std::sync::Arc;
 
-/// Every name `create_backend` accepts.
-pub const BACKEND_NAMES: &[&str] = &["scalar", "simd", "parallel", "pool"];
+/// Every name `create_backend` accepts (`gpu` also answers to `metal` on macOS and
+/// `vulkan` elsewhere).
+pub const BACKEND_NAMES: &[&str] = &["scalar", "simd", "parallel", "pool", "gpu"];
+
+/// The platform's name for the GPU backend.
+const GPU_ALIAS: &str = if cfg!(target_os = "macos") {
+    "metal"
+} else {
+    "vulkan"
+};
 
 #[derive(Clone, Debug, Default)]
 pub struct BackendOptions {
@@ -18,6 +27,8 @@ pub struct BackendOptions {
 pub enum BackendError {
     #[error("unknown backend {name:?} (supported: {supported})")]
     Unknown { name: String, supported: String },
+    #[error("backend gpu: {0}")]
+    Gpu(#[from] super::gpu::GpuError),
 }
 
 pub fn create_backend(name: &str, opts: &BackendOptions) -> Result<Arc<dyn Backend>, BackendError> {
@@ -32,10 +43,11 @@ pub fn create_backend(name: &str, opts: &BackendOptions) -> Result<Arc<dyn Backe
             SimdBackend::new(ScalarBackend::new()),
             opts.threads,
         )),
+        name if name == "gpu" || name == GPU_ALIAS => Box::new(GpuBackend::new()?),
         other => {
             return Err(BackendError::Unknown {
                 name: other.to_string(),
-                supported: BACKEND_NAMES.join(", "),
+                supported: format!("{}, {GPU_ALIAS}", BACKEND_NAMES.join(", ")),
             })
         }
     };

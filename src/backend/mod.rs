@@ -6,6 +6,7 @@
 //! their stored layout ([`Matrix`]), so a decode step allocates nothing.
 
 pub mod factory;
+pub mod gpu;
 pub mod parallel;
 pub mod pool;
 pub mod scalar;
@@ -80,6 +81,12 @@ pub trait Backend: Send + Sync {
     /// `x += y`, element-wise.
     fn add(&self, x: &mut [f32], y: &[f32]);
 
+    /// The GPU backend, which runs the model's whole forward pass itself instead of
+    /// operation by operation (`None` for the host backends).
+    fn gpu(&self) -> Option<&gpu::GpuBackend> {
+        None
+    }
+
     /// Adds `bias` to every `bias.len()`-long row of `x`.
     fn add_bias(&self, x: &mut [f32], bias: &[f32]) {
         for row in x.chunks_exact_mut(bias.len()) {
@@ -129,5 +136,8 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn add_bias(&self, x: &mut [f32], bias: &[f32]) {
         (**self).add_bias(x, bias)
+    }
+    fn gpu(&self) -> Option<&gpu::GpuBackend> {
+        (**self).gpu()
     }
 }

@@ -78,4 +78,8 @@ impl<B: Backend> Backend for TracingBackend<B> {
         let _s = trace_span!("add_bias", len = x.len()).entered();
         self.inner.add_bias(x, bias)
     }
+
+    fn gpu(&self) -> Option<&super::gpu::GpuBackend> {
+        self.inner.gpu()
+    }
 }

@@ -1,5 +1,8 @@
 //! The key/value cache of one sequence: allocated once for a fixed number of positions, it
-//! knows how many of them hold the sequence's history so far.
+//! knows how many of them hold the sequence's history so far. It lives in host memory, or in
+//! device memory when the model runs on the `gpu` backend.
+
+use crate::backend::gpu::GpuKv;
 
 /// Per layer, keys and values laid out `[n_kv_heads][capacity][head_dim]` in f32, so one
 /// head's history is contiguous for the attention kernel.
@@ -7,10 +10,13 @@ pub struct KvCache {
     capacity: usize,
     /// Positions `0..len` hold valid keys and values.
     len: usize,
+    n_layers: usize,
     n_kv_heads: usize,
     head_dim: usize,
+    /// Host memory (empty for a device cache).
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    device: Option<GpuKv>,
 }
 
 impl KvCache {
@@ -19,11 +25,37 @@ impl KvCache {
         Self {
             capacity,
             len: 0,
+            n_layers,
             n_kv_heads,
             head_dim,
             k: (0..n_layers).map(|_| vec![0.0; per_layer]).collect(),
             v: (0..n_layers).map(|_| vec![0.0; per_layer]).collect(),
+            device: None,
         }
+    }
+
+    /// A cache whose keys and values live in device memory.
+    pub fn on_device(
+        kv: GpuKv,
+        n_layers: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> Self {
+        Self {
+            capacity: kv.capacity(),
+            len: 0,
+            n_layers,
+            n_kv_heads,
+            head_dim,
+            k: Vec::new(),
+            v: Vec::new(),
+            device: Some(kv),
+        }
+    }
+
+    /// The device cache, when this cache lives on the GPU.
+    pub fn gpu(&self) -> Option<&GpuKv> {
+        self.device.as_ref()
     }
 
     /// Positions the cache can hold.
@@ -62,12 +94,13 @@ impl KvCache {
 
     /// Layers, KV heads and head size.
     pub fn shape(&self) -> (usize, usize, usize) {
-        (self.k.len(), self.n_kv_heads, self.head_dim)
+        (self.n_layers, self.n_kv_heads, self.head_dim)
     }
 
-    /// Whether `other` has the same layers and heads (so positions can be copied across).
+    /// Whether `other` has the same layers and heads and lives in the same memory (so
+    /// positions can be copied across).
     pub fn same_shape(&self, other: &KvCache) -> bool {
-        self.shape() == other.shape()
+        self.shape() == other.shape() && self.device.is_some() == other.device.is_some()
     }
 
     /// Replaces this cache's contents with the first `n` positions of `other` (a shared
@@ -80,6 +113,11 @@ impl KvCache {
             return 0;
         }
         let n = n.min(other.len).min(self.capacity);
+        if let (Some(dst), Some(src)) = (self.device.as_mut(), other.device.as_ref()) {
+            dst.copy_prefix_from(src, n);
+            self.len = n;
+            return n;
+        }
         let hd = self.head_dim;
         for (dst, src) in [(&mut self.k, &other.k), (&mut self.v, &other.v)] {
             for (dl, sl) in dst.iter_mut().zip(src.iter()) {
@@ -98,22 +136,31 @@ impl KvCache {
     /// positions `pos0 ..`.
     pub fn store(&mut self, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
         let hd = self.head_dim;
-        let row = self.n_kv_heads * hd;
+        let (row, cap) = (self.n_kv_heads * hd, self.capacity);
+        // A device cache is filled by the GPU kernels; the host path never stores into it.
+        let (Some(kl), Some(vl)) = (self.k.get_mut(layer), self.v.get_mut(layer)) else {
+            return;
+        };
         for (t, (kt, vt)) in k.chunks_exact(row).zip(v.chunks_exact(row)).enumerate() {
             for h in 0..self.n_kv_heads {
-                let dst = (h * self.capacity + pos0 + t) * hd;
-                self.k[layer][dst..dst + hd].copy_from_slice(&kt[h * hd..(h + 1) * hd]);
-                self.v[layer][dst..dst + hd].copy_from_slice(&vt[h * hd..(h + 1) * hd]);
+                let dst = (h * cap + pos0 + t) * hd;
+                kl[dst..dst + hd].copy_from_slice(&kt[h * hd..(h + 1) * hd]);
+                vl[dst..dst + hd].copy_from_slice(&vt[h * hd..(h + 1) * hd]);
             }
         }
     }
 
+    /// Layer `layer`'s keys and values in host memory (empty for a device cache, which the
+    /// host kernels never see: the model checks where a cache lives before a step).
     pub fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
-        (&self.k[layer], &self.v[layer])
+        match (self.k.get(layer), self.v.get(layer)) {
+            (Some(k), Some(v)) => (k, v),
+            _ => (&[], &[]),
+        }
     }
 
     pub fn bytes(&self) -> usize {
-        2 * self.k.iter().map(|l| l.len() * 4).sum::<usize>()
+        Self::bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim) * self.capacity
     }
 
     /// Bytes one position takes in a cache of this shape (keys and values, every layer).

@@ -48,4 +48,6 @@ pub enum ModelError {
     EmptyInput,
     #[error("logits buffer holds {got} values, {needed} needed")]
     LogitsBuffer { needed: usize, got: usize },
+    #[error(transparent)]
+    Gpu(#[from] crate::backend::gpu::GpuError),
 }

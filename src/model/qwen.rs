@@ -16,8 +16,13 @@
 //! positions in its own cache. The backends compute each row independently of the others,
 //! so a sequence's results do not depend on what it is batched with. The single-sequence
 //! [`Model::forward`] is the one-sequence case.
+//!
+//! On the `gpu` backend the same pass runs on the device as one command buffer per step
+//! (`backend::gpu::GpuModel`, which follows this file's order); the weights, the KV caches
+//! and the activation buffers then live in device memory.
 
 use super::{KvCache, ModelConfig, ModelError, ModelWeights};
+use crate::backend::gpu::{GpuModel, GpuScratch};
 use crate::backend::{AttentionShape, Backend};
 use crate::gguf::GgufFile;
 use std::sync::Arc;
@@ -27,6 +32,8 @@ pub struct Model {
     pub weights: ModelWeights,
     backend: Arc<dyn Backend>,
     inv_freq: Vec<f32>,
+    /// The weights on the GPU, when the backend runs whole passes there.
+    device: Option<GpuModel>,
 }
 
 /// Which logits a forward call produces.
@@ -72,6 +79,8 @@ pub struct Scratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     logits: Vec<f32>,
+    /// The device buffers, for a model on the GPU (the host buffers are then empty).
+    gpu: Option<GpuScratch>,
 }
 
 impl Scratch {
@@ -123,12 +132,27 @@ impl Model {
         }
         let weights = ModelWeights::load(gguf, &config, backend.as_ref())?;
         let inv_freq = config.rope_inv_freq();
+        let device = match backend.gpu() {
+            Some(gpu) => Some(GpuModel::upload(
+                gpu.context(),
+                &config,
+                &weights,
+                &inv_freq,
+            )?),
+            None => None,
+        };
         Ok(Self {
             config,
             weights,
             backend,
             inv_freq,
+            device,
         })
+    }
+
+    /// The model's weights on the GPU, when it runs there.
+    pub fn gpu(&self) -> Option<&GpuModel> {
+        self.device.as_ref()
     }
 
     pub fn backend(&self) -> &dyn Backend {
@@ -140,7 +164,18 @@ impl Model {
     pub fn new_kv_cache(&self, capacity: usize) -> KvCache {
         let c = &self.config;
         let capacity = capacity.clamp(1, c.context_length);
-        KvCache::new(c.n_layers, c.n_kv_heads, c.head_dim, capacity)
+        match &self.device {
+            Some(dev) => {
+                let capacity = capacity.min(dev.max_kv_capacity()).max(1);
+                KvCache::on_device(
+                    dev.new_kv(c.n_layers, capacity),
+                    c.n_layers,
+                    c.n_kv_heads,
+                    c.head_dim,
+                )
+            }
+            None => KvCache::new(c.n_layers, c.n_kv_heads, c.head_dim, capacity),
+        }
     }
 
     /// Bytes of KV cache one position takes.
@@ -153,6 +188,23 @@ impl Model {
     /// rows' logits (from several sequences) are computed in one matmul.
     pub fn new_scratch(&self, rows: usize, logit_rows: usize) -> Scratch {
         let c = &self.config;
+        if let Some(dev) = &self.device {
+            let gpu = dev.new_scratch(rows, logit_rows);
+            return Scratch {
+                rows: gpu.rows(),
+                logit_rows,
+                x: Vec::new(),
+                xn: Vec::new(),
+                q: Vec::new(),
+                k: Vec::new(),
+                v: Vec::new(),
+                attn: Vec::new(),
+                gate: Vec::new(),
+                up: Vec::new(),
+                logits: Vec::new(),
+                gpu: Some(gpu),
+            };
+        }
         let b = rows.max(1);
         Scratch {
             rows: b,
@@ -166,6 +218,7 @@ impl Model {
             gate: vec![0.0; b * c.ffn],
             up: vec![0.0; b * c.ffn],
             logits: vec![0.0; logit_rows * c.vocab],
+            gpu: None,
         }
     }
 
@@ -206,7 +259,9 @@ impl Model {
             return Err(ModelError::LogitsBuffer { needed: need, got });
         }
         let c = &self.config;
-        if kv.shape() != (c.n_layers, c.n_kv_heads, c.head_dim) {
+        if kv.shape() != (c.n_layers, c.n_kv_heads, c.head_dim)
+            || kv.gpu().is_some() != self.device.is_some()
+        {
             return Err(ModelError::BadConfig(
                 "the KV cache was made for another model".into(),
             ));
@@ -263,6 +318,16 @@ impl Model {
                 rows: n,
                 capacity: scratch.rows,
             });
+        }
+        if let Some(dev) = &self.device {
+            let gpu = scratch.gpu.as_mut().ok_or_else(|| {
+                ModelError::BadConfig("the scratch buffers were made for another model".into())
+            })?;
+            dev.forward(seqs, gpu)?;
+            for s in seqs.iter_mut() {
+                s.kv.advance(s.tokens.len());
+            }
+            return Ok(());
         }
         let be = self.backend.as_ref();
         let h = self.config.hidden;

@@ -1,0 +1,439 @@
+//! The `gpu` backend: the whole forward pass on a GPU through wgpu (Vulkan on Linux and
+//! Windows, Metal on macOS), as WGSL compute shaders.
+//!
+//! Unlike the CPU backends, which the model drives one operation at a time, this backend
+//! takes the whole step: weights are uploaded once at load in their stored (quantized)
+//! layout ([`GpuModel`]), each sequence's KV cache lives on the device ([`GpuKv`]), and a
+//! step records every layer's kernels into one command buffer with one submit; only the
+//! logits come back. The [`Backend`] operations on host slices are served by the host SIMD
+//! kernels, for callers that use the backend outside a model.
+//!
+//! Adapter features are used where present: subgroup reductions in the matrix products and
+//! the packed 4 × i8 dot product for Q8_0; `INFERNO_GPU_PLAIN=1` selects the plain paths (a
+//! workgroup-memory reduction and unpacked bytes), which every adapter runs.
+
+mod graph;
+mod kv;
+
+pub use graph::{GpuModel, GpuScratch};
+pub use kv::GpuKv;
+
+use super::{AttentionShape, Backend, ScalarBackend, SimdBackend};
+use crate::tensor::{GgmlType, Matrix};
+use std::borrow::Cow;
+use std::sync::{Arc, Mutex};
+
+/// Bytes of per-dispatch parameters (twelve `u32`s, `Params` in the shaders).
+const PARAMS_BYTES: u32 = 48;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no GPU adapter: {0}")]
+    NoAdapter(String),
+    #[error("the GPU adapter {adapter:?} cannot run the gpu backend: {reason}")]
+    Unsuitable { adapter: String, reason: String },
+    #[error("GPU error: {0}")]
+    Device(String),
+}
+
+/// The device, its queue and the compiled kernels, shared by the model, its scratch buffers
+/// and its KV caches.
+pub struct GpuContext {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    /// Subgroup reductions in the matrix products.
+    pub subgroups: bool,
+    /// The packed 4 × i8 dot product instruction for Q8_0.
+    pub dot4: bool,
+    /// The largest buffer one binding may cover (big matrices are split into row chunks).
+    pub max_binding: u64,
+    kernels: Kernels,
+    /// The first validation or device error wgpu reported; a step that sees one fails.
+    error: Arc<Mutex<Option<String>>>,
+}
+
+struct Kernels {
+    act_layout: wgpu::BindGroupLayout,
+    weight_layout: wgpu::BindGroupLayout,
+    aux_layout: wgpu::BindGroupLayout,
+    kv_layout: wgpu::BindGroupLayout,
+    rms_norm: wgpu::ComputePipeline,
+    rope: wgpu::ComputePipeline,
+    add_bias: wgpu::ComputePipeline,
+    silu_mul: wgpu::ComputePipeline,
+    add: wgpu::ComputePipeline,
+    gather_rows: wgpu::ComputePipeline,
+    quantize_q8: wgpu::ComputePipeline,
+    embed: [wgpu::ComputePipeline; 3],
+    matmul: [wgpu::ComputePipeline; 3],
+    kv_store: wgpu::ComputePipeline,
+    attention: wgpu::ComputePipeline,
+}
+
+/// The weight types the kernels read, in the order of `Kernels::embed` and `matmul`.
+fn weight_kind(dtype: GgmlType) -> Option<usize> {
+    match dtype {
+        GgmlType::Q8_0 => Some(0),
+        GgmlType::F16 => Some(1),
+        GgmlType::F32 => Some(2),
+        _ => None,
+    }
+}
+
+fn storage_entry(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEntry {
+    wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Storage { read_only },
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    }
+}
+
+impl GpuContext {
+    /// Opens the first adapter wgpu offers (a discrete or integrated GPU before a software
+    /// one) and compiles the kernels.
+    pub fn open() -> Result<Self, GpuError> {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            force_fallback_adapter: false,
+            compatible_surface: None,
+            apply_limit_buckets: false,
+        }))
+        .map_err(|e| {
+            GpuError::NoAdapter(format!(
+                "{e} (Linux needs a Vulkan driver, e.g. Mesa's lavapipe from the package \
+                 mesa-vulkan-drivers; macOS uses Metal)"
+            ))
+        })?;
+        let info = adapter.get_info();
+        let unsuitable = |reason: String| GpuError::Unsuitable {
+            adapter: info.name.clone(),
+            reason,
+        };
+        let have = adapter.features();
+        if !have.contains(wgpu::Features::IMMEDIATES) {
+            return Err(unsuitable("it has no immediate data (push constants)".into()));
+        }
+        let plain = std::env::var("INFERNO_GPU_PLAIN").is_ok_and(|v| v == "1");
+        let subgroups = !plain && have.contains(wgpu::Features::SUBGROUP);
+        let dot4 = !plain
+            && instance
+                .wgsl_language_features()
+                .contains(wgpu::WgslLanguageFeatures::Packed4x8IntegerDotProduct);
+        let mut features = wgpu::Features::IMMEDIATES;
+        if subgroups {
+            features |= wgpu::Features::SUBGROUP;
+        }
+        let adapter_limits = adapter.limits();
+        if adapter_limits.max_immediate_size < PARAMS_BYTES {
+            return Err(unsuitable(format!(
+                "it holds {} bytes of immediate data, {PARAMS_BYTES} needed",
+                adapter_limits.max_immediate_size
+            )));
+        }
+        let limits = wgpu::Limits {
+            max_immediate_size: PARAMS_BYTES,
+            max_storage_buffer_binding_size: adapter_limits.max_storage_buffer_binding_size,
+            max_buffer_size: adapter_limits.max_buffer_size,
+            max_compute_workgroup_storage_size: adapter_limits
+                .max_compute_workgroup_storage_size
+                .max(16384),
+            ..wgpu::Limits::default()
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("inferno"),
+            required_features: features,
+            required_limits: limits,
+            ..Default::default()
+        }))
+        .map_err(|e| unsuitable(e.to_string()))?;
+        let error = Arc::new(Mutex::new(None));
+        let sink = Arc::clone(&error);
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            tracing::error!(error = %e, "GPU error");
+            let mut slot = sink.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert_with(|| e.to_string());
+        }));
+        let kernels = Kernels::compile(&device, subgroups, dot4);
+        let max_binding = device.limits().max_storage_buffer_binding_size as u64;
+        Ok(Self {
+            device,
+            queue,
+            info,
+            subgroups,
+            dot4,
+            max_binding,
+            kernels,
+            error,
+        })
+    }
+
+    /// One line naming the adapter and the paths in use.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({:?}, {:?}; subgroups {}, dot4I8Packed {})",
+            self.info.name,
+            self.info.backend,
+            self.info.device_type,
+            if self.subgroups { "on" } else { "off" },
+            if self.dot4 { "on" } else { "off" },
+        )
+    }
+
+    /// The first error the device reported, if any.
+    pub(crate) fn take_error(&self) -> Option<String> {
+        self.error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    fn storage_buffer(&self, label: &str, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            // Never zero-sized: a binding needs at least one element.
+            size: bytes.max(4).next_multiple_of(4),
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A storage buffer holding `words`.
+    fn upload_words(&self, label: &str, words: &[u32]) -> wgpu::Buffer {
+        let buf = self.storage_buffer(label, (words.len() * 4) as u64);
+        if !words.is_empty() {
+            self.queue.write_buffer(&buf, 0, as_bytes(words));
+        }
+        buf
+    }
+}
+
+/// The bytes of a `u32`/`f32` slice, for uploads.
+fn as_bytes<T: bytemuck_free::Pod>(v: &[T]) -> &[u8] {
+    // SAFETY: `Pod` is implemented only for u32 and f32, plain 4-byte values with no padding
+    // and no invalid bit patterns; the slice covers exactly `len * 4` initialised bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+mod bytemuck_free {
+    /// Plain 4-byte values that may be viewed as bytes.
+    pub trait Pod: Copy {}
+    impl Pod for u32 {}
+    impl Pod for f32 {}
+}
+
+impl Kernels {
+    fn compile(device: &wgpu::Device, subgroups: bool, dot4: bool) -> Self {
+        let layout = |label: &str, entries: &[wgpu::BindGroupLayoutEntry]| {
+            device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(label),
+                entries,
+            })
+        };
+        let act_layout = layout("act", &[storage_entry(0, false), storage_entry(1, false)]);
+        let weight_layout = layout("weights", &[storage_entry(0, true), storage_entry(1, true)]);
+        let aux_layout = layout("aux", &[storage_entry(0, true)]);
+        let kv_layout = layout("kv", &[storage_entry(0, false), storage_entry(1, false)]);
+
+        let common = include_str!("shaders/common.wgsl");
+        let module = |label: &str, body: &str| {
+            let src = format!("{common}\n{body}");
+            device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(label),
+                source: wgpu::ShaderSource::Wgsl(Cow::Owned(src)),
+            })
+        };
+        let weights_src = include_str!("shaders/weights.wgsl")
+            .replace(
+                "DOT4_BODY",
+                if dot4 {
+                    "return dot4I8Packed(a, b);"
+                } else {
+                    "let x = vec4<i32>(i32(a << 24u) >> 24u, i32(a << 16u) >> 24u, \
+                     i32(a << 8u) >> 24u, i32(a) >> 24u);\n    \
+                     let y = vec4<i32>(i32(b << 24u) >> 24u, i32(b << 16u) >> 24u, \
+                     i32(b << 8u) >> 24u, i32(b) >> 24u);\n    return dot(x, y);"
+                },
+            )
+            .replace("REDUCE_BODY", if subgroups { REDUCE_SUBGROUP } else { REDUCE_PLAIN })
+            .replace(
+                "SG_ARGS",
+                if subgroups {
+                    ", @builtin(subgroup_invocation_id) sg_lane: u32, \
+                     @builtin(subgroup_id) sg_id: u32, @builtin(num_subgroups) sg_n: u32"
+                } else {
+                    ""
+                },
+            )
+            .replace(
+                "SG_VALUES",
+                if subgroups {
+                    "sg_lane, sg_id, sg_n"
+                } else {
+                    "0u, 0u, 1u"
+                },
+            );
+        let weights = module("weights", &weights_src);
+        let elementwise = module("elementwise", include_str!("shaders/elementwise.wgsl"));
+        let attention = module("attention", include_str!("shaders/attention.wgsl"));
+
+        let pipeline_layout = |group1: &wgpu::BindGroupLayout| {
+            device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: None,
+                bind_group_layouts: &[Some(&act_layout), Some(group1)],
+                immediate_size: PARAMS_BYTES,
+            })
+        };
+        let (wl, al, kl) = (
+            pipeline_layout(&weight_layout),
+            pipeline_layout(&aux_layout),
+            pipeline_layout(&kv_layout),
+        );
+        let pipeline = |layout: &wgpu::PipelineLayout, module: &wgpu::ShaderModule, entry: &str| {
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: Some(layout),
+                module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+        };
+        Self {
+            rms_norm: pipeline(&al, &elementwise, "rms_norm"),
+            rope: pipeline(&al, &elementwise, "rope"),
+            add_bias: pipeline(&al, &elementwise, "add_bias"),
+            silu_mul: pipeline(&al, &elementwise, "silu_mul"),
+            add: pipeline(&al, &elementwise, "add"),
+            gather_rows: pipeline(&al, &elementwise, "gather_rows"),
+            quantize_q8: pipeline(&al, &elementwise, "quantize_q8"),
+            embed: [
+                pipeline(&wl, &weights, "embed_q8"),
+                pipeline(&wl, &weights, "embed_f16"),
+                pipeline(&wl, &weights, "embed_f32"),
+            ],
+            matmul: [
+                pipeline(&wl, &weights, "mm_q8"),
+                pipeline(&wl, &weights, "mm_f16"),
+                pipeline(&wl, &weights, "mm_f32"),
+            ],
+            kv_store: pipeline(&kl, &attention, "kv_store"),
+            attention: pipeline(&kl, &attention, "attention"),
+            act_layout,
+            weight_layout,
+            aux_layout,
+            kv_layout,
+        }
+    }
+}
+
+/// Sums the per-token accumulators across the workgroup through workgroup memory.
+const REDUCE_PLAIN: &str = "
+    for (var t = 0u; t < TN; t++) {
+        partial[t * WG + lid] = (*acc)[t];
+    }
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            for (var t = 0u; t < TN; t++) {
+                partial[t * WG + lid] += partial[t * WG + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }";
+
+/// Sums within each subgroup first, then the few subgroup totals.
+const REDUCE_SUBGROUP: &str = "
+    for (var t = 0u; t < TN; t++) {
+        let v = subgroupAdd((*acc)[t]);
+        if (sg_lane == 0u) {
+            partial[t * WG + sg_id] = v;
+        }
+    }
+    workgroupBarrier();
+    if (lid < TN) {
+        var s = 0.0;
+        for (var i = 0u; i < sg_n; i++) {
+            s += partial[lid * WG + i];
+        }
+        partial[lid * WG] = s;
+    }
+    workgroupBarrier();";
+
+/// The `gpu` backend: a device context for the model's forward pass, plus the host SIMD
+/// kernels for operations called on host slices.
+pub struct GpuBackend {
+    ctx: Arc<GpuContext>,
+    host: SimdBackend<ScalarBackend>,
+}
+
+impl GpuBackend {
+    pub fn new() -> Result<Self, GpuError> {
+        Ok(Self {
+            ctx: Arc::new(GpuContext::open()?),
+            host: SimdBackend::new(ScalarBackend::new()),
+        })
+    }
+
+    pub fn context(&self) -> &Arc<GpuContext> {
+        &self.ctx
+    }
+}
+
+impl Backend for GpuBackend {
+    fn name(&self) -> &str {
+        "gpu"
+    }
+
+    fn supports(&self, dtype: GgmlType) -> bool {
+        weight_kind(dtype).is_some()
+    }
+
+    fn gpu(&self) -> Option<&GpuBackend> {
+        Some(self)
+    }
+
+    fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
+        self.host.matmul(w, x, n, out)
+    }
+
+    fn get_row(&self, w: &Matrix, row: usize, out: &mut [f32]) {
+        self.host.get_row(w, row, out)
+    }
+
+    fn rms_norm(&self, x: &mut [f32], weight: &[f32], eps: f32) {
+        self.host.rms_norm(x, weight, eps)
+    }
+
+    fn rope(&self, x: &mut [f32], n_heads: usize, head_dim: usize, pos0: usize, inv_freq: &[f32]) {
+        self.host.rope(x, n_heads, head_dim, pos0, inv_freq)
+    }
+
+    fn attention(
+        &self,
+        shape: &AttentionShape,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        out: &mut [f32],
+    ) {
+        self.host.attention(shape, q, k_cache, v_cache, out)
+    }
+
+    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
+        self.host.silu_mul(gate, up)
+    }
+
+    fn add(&self, x: &mut [f32], y: &[f32]) {
+        self.host.add(x, y)
+    }
+}

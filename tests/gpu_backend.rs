@@ -1,0 +1,346 @@
+//! The `gpu` backend (wgpu: Vulkan, Metal) against the scalar reference, on the same
+//! fixtures as the CPU backends:
+//! - logits within a derived tolerance of `scalar`, and the same greedy tokens;
+//! - a batched pass gives each sequence exactly the logits it gets alone (every row runs the
+//!   same kernels in the same order, whatever it is batched with);
+//! - a KV prefix copied on the device continues exactly like the original;
+//! - the service streams the same tokens on `gpu` as the in-process `generate`.
+//!
+//! These tests need a GPU adapter (in CI: Mesa's lavapipe, installed by `scripts/test`) and
+//! fail without one. Only where no GPU is expected, `INFERNO_TEST_GPU=0` skips them, and they
+//! say so.
+
+mod common;
+mod service_support;
+
+use inferno::backend::{create_backend, Backend, BackendOptions};
+use inferno::engine::{generate, Flow, GenerateOptions};
+use inferno::gguf::GgufFile;
+use inferno::model::synth::{self, SynthSpec};
+use inferno::model::{Logits, Model, SeqStep};
+use inferno::sampling::SamplingParams;
+use inferno::server::assets::{synthetic_assets, LoadOptions};
+use inferno::tensor::GgmlType;
+use service_support::*;
+use std::sync::Arc;
+use tonic::Code;
+
+/// The GPU backend, or `None` (with a note) when this machine is declared to have no GPU.
+fn gpu() -> Option<Arc<dyn Backend>> {
+    if std::env::var("INFERNO_TEST_GPU").is_ok_and(|v| v == "0") {
+        eprintln!("SKIPPED: INFERNO_TEST_GPU=0 declares that this machine has no GPU adapter");
+        return None;
+    }
+    match create_backend("gpu", &BackendOptions::default()) {
+        Ok(b) => Some(b),
+        Err(e) => panic!(
+            "{e}\n(the gpu tests need an adapter: scripts/test installs Mesa's lavapipe; \
+             set INFERNO_TEST_GPU=0 only on a machine without one)"
+        ),
+    }
+}
+
+fn cpu(name: &str) -> Arc<dyn Backend> {
+    create_backend(name, &BackendOptions::default()).expect("backend")
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Small synthetic Qwen3 models of every type the kernels read, with GQA, an odd head size
+/// and a vocabulary that is not a multiple of the tile sizes.
+fn synth_models() -> Vec<(String, GgufFile)> {
+    let shapes = [
+        (GgmlType::Q8_0, 64, 4, 2, 16, 96),
+        (GgmlType::Q8_0, 96, 4, 1, 24, 160),
+        (GgmlType::F32, 64, 4, 2, 16, 96),
+        (GgmlType::F16, 64, 2, 2, 20, 64),
+    ];
+    shapes
+        .into_iter()
+        .enumerate()
+        .map(|(i, (dtype, hidden, heads, kv, hd, ffn))| {
+            let mut spec = SynthSpec::preset("demo", dtype).expect("preset");
+            spec.n_layers = 2;
+            spec.hidden = hidden;
+            spec.n_heads = heads;
+            spec.n_kv_heads = kv;
+            spec.head_dim = hd;
+            spec.ffn = ffn;
+            spec.context_length = 256;
+            spec.seed = 100 + i as u64;
+            let bytes = synth::build(&spec).expect("synth").to_bytes();
+            (
+                format!("synth-{i}-{dtype}"),
+                GgufFile::from_bytes(bytes).expect("gguf"),
+            )
+        })
+        .collect()
+}
+
+/// The HF-derived fixture models (`tests/fixtures/models`), f32, f16 and Q8_0.
+fn fixture_models() -> Vec<(String, GgufFile)> {
+    let manifest = common::manifest();
+    let mut out = Vec::new();
+    for m in manifest["models"].as_array().expect("models") {
+        for dtype in ["f32", "f16", "q8_0"] {
+            let file = m["gguf"][dtype].as_str().expect("file");
+            let g = GgufFile::open(common::models_dir().join(file)).expect(file);
+            out.push((file.to_string(), g));
+        }
+    }
+    out
+}
+
+/// Logits of every position of a prompt (prefill in chunks of 5, so both the batched and
+/// the single-token paths run), then `steps` greedy tokens and their logits.
+fn run_model(model: &Model, steps: usize) -> (Vec<f32>, Vec<u32>) {
+    let vocab = model.config.vocab;
+    let prompt: Vec<u32> = (0..13u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
+    let mut st = model.new_state(prompt.len() + steps + 1, 5);
+    let mut all = vec![0.0; prompt.len() * vocab];
+    model
+        .forward(&mut st, &prompt, Logits::All(&mut all))
+        .expect("prefill");
+    let mut tokens = Vec::new();
+    let mut logits = all[(prompt.len() - 1) * vocab..].to_vec();
+    for _ in 0..steps {
+        let next = common::argmax(&logits) as u32;
+        tokens.push(next);
+        model
+            .forward(&mut st, &[next], Logits::Last(&mut logits))
+            .expect("decode");
+        all.extend_from_slice(&logits);
+    }
+    (all, tokens)
+}
+
+/// Largest |a - b| over a row relative to the reference row's largest |b|.
+fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    let (abs, scale) = common::row_error(a, b);
+    abs / scale.max(1e-6)
+}
+
+#[test]
+fn gpu_logits_stay_close_to_scalar_and_greedy_tokens_match() {
+    let Some(gpu) = gpu() else { return };
+    let mut models = synth_models();
+    models.extend(fixture_models());
+    for (name, g) in &models {
+        let scalar = Model::load(g, cpu("scalar")).expect("loads");
+        let on_gpu = Model::load(g, Arc::clone(&gpu)).expect("loads on gpu");
+        let (want, want_tokens) = run_model(&scalar, 24);
+        let (got, tokens) = run_model(&on_gpu, 24);
+        let vocab = scalar.config.vocab;
+        // The same tolerances as simd against scalar, for the same reasons: float models
+        // differ only in summation order (and the GPU's exp), ~1e-6 per operation; Q8_0
+        // models quantize activations as the CPU does, so a last-bit difference can move
+        // one 8-bit quant by a step, a fraction of the Q8_0 error (~1e-2 of the scale).
+        let quantized = scalar.weights.main_dtype() == GgmlType::Q8_0;
+        let tol = if quantized { 2e-2 } else { 1e-4 };
+        for (i, (a, b)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
+            let e = rel_err(a, b);
+            assert!(e < tol, "{name} row {i}: gpu vs scalar {e} >= {tol}");
+        }
+        assert_eq!(tokens, want_tokens, "{name}: greedy tokens on gpu");
+    }
+}
+
+#[test]
+fn gpu_logits_match_transformers_like_the_cpu() {
+    // The fixture's references: HF transformers (float32) on each model; the gpu gets
+    // the same argmax at every position as scalar does.
+    let Some(gpu) = gpu() else { return };
+    let manifest = common::manifest();
+    for m in manifest["models"].as_array().expect("models") {
+        for dtype in ["f32", "f16", "q8_0"] {
+            let file = m["gguf"][dtype].as_str().expect("file");
+            let g = GgufFile::open(common::models_dir().join(file)).expect(file);
+            let model = Model::load(&g, Arc::clone(&gpu)).expect("loads");
+            let scalar = Model::load(&g, cpu("scalar")).expect("loads");
+            let vocab = model.config.vocab;
+            for seq in m["sequences"].as_array().expect("sequences") {
+                let ids = common::ids(&seq["ids"]);
+                let hf = common::read_f32(seq["hf_logits"].as_str().expect("hf"));
+                let mut ours = vec![0.0; ids.len() * vocab];
+                let mut st = model.new_state(ids.len(), 64);
+                model
+                    .forward(&mut st, &ids, Logits::All(&mut ours))
+                    .expect("forward");
+                let mut theirs = vec![0.0; ids.len() * vocab];
+                let mut st = scalar.new_state(ids.len(), 64);
+                scalar
+                    .forward(&mut st, &ids, Logits::All(&mut theirs))
+                    .expect("forward");
+                for ((o, s), h) in ours
+                    .chunks(vocab)
+                    .zip(theirs.chunks(vocab))
+                    .zip(hf.chunks(vocab))
+                {
+                    let (e_gpu, scale) = common::row_error(o, h);
+                    let (e_cpu, _) = common::row_error(s, h);
+                    // No worse than the CPU's own distance to transformers, plus the
+                    // gpu-vs-scalar tolerance above.
+                    assert!(
+                        e_gpu <= e_cpu + 2e-2 * scale,
+                        "{file}: gpu {e_gpu} vs cpu {e_cpu} from transformers (scale {scale})"
+                    );
+                    assert_eq!(common::argmax(o), common::argmax(s), "{file}: argmax");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_batched_gpu_pass_gives_each_sequence_its_logits_alone_bit_for_bit() {
+    let Some(gpu) = gpu() else { return };
+    for (name, g) in synth_models() {
+        let model = Model::load(&g, Arc::clone(&gpu)).expect("loads");
+        let vocab = model.config.vocab as u32;
+        let prompts: Vec<Vec<u32>> = (0..3u32)
+            .map(|s| (0..5 + 4 * s).map(|i| (i * 31 + s * 7 + 3) % vocab).collect())
+            .collect();
+        // Alone: each prompt in one pass, then two decode tokens.
+        let mut want = Vec::new();
+        for p in &prompts {
+            let mut st = model.new_state(32, 32);
+            let mut l = vec![0.0; vocab as usize];
+            model.forward(&mut st, p, Logits::Last(&mut l)).unwrap();
+            let mut rows = vec![l.clone()];
+            for t in [1u32, 2] {
+                model.forward(&mut st, &[t], Logits::Last(&mut l)).unwrap();
+                rows.push(l.clone());
+            }
+            want.push(rows);
+        }
+        // Together: all prompts in one pass, then both decode steps batched.
+        let mut kvs: Vec<_> = prompts.iter().map(|_| model.new_kv_cache(32)).collect();
+        let mut scratch = model.new_scratch(64, 3);
+        let mut outs = vec![vec![0.0f32; vocab as usize]; 3];
+        for step in 0..3 {
+            let toks: Vec<Vec<u32>> = match step {
+                0 => prompts.clone(),
+                s => vec![vec![s as u32]; 3],
+            };
+            let mut batch: Vec<SeqStep<'_>> = kvs
+                .iter_mut()
+                .zip(&toks)
+                .zip(outs.iter_mut())
+                .map(|((kv, t), o)| SeqStep {
+                    kv,
+                    tokens: t,
+                    logits: Logits::Last(o),
+                })
+                .collect();
+            model.forward_batch(&mut batch, &mut scratch).unwrap();
+            drop(batch);
+            for (i, o) in outs.iter().enumerate() {
+                assert!(
+                    bits(o) == bits(&want[i][step]),
+                    "{name}: sequence {i} step {step} differs batched"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_kv_prefix_copied_on_the_device_continues_like_the_original() {
+    let Some(gpu) = gpu() else { return };
+    let (_, g) = synth_models().remove(0);
+    let model = Model::load(&g, gpu).expect("loads");
+    let vocab = model.config.vocab;
+    let prompt: Vec<u32> = (0..20u32).map(|i| (i * 13 + 1) % vocab as u32).collect();
+    let mut a = model.new_state(40, 32);
+    let mut l = vec![0.0; vocab];
+    model.forward(&mut a, &prompt, Logits::Last(&mut l)).unwrap();
+    // Keep 12 positions in a new cache of another capacity, then run the rest on both.
+    let mut b = model.new_state(30, 32);
+    assert_eq!(b.kv.copy_prefix_from(&a.kv, 12), 12);
+    a.truncate(12);
+    let (mut la, mut lb) = (vec![0.0; vocab], vec![0.0; vocab]);
+    model
+        .forward(&mut a, &prompt[12..], Logits::Last(&mut la))
+        .unwrap();
+    model
+        .forward(&mut b, &prompt[12..], Logits::Last(&mut lb))
+        .unwrap();
+    assert!(bits(&la) == bits(&lb), "the copied prefix changed the logits");
+    assert!(bits(&la) == bits(&l), "truncating and rerunning changed the logits");
+    assert!(b.kv.gpu().is_some(), "the cache lives on the device");
+}
+
+#[test]
+fn host_and_device_state_do_not_mix() {
+    let Some(gpu) = gpu() else { return };
+    let (_, g) = synth_models().remove(0);
+    let on_gpu = Model::load(&g, gpu).expect("loads");
+    let on_cpu = Model::load(&g, cpu("simd")).expect("loads");
+    let mut host_state = on_cpu.new_state(8, 8);
+    let mut l = vec![0.0; on_gpu.config.vocab];
+    let e = on_gpu
+        .forward(&mut host_state, &[1, 2], Logits::Last(&mut l))
+        .unwrap_err();
+    assert!(e.to_string().contains("another model"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_streams_the_same_tokens_on_gpu_as_in_process() {
+    if gpu().is_none() {
+        return;
+    }
+    let opts = LoadOptions {
+        backend: "gpu".into(),
+        ..LoadOptions::default()
+    };
+    let prompts = ["Once upon a time", "The quick brown fox", "Hello there", "Zebras"];
+    // In process, one at a time, on the gpu.
+    let a = synthetic_assets("demo", &opts).unwrap();
+    let mut state = a.model.new_state(a.ctx_size, 512);
+    let gen = GenerateOptions {
+        max_tokens: 16,
+        sampling: SamplingParams::greedy(),
+        stop: vec![],
+        ignore_eos: true,
+        time_limit: None,
+    };
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            let mut ids: Vec<u32> = a.tokenizer.bos_id().into_iter().collect();
+            if !a.tokenizer.add_bos() {
+                ids.clear();
+            }
+            ids.extend(a.tokenizer.encode(p, true).unwrap());
+            generate(&a.model, &a.tokenizer, &mut state, &ids, &gen, |_| {
+                Flow::Continue
+            })
+            .unwrap()
+            .tokens
+        })
+        .collect();
+    drop(state);
+    drop(a);
+
+    // Through the service, concurrently (batched on the device).
+    let server = inferno::server::start(test_config(), move || synthetic_assets("demo", &opts))
+        .await
+        .expect("server starts");
+    wait_ready(&server).await;
+    let addr = server.addr();
+    let mut calls = Vec::new();
+    for p in prompts {
+        calls.push(tokio::spawn(async move {
+            let mut c = client(addr).await;
+            run(&mut c, greedy(p, 16)).await
+        }));
+    }
+    for (i, call) in calls.into_iter().enumerate() {
+        let r = call.await.unwrap();
+        assert_eq!(r.code(), Code::Ok, "{:?}", r.status);
+        assert_eq!(r.ids(), want[i], "stream {i} on gpu");
+    }
+    server.shutdown().await.unwrap();
+}
