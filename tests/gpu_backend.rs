@@ -13,6 +13,7 @@
 mod common;
 mod service_support;
 
+use inferno::backend::gpu::GpuBackend;
 use inferno::backend::{create_backend, Backend, BackendOptions};
 use inferno::engine::{generate, Flow, GenerateOptions};
 use inferno::gguf::GgufFile;
@@ -27,12 +28,20 @@ use tonic::Code;
 
 /// The GPU backend, or `None` (with a note) when this machine is declared to have no GPU.
 fn gpu() -> Option<Arc<dyn Backend>> {
+    gpu_with(false)
+}
+
+/// `plain`: the fallback paths (no subgroups, no packed dot product).
+fn gpu_with(plain: bool) -> Option<Arc<dyn Backend>> {
     if std::env::var("INFERNO_TEST_GPU").is_ok_and(|v| v == "0") {
         eprintln!("SKIPPED: INFERNO_TEST_GPU=0 declares that this machine has no GPU adapter");
         return None;
     }
-    match create_backend("gpu", &BackendOptions::default()) {
-        Ok(b) => Some(b),
+    match GpuBackend::with_paths(plain) {
+        Ok(b) => {
+            eprintln!("gpu adapter: {}", b.context().describe());
+            Some(Arc::new(b))
+        }
         Err(e) => panic!(
             "{e}\n(the gpu tests need an adapter: scripts/test installs Mesa's lavapipe; \
              set INFERNO_TEST_GPU=0 only on a machine without one)"
@@ -125,6 +134,16 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn gpu_logits_stay_close_to_scalar_and_greedy_tokens_match() {
     let Some(gpu) = gpu() else { return };
+    close_to_scalar(gpu);
+}
+
+#[test]
+fn the_plain_paths_stay_close_to_scalar_too() {
+    let Some(gpu) = gpu_with(true) else { return };
+    close_to_scalar(gpu);
+}
+
+fn close_to_scalar(gpu: Arc<dyn Backend>) {
     let mut models = synth_models();
     models.extend(fixture_models());
     for (name, g) in &models {
@@ -200,7 +219,11 @@ fn a_batched_gpu_pass_gives_each_sequence_its_logits_alone_bit_for_bit() {
         let model = Model::load(&g, Arc::clone(&gpu)).expect("loads");
         let vocab = model.config.vocab as u32;
         let prompts: Vec<Vec<u32>> = (0..3u32)
-            .map(|s| (0..5 + 4 * s).map(|i| (i * 31 + s * 7 + 3) % vocab).collect())
+            .map(|s| {
+                (0..5 + 4 * s)
+                    .map(|i| (i * 31 + s * 7 + 3) % vocab)
+                    .collect()
+            })
             .collect();
         // Alone: each prompt in one pass, then two decode tokens.
         let mut want = Vec::new();
@@ -255,7 +278,9 @@ fn a_kv_prefix_copied_on_the_device_continues_like_the_original() {
     let prompt: Vec<u32> = (0..20u32).map(|i| (i * 13 + 1) % vocab as u32).collect();
     let mut a = model.new_state(40, 32);
     let mut l = vec![0.0; vocab];
-    model.forward(&mut a, &prompt, Logits::Last(&mut l)).unwrap();
+    model
+        .forward(&mut a, &prompt, Logits::Last(&mut l))
+        .unwrap();
     // Keep 12 positions in a new cache of another capacity, then run the rest on both.
     let mut b = model.new_state(30, 32);
     assert_eq!(b.kv.copy_prefix_from(&a.kv, 12), 12);
@@ -267,8 +292,14 @@ fn a_kv_prefix_copied_on_the_device_continues_like_the_original() {
     model
         .forward(&mut b, &prompt[12..], Logits::Last(&mut lb))
         .unwrap();
-    assert!(bits(&la) == bits(&lb), "the copied prefix changed the logits");
-    assert!(bits(&la) == bits(&l), "truncating and rerunning changed the logits");
+    assert!(
+        bits(&la) == bits(&lb),
+        "the copied prefix changed the logits"
+    );
+    assert!(
+        bits(&la) == bits(&l),
+        "truncating and rerunning changed the logits"
+    );
     assert!(b.kv.gpu().is_some(), "the cache lives on the device");
 }
 
@@ -295,7 +326,12 @@ async fn the_service_streams_the_same_tokens_on_gpu_as_in_process() {
         backend: "gpu".into(),
         ..LoadOptions::default()
     };
-    let prompts = ["Once upon a time", "The quick brown fox", "Hello there", "Zebras"];
+    let prompts = [
+        "Once upon a time",
+        "The quick brown fox",
+        "Hello there",
+        "Zebras",
+    ];
     // In process, one at a time, on the gpu.
     let a = synthetic_assets("demo", &opts).unwrap();
     let mut state = a.model.new_state(a.ctx_size, 512);
@@ -343,4 +379,76 @@ async fn the_service_streams_the_same_tokens_on_gpu_as_in_process() {
         assert_eq!(r.ids(), want[i], "stream {i} on gpu");
     }
     server.shutdown().await.unwrap();
+}
+
+fn inferno(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run inferno")
+}
+
+fn demo_file(dir: &std::path::Path, dtype: GgmlType) -> String {
+    let path = dir.join(format!("demo-{dtype}.gguf"));
+    let spec = SynthSpec::preset("demo", dtype).unwrap();
+    synth::build(&spec).unwrap().write_to(&path).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn bench_and_generate_run_on_gpu_from_the_command_line() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let m = demo_file(dir.path(), GgmlType::Q8_0);
+    let o = inferno(&[
+        "bench", "-m", &m, "-b", "gpu", "-p", "16", "-n", "4", "-r", "1",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("| gpu "), "{out}");
+    assert!(err.contains("per forward pass"), "no step breakdown: {err}");
+    assert!(err.contains("encode"), "{err}");
+
+    let tokens = |backend: &str| {
+        let o = inferno(&[
+            "generate",
+            "--model",
+            &m,
+            "--backend",
+            backend,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "12",
+            "--ignore-eos",
+            "--output",
+            "json",
+            "Hello",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["tokens"].clone()
+    };
+    assert_eq!(tokens("gpu"), tokens("scalar"));
+}
+
+#[test]
+fn a_type_without_gpu_kernels_is_a_clear_error() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let m = demo_file(dir.path(), GgmlType::BF16);
+    let o = inferno(&["generate", "--model", &m, "--backend", "gpu", "Hello"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        err.contains("BF16") && err.contains("gpu") && err.contains("does not support"),
+        "{err}"
+    );
 }

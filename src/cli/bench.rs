@@ -203,12 +203,19 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
             )?;
             let model = Model::load(&gguf, Arc::clone(&backend))
                 .with_context(|| format!("cannot load {}", a.model.display()))?;
+            let on_gpu = model.gpu();
+            if let Some(g) = on_gpu {
+                eprintln!("gpu: {}", g.context().describe());
+            }
             let shown_threads = match backend_name.as_str() {
+                _ if on_gpu.is_some() => 1,
                 "scalar" | "simd" => 1,
                 _ if threads == 0 => crate::backend::threadpool::default_threads(),
                 _ => threads,
             };
-            let simd = if backend_name == "scalar" {
+            let simd = if let Some(g) = on_gpu {
+                g.context().info.name.clone()
+            } else if backend_name == "scalar" {
                 "-".to_string()
             } else {
                 Isa::selected().name().to_string()
@@ -240,6 +247,9 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
             }
             for &(depth, n_prompt, n_gen) in &tests {
                 runner.run(depth, n_prompt, n_gen)?; // warm-up
+                if let Some(g) = on_gpu {
+                    g.set_profiling(true);
+                }
                 let mut samples = Vec::with_capacity(a.repetitions);
                 for _ in 0..a.repetitions {
                     samples.push(runner.run(depth, n_prompt, n_gen)?);
@@ -261,6 +271,27 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                     eprintln!(
                         "{test}: roofline {r:.1} t/s ({:.0}% reached)",
                         avg / r * 100.0
+                    );
+                }
+                if let Some(g) = on_gpu {
+                    let t = g.step_times();
+                    g.set_profiling(false);
+                    let per =
+                        |d: std::time::Duration| d.as_secs_f64() * 1e3 / t.steps.max(1) as f64;
+                    let gpu = if g.context().timestamps {
+                        format!(
+                            "GPU execution {:.3} ms + submit/read-back/sync {:.3} ms",
+                            per(t.gpu),
+                            per(t.submit_to_results.saturating_sub(t.gpu))
+                        )
+                    } else {
+                        "no GPU timestamps on this adapter".to_string()
+                    };
+                    eprintln!(
+                        "{test}: per forward pass ({} passes): encode {:.3} ms, submit to logits {:.3} ms ({gpu})",
+                        t.steps,
+                        per(t.encode),
+                        per(t.submit_to_results),
                     );
                 }
                 if text {

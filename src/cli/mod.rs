@@ -71,7 +71,8 @@ pub struct ModelArgs {
     /// Path to a GGUF model file.
     #[arg(long, short = 'm')]
     pub model: PathBuf,
-    /// Compute backend: pool (fastest), parallel, simd or scalar (the reference).
+    /// Compute backend: pool (fastest on the CPU), parallel, simd, scalar (the reference), or
+    /// gpu (alias vulkan, or metal on macOS: the whole forward pass on the GPU).
     #[arg(long, default_value = "pool")]
     pub backend: String,
     /// Worker threads (default: INFERNO_THREADS or the machine's performance cores).

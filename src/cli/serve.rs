@@ -23,7 +23,7 @@ pub struct ServeArgs {
     /// random-weight model of Qwen3-0.6B's shape.
     #[arg(long, default_value = "demo")]
     pub synthetic: String,
-    /// Compute backend (scalar, simd, parallel, pool).
+    /// Compute backend: scalar, simd, parallel, pool, or gpu (alias vulkan; metal on macOS).
     #[arg(long, default_value = "pool")]
     pub backend: String,
     /// Backend worker threads (default: INFERNO_THREADS or the machine's performance cores).

@@ -35,12 +35,7 @@ impl KvCache {
     }
 
     /// A cache whose keys and values live in device memory.
-    pub fn on_device(
-        kv: GpuKv,
-        n_layers: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-    ) -> Self {
+    pub fn on_device(kv: GpuKv, n_layers: usize, n_kv_heads: usize, head_dim: usize) -> Self {
         Self {
             capacity: kv.capacity(),
             len: 0,

@@ -79,7 +79,8 @@ pub fn assets_from_gguf(
 /// resolve 0 to the default the factory used.
 fn backend_threads(backend: &str, asked: usize) -> usize {
     match backend.trim() {
-        "scalar" | "simd" => 1,
+        // The GPU backend runs each step on the device from the engine thread alone.
+        "scalar" | "simd" | "gpu" | "vulkan" | "metal" => 1,
         _ if asked == 0 => default_threads(),
         _ => asked,
     }

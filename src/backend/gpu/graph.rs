@@ -7,9 +7,10 @@
 
 use super::{as_bytes, weight_kind, GpuContext, GpuError, GpuKv, Kernels};
 use crate::model::{Logits, ModelConfig, ModelWeights, SeqStep};
-use crate::tensor::{Matrix, GgmlType};
+use crate::tensor::{GgmlType, Matrix};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Workgroups along x before a grid spills into y (the shaders' `GRID_X`).
 const GRID_X: u32 = 32768;
@@ -82,8 +83,24 @@ impl Dims {
     }
 }
 
+/// Where a step's time goes, summed over the steps run while profiling was on.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepTimes {
+    pub steps: u64,
+    /// Host time recording the command buffer.
+    pub encode: Duration,
+    /// From submit until the logits are on the host: GPU execution, submission, the
+    /// read-back copy and the wait.
+    pub submit_to_results: Duration,
+    /// GPU execution of the step's compute pass (timestamps; zero where the adapter has
+    /// none).
+    pub gpu: Duration,
+}
+
 pub struct GpuModel {
     ctx: Arc<GpuContext>,
+    profiling: AtomicBool,
+    times: Mutex<StepTimes>,
     dims: Dims,
     inv_freq: Vec<f32>,
     aux_group: wgpu::BindGroup,
@@ -125,9 +142,17 @@ pub struct GpuScratch {
     group: wgpu::BindGroup,
     readback: wgpu::Buffer,
     mapped: Arc<AtomicBool>,
+    timer: Option<Timer>,
     ids: Vec<u32>,
     tab: Vec<f32>,
     list: Vec<u32>,
+}
+
+/// Two GPU timestamps around the step's compute pass, and where they are read back.
+struct Timer {
+    set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    read: wgpu::Buffer,
 }
 
 impl GpuScratch {
@@ -166,9 +191,10 @@ fn map_and_wait(
 ) -> Result<(), GpuError> {
     done.store(false, Ordering::SeqCst);
     let flag = Arc::clone(done);
-    buf.slice(0..bytes).map_async(wgpu::MapMode::Read, move |r| {
-        flag.store(r.is_ok(), Ordering::SeqCst);
-    });
+    buf.slice(0..bytes)
+        .map_async(wgpu::MapMode::Read, move |r| {
+            flag.store(r.is_ok(), Ordering::SeqCst);
+        });
     ctx.device
         .poll(wgpu::PollType::Wait {
             submission_index: None,
@@ -212,7 +238,7 @@ impl GpuMatrix {
             GpuError::Device(format!("{}: type {} has no GPU kernel", m.name, m.dtype))
         })?;
         // Rows are uploaded as whole words.
-        if m.dtype == GgmlType::F16 && m.cols % 2 != 0 {
+        if m.dtype == GgmlType::F16 && !m.cols.is_multiple_of(2) {
             return Err(GpuError::Device(format!(
                 "{}: an F16 matrix needs an even number of columns, not {}",
                 m.name, m.cols
@@ -308,7 +334,7 @@ impl GpuModel {
             head_dim: config.head_dim,
             eps: config.rms_eps,
         };
-        if dims.head_dim > MAX_HEAD_DIM || dims.head_dim % 2 != 0 {
+        if dims.head_dim > MAX_HEAD_DIM || !dims.head_dim.is_multiple_of(2) {
             return Err(GpuError::Device(format!(
                 "head size {} (the attention kernel takes even sizes up to {MAX_HEAD_DIM})",
                 dims.head_dim
@@ -357,6 +383,8 @@ impl GpuModel {
         }
         Ok(Self {
             ctx: Arc::clone(ctx),
+            profiling: AtomicBool::new(false),
+            times: Mutex::new(StepTimes::default()),
             dims,
             inv_freq: inv_freq.to_vec(),
             aux_group,
@@ -369,6 +397,17 @@ impl GpuModel {
 
     pub fn context(&self) -> &Arc<GpuContext> {
         &self.ctx
+    }
+
+    /// Starts (or stops) timing each step; the sums start again from zero.
+    pub fn set_profiling(&self, on: bool) {
+        self.profiling.store(on, Ordering::Relaxed);
+        *self.times.lock().unwrap_or_else(|p| p.into_inner()) = StepTimes::default();
+    }
+
+    /// The step times summed since profiling was turned on.
+    pub fn step_times(&self) -> StepTimes {
+        *self.times.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Most token rows one scratch can hold on this device.
@@ -452,6 +491,25 @@ impl GpuModel {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        let timer = ctx.timestamps.then(|| Timer {
+            set: ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("step time"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            }),
+            resolve: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("step time resolve"),
+                size: 16,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            read: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("step time read back"),
+                size: 16,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+        });
         GpuScratch {
             rows,
             logit_rows,
@@ -461,6 +519,7 @@ impl GpuModel {
             group,
             readback,
             mapped: Arc::new(AtomicBool::new(false)),
+            timer,
             ids: vec![0; rows],
             tab: vec![0.0; rows * d.head_dim],
             list: vec![0; rows],
@@ -512,28 +571,51 @@ impl GpuModel {
         let ctx = &self.ctx;
         ctx.queue
             .write_buffer(&sc.actq, sc.reg.ids as u64 * 4, as_bytes(&sc.ids[..n]));
-        ctx.queue
-            .write_buffer(&sc.actq, sc.reg.list as u64 * 4, as_bytes(&sc.list[..wanted]));
+        ctx.queue.write_buffer(
+            &sc.actq,
+            sc.reg.list as u64 * 4,
+            as_bytes(&sc.list[..wanted]),
+        );
         ctx.queue.write_buffer(
             &sc.act,
             sc.reg.tab as u64 * 4,
             as_bytes(&sc.tab[..n * d.head_dim]),
         );
 
+        let profiling = self.profiling.load(Ordering::Relaxed);
+        let started = Instant::now();
         let mut enc = ctx
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("forward"),
             });
+        let timer = sc.timer.as_ref().filter(|_| profiling);
         {
-            let mut rec = Recorder::new(&mut enc, &ctx.kernels, sc, &self.aux_group);
+            let mut rec = Recorder::new(&mut enc, &ctx.kernels, sc, &self.aux_group, timer);
             self.record_layers(&mut rec, seqs, n)?;
             if wanted > 0 {
                 self.record_output(&mut rec, 0, wanted.min(sc.logit_rows));
             }
         }
+        if let Some(t) = timer {
+            enc.resolve_query_set(&t.set, 0..2, &t.resolve, 0);
+            enc.copy_buffer_to_buffer(&t.resolve, 0, &t.read, 0, 16);
+        }
+        let encoded = Instant::now();
         let first = wanted.min(sc.logit_rows);
         self.submit_and_read(enc, sc, seqs, 0, first)?;
+        if profiling {
+            let done = Instant::now();
+            let gpu = match timer {
+                Some(t) => self.read_timer(t, sc)?,
+                None => Duration::ZERO,
+            };
+            let mut times = self.times.lock().unwrap_or_else(|p| p.into_inner());
+            times.steps += 1;
+            times.encode += encoded - started;
+            times.submit_to_results += done - encoded;
+            times.gpu += gpu;
+        }
         let mut done = first;
         while done < wanted {
             let cnt = (wanted - done).min(sc.logit_rows);
@@ -543,13 +625,34 @@ impl GpuModel {
                     label: Some("logits"),
                 });
             {
-                let mut rec = Recorder::new(&mut enc, &ctx.kernels, sc, &self.aux_group);
+                let mut rec = Recorder::new(&mut enc, &ctx.kernels, sc, &self.aux_group, None);
                 self.record_output(&mut rec, done, cnt);
             }
             self.submit_and_read(enc, sc, seqs, done, cnt)?;
             done += cnt;
         }
         Ok(())
+    }
+
+    /// The GPU time between the two timestamps of the last step.
+    fn read_timer(&self, t: &Timer, sc: &GpuScratch) -> Result<Duration, GpuError> {
+        map_and_wait(&self.ctx, &t.read, 16, &sc.mapped)?;
+        let ticks = {
+            let data = t
+                .read
+                .slice(0..16)
+                .get_mapped_range()
+                .map_err(device_error)?;
+            let stamp = |i: usize| {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&data[i * 8..i * 8 + 8]);
+                u64::from_le_bytes(b)
+            };
+            stamp(1).saturating_sub(stamp(0))
+        };
+        t.read.unmap();
+        let ns = ticks as f64 * f64::from(self.ctx.queue.get_timestamp_period());
+        Ok(Duration::from_nanos(ns as u64))
     }
 
     /// Embedding lookup and every transformer block.
@@ -677,7 +780,13 @@ impl GpuModel {
         rec.dispatch_count(
             &k.gather_rows,
             aux,
-            [reg.x, reg.xn, d.hidden as u32, reg.list + first as u32, cnt as u32],
+            [
+                reg.x,
+                reg.xn,
+                d.hidden as u32,
+                reg.list + first as u32,
+                cnt as u32,
+            ],
             cnt * d.hidden,
         );
         rec.rms_norm(reg.xn, reg.xn, cnt, d.hidden, self.output_norm, d.eps);
@@ -689,7 +798,7 @@ impl GpuModel {
     fn submit_and_read(
         &self,
         mut enc: wgpu::CommandEncoder,
-        sc: &mut GpuScratch,
+        sc: &GpuScratch,
         seqs: &mut [SeqStep<'_>],
         first: usize,
         cnt: usize,
@@ -726,7 +835,8 @@ impl GpuModel {
                     };
                     for row in 0..rows {
                         if idx >= first && idx < first + cnt {
-                            let src = &data[(idx - first) * vocab * 4..(idx - first + 1) * vocab * 4];
+                            let src =
+                                &data[(idx - first) * vocab * 4..(idx - first + 1) * vocab * 4];
                             for (o, b) in out[row * vocab..(row + 1) * vocab]
                                 .iter_mut()
                                 .zip(src.chunks_exact(4))
@@ -766,11 +876,16 @@ impl<'a> Recorder<'a> {
         k: &'a Kernels,
         sc: &GpuScratch,
         aux: &'a wgpu::BindGroup,
+        timer: Option<&Timer>,
     ) -> Self {
         let mut pass = enc
             .begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("step"),
-                timestamp_writes: None,
+                timestamp_writes: timer.map(|t| wgpu::ComputePassTimestampWrites {
+                    query_set: &t.set,
+                    beginning_of_pass_write_index: Some(0),
+                    end_of_pass_write_index: Some(1),
+                }),
             })
             .forget_lifetime();
         pass.set_bind_group(0, &sc.group, &[]);
@@ -834,7 +949,13 @@ impl<'a> Recorder<'a> {
         self.dispatch_count(
             &k.rope,
             aux,
-            [off, heads as u32, head_dim as u32, rows as u32, self.reg.tab],
+            [
+                off,
+                heads as u32,
+                head_dim as u32,
+                rows as u32,
+                self.reg.tab,
+            ],
             rows * heads * head_dim / 2,
         );
     }

@@ -15,7 +15,7 @@
 mod graph;
 mod kv;
 
-pub use graph::{GpuModel, GpuScratch};
+pub use graph::{GpuModel, GpuScratch, StepTimes};
 pub use kv::GpuKv;
 
 use super::{AttentionShape, Backend, ScalarBackend, SimdBackend};
@@ -48,6 +48,8 @@ pub struct GpuContext {
     pub dot4: bool,
     /// The largest buffer one binding may cover (big matrices are split into row chunks).
     pub max_binding: u64,
+    /// GPU timestamps around a step's compute pass (for the step-time breakdown).
+    pub timestamps: bool,
     kernels: Kernels,
     /// The first validation or device error wgpu reported; a step that sees one fails.
     error: Arc<Mutex<Option<String>>>,
@@ -96,8 +98,8 @@ fn storage_entry(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEntry {
 
 impl GpuContext {
     /// Opens the first adapter wgpu offers (a discrete or integrated GPU before a software
-    /// one) and compiles the kernels.
-    pub fn open() -> Result<Self, GpuError> {
+    /// one) and compiles the kernels; `plain` keeps to the paths every adapter runs.
+    pub fn open(plain: bool) -> Result<Self, GpuError> {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
@@ -119,17 +121,22 @@ impl GpuContext {
         };
         let have = adapter.features();
         if !have.contains(wgpu::Features::IMMEDIATES) {
-            return Err(unsuitable("it has no immediate data (push constants)".into()));
+            return Err(unsuitable(
+                "it has no immediate data (push constants)".into(),
+            ));
         }
-        let plain = std::env::var("INFERNO_GPU_PLAIN").is_ok_and(|v| v == "1");
         let subgroups = !plain && have.contains(wgpu::Features::SUBGROUP);
         let dot4 = !plain
             && instance
                 .wgsl_language_features()
                 .contains(wgpu::WgslLanguageFeatures::Packed4x8IntegerDotProduct);
+        let timestamps = have.contains(wgpu::Features::TIMESTAMP_QUERY);
         let mut features = wgpu::Features::IMMEDIATES;
         if subgroups {
             features |= wgpu::Features::SUBGROUP;
+        }
+        if timestamps {
+            features |= wgpu::Features::TIMESTAMP_QUERY;
         }
         let adapter_limits = adapter.limits();
         if adapter_limits.max_immediate_size < PARAMS_BYTES {
@@ -162,7 +169,7 @@ impl GpuContext {
             slot.get_or_insert_with(|| e.to_string());
         }));
         let kernels = Kernels::compile(&device, subgroups, dot4);
-        let max_binding = device.limits().max_storage_buffer_binding_size as u64;
+        let max_binding = device.limits().max_storage_buffer_binding_size;
         Ok(Self {
             device,
             queue,
@@ -170,6 +177,7 @@ impl GpuContext {
             subgroups,
             dot4,
             max_binding,
+            timestamps,
             kernels,
             error,
         })
@@ -189,10 +197,7 @@ impl GpuContext {
 
     /// The first error the device reported, if any.
     pub(crate) fn take_error(&self) -> Option<String> {
-        self.error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     fn storage_buffer(&self, label: &str, bytes: u64) -> wgpu::Buffer {
@@ -264,7 +269,14 @@ impl Kernels {
                      i32(b << 8u) >> 24u, i32(b) >> 24u);\n    return dot(x, y);"
                 },
             )
-            .replace("REDUCE_BODY", if subgroups { REDUCE_SUBGROUP } else { REDUCE_PLAIN })
+            .replace(
+                "REDUCE_BODY",
+                if subgroups {
+                    REDUCE_SUBGROUP
+                } else {
+                    REDUCE_PLAIN
+                },
+            )
             .replace(
                 "SG_ARGS",
                 if subgroups {
@@ -377,9 +389,16 @@ pub struct GpuBackend {
 }
 
 impl GpuBackend {
+    /// The backend on the best paths the adapter offers (plain ones when
+    /// `INFERNO_GPU_PLAIN=1`).
     pub fn new() -> Result<Self, GpuError> {
+        Self::with_paths(std::env::var("INFERNO_GPU_PLAIN").is_ok_and(|v| v == "1"))
+    }
+
+    /// `plain`: no subgroup operations and no packed dot product, whatever the adapter has.
+    pub fn with_paths(plain: bool) -> Result<Self, GpuError> {
         Ok(Self {
-            ctx: Arc::new(GpuContext::open()?),
+            ctx: Arc::new(GpuContext::open(plain)?),
             host: SimdBackend::new(ScalarBackend::new()),
         })
     }
