@@ -452,3 +452,110 @@ fn a_type_without_gpu_kernels_is_a_clear_error() {
         "{err}"
     );
 }
+
+/// The demo model's shape (every row a multiple of 256 values) with each matrix made of
+/// random `dtype` blocks, and the same model with those blocks dequantized to F32.
+fn random_block_models(dtype: GgmlType, seed: u64) -> (GgufFile, GgufFile) {
+    use inferno::gguf::GgufWriter;
+    use rand::{Rng, SeedableRng};
+    let mut spec = SynthSpec::preset("demo", GgmlType::F32).unwrap();
+    spec.n_layers = 2;
+    let base = GgufFile::from_bytes(synth::build(&spec).unwrap().to_bytes()).unwrap();
+    let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let (mut quant, mut deq) = (GgufWriter::new(), GgufWriter::new());
+    for (k, v) in base.metadata() {
+        quant.try_add(k.clone(), v.clone()).unwrap();
+        deq.try_add(k.clone(), v.clone()).unwrap();
+    }
+    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    for t in base.tensors() {
+        let data = base.tensor_data(&t.name).unwrap();
+        if t.dims.len() < 2 {
+            quant
+                .add_tensor(t.name.clone(), &t.dims, t.dtype, data.as_slice().to_vec())
+                .unwrap();
+            deq.add_tensor(t.name.clone(), &t.dims, t.dtype, data.as_slice().to_vec())
+                .unwrap();
+            continue;
+        }
+        let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
+        let row_bytes = dtype.row_size(cols as u64).unwrap() as usize;
+        let mut bytes: Vec<u8> = (0..rows * row_bytes).map(|_| r.random()).collect();
+        // Scales small enough that activations stay of order one through the layers.
+        let s = 1.0 / (cols as f32).sqrt();
+        let mut scale =
+            |r: &mut rand_chacha::ChaCha8Rng, m: f32| f16(r.random_range(0.2..1.0) * s * m);
+        for blk in bytes.chunks_exact_mut(dtype.type_size()) {
+            match dtype {
+                GgmlType::Q4_0 | GgmlType::Q5_0 => blk[..2].copy_from_slice(&scale(&mut r, 0.3)),
+                GgmlType::Q4_1 | GgmlType::Q5_1 => {
+                    blk[..2].copy_from_slice(&scale(&mut r, 0.3));
+                    blk[2..4].copy_from_slice(&scale(&mut r, -2.0));
+                }
+                GgmlType::Q4_K | GgmlType::Q5_K => {
+                    blk[..2].copy_from_slice(&scale(&mut r, 0.01));
+                    blk[2..4].copy_from_slice(&scale(&mut r, 0.01));
+                }
+                GgmlType::Q6_K => blk[208..210].copy_from_slice(&scale(&mut r, 0.005)),
+                other => panic!("no random blocks for {other}"),
+            }
+        }
+        let mut vals = vec![0.0f32; rows * cols];
+        for (o, b) in vals
+            .chunks_exact_mut(cols)
+            .zip(bytes.chunks_exact(row_bytes))
+        {
+            inferno::tensor::dequantize_row(dtype, b, o).unwrap();
+        }
+        let f32s: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        quant
+            .add_tensor(t.name.clone(), &t.dims, dtype, bytes)
+            .unwrap();
+        deq.add_tensor(t.name.clone(), &t.dims, GgmlType::F32, f32s)
+            .unwrap();
+    }
+    (
+        GgufFile::from_bytes(quant.to_bytes()).unwrap(),
+        GgufFile::from_bytes(deq.to_bytes()).unwrap(),
+    )
+}
+
+#[test]
+fn every_block_type_computes_its_stored_values() {
+    let Some(gpu) = gpu() else { return };
+    for (i, dtype) in [
+        GgmlType::Q4_0,
+        GgmlType::Q5_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_1,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (quant, deq) = random_block_models(dtype, 7 + i as u64);
+        let on_gpu = Model::load(&quant, Arc::clone(&gpu)).expect("loads on gpu");
+        let (got, _) = run_model(&on_gpu, 4);
+        let vocab = on_gpu.config.vocab;
+        // Q4_0 and Q5_0 run as their exact Q8_0 widening with Q8_0 activations, like the
+        // CPU: compared with scalar on the same file, at the Q8_0 tolerance. The other types
+        // are dequantized in the shader and multiplied with f32 activations: the same
+        // arithmetic as scalar on the dequantized F32 file, up to summation order.
+        let widened = matches!(dtype, GgmlType::Q4_0 | GgmlType::Q5_0);
+        let reference = if widened {
+            Model::load(&quant, cpu("scalar")).unwrap()
+        } else {
+            Model::load(&deq, cpu("scalar")).unwrap()
+        };
+        let (want, _) = run_model(&reference, 4);
+        let tol = if widened { 2e-2 } else { 1e-4 };
+        let mut worst = 0.0f32;
+        for (a, b) in got.chunks(vocab).zip(want.chunks(vocab)) {
+            worst = worst.max(rel_err(a, b));
+        }
+        eprintln!("{dtype}: worst relative logit error {worst:e}");
+        assert!(worst < tol, "{dtype}: gpu vs reference {worst} >= {tol}");
+    }
+}

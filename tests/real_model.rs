@@ -48,6 +48,31 @@ fn argmax_and_gap(row: &[f32]) -> (u32, f32) {
 
 #[test]
 fn greedy_tokens_match_llama_cpp_on_qwen2_5_coder_q4_k_m() {
+    // The service's default backend, or the ones INFERNO_TEST_BACKEND lists (comma-
+    // separated). `scalar` gives the same tokens but takes minutes in a debug build; the
+    // fixture tests hold it to the reference implementations. `gpu` (all cases) takes about
+    // two and a half minutes on lavapipe.
+    let backends: Vec<String> = std::env::var("INFERNO_TEST_BACKEND")
+        .unwrap_or_else(|_| "pool".into())
+        .split(',')
+        .map(|b| b.trim().to_string())
+        .collect();
+    check_real_model(&backends, usize::MAX, usize::MAX);
+}
+
+/// The gpu backend on the first case's first tokens (the whole check is long on a software
+/// driver). It needs a GPU adapter, like tests/gpu_backend.rs.
+#[test]
+fn the_gpu_backend_starts_like_llama_cpp_on_the_real_checkpoint() {
+    if std::env::var("INFERNO_TEST_GPU").is_ok_and(|v| v == "0") {
+        eprintln!("SKIPPED: INFERNO_TEST_GPU=0 declares that this machine has no GPU adapter");
+        return;
+    }
+    check_real_model(&["gpu".to_string()], 1, 10);
+}
+
+/// Runs the first `max_cases` cases on each backend, comparing up to `max_tokens` tokens.
+fn check_real_model(backends: &[String], max_cases: usize, max_tokens: usize) {
     let Some(path) = model_path() else {
         let msg =
             format!("{FILE} not found (set INFERNO_TEST_MODEL or run scripts/fetch-test-model.sh)");
@@ -67,17 +92,9 @@ fn greedy_tokens_match_llama_cpp_on_qwen2_5_coder_q4_k_m() {
     .expect("expected.json is JSON");
 
     let gguf = GgufFile::open(&path).expect("model file opens");
-    // The service's default backend, or the ones INFERNO_TEST_BACKEND lists (comma-
-    // separated). `scalar` gives the same tokens but takes minutes in a debug build; the
-    // fixture tests hold it to the reference implementations.
-    let backends: Vec<String> = std::env::var("INFERNO_TEST_BACKEND")
-        .unwrap_or_else(|_| "pool".into())
-        .split(',')
-        .map(|b| b.trim().to_string())
-        .collect();
     let mut failures = Vec::new();
-    for backend in &backends {
-        let be = create_backend(&backend, &BackendOptions::default()).expect("backend");
+    for backend in backends {
+        let be = create_backend(backend, &BackendOptions::default()).expect("backend");
         let model = Model::load(&gguf, be).expect("model loads");
         let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
         let template = ChatTemplate::from_gguf(&gguf)
@@ -111,7 +128,7 @@ fn greedy_tokens_match_llama_cpp_on_qwen2_5_coder_q4_k_m() {
             .unwrap_or(0);
         let mut st = model.new_state(longest + 1, 64);
         let mut cached: Vec<u32> = Vec::new();
-        for (k, case) in cases.iter().enumerate() {
+        for (k, case) in cases.iter().enumerate().take(max_cases) {
             let messages: Vec<ChatMessage> = case["messages"]
                 .as_array()
                 .unwrap()
@@ -141,6 +158,7 @@ fn greedy_tokens_match_llama_cpp_on_qwen2_5_coder_q4_k_m() {
                 .as_array()
                 .unwrap()
                 .iter()
+                .take(max_tokens)
                 .map(|v| v.as_u64().unwrap() as u32)
                 .collect();
 

@@ -5,8 +5,9 @@
 //! submits it once. The order of operations is the host model's (`model::qwen`), so a reader
 //! of one can follow the other.
 
-use super::{as_bytes, weight_kind, GpuContext, GpuError, GpuKv, Kernels};
+use super::{as_bytes, raw_kind, weight_kind, GpuContext, GpuError, GpuKv, Kernels};
 use crate::model::{Logits, ModelConfig, ModelWeights, SeqStep};
+use crate::tensor::{legacy, q8_0};
 use crate::tensor::{GgmlType, Matrix};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,6 +25,9 @@ const MAX_HEAD_DIM: usize = 256;
 /// One weight matrix on the device, split into row chunks that each fit one binding.
 struct GpuMatrix {
     kind: usize,
+    /// For raw blocks: the type code and the bytes of one row.
+    raw: u32,
+    row_bytes: u32,
     rows: usize,
     cols: usize,
     chunks: Vec<Chunk>,
@@ -244,8 +248,11 @@ impl GpuMatrix {
                 m.name, m.cols
             )));
         }
+        let raw = raw_kind(m.dtype);
+        let widen = matches!(m.dtype, GgmlType::Q4_0 | GgmlType::Q5_0);
         let dev_row_bytes = match m.dtype {
-            GgmlType::Q8_0 => m.cols,
+            _ if raw.is_some() => m.row_bytes(),
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => m.cols,
             GgmlType::F16 => m.cols * 2,
             _ => m.cols * 4,
         } as u64;
@@ -253,21 +260,35 @@ impl GpuMatrix {
         let mut chunks = Vec::new();
         let mut words = Vec::new();
         let mut scales = Vec::new();
+        let mut bytes = Vec::new();
+        let mut wide = vec![0u8; m.cols / q8_0::BLOCK * q8_0::BLOCK_BYTES];
         let mut row0 = 0;
         while row0 < m.rows {
             let rows = per_chunk.min(m.rows - row0);
             words.clear();
             scales.clear();
+            bytes.clear();
             for r in row0..row0 + rows {
-                let row = m.row(r);
-                if m.dtype == GgmlType::Q8_0 {
-                    for b in row.chunks_exact(34) {
+                let mut row = m.row(r);
+                if widen {
+                    legacy::widen_to_q8_0(m.dtype == GgmlType::Q5_0, row, &mut wide);
+                    row = &wide;
+                }
+                if raw.is_some() {
+                    bytes.extend_from_slice(row);
+                } else if kind == 0 {
+                    for b in row.chunks_exact(q8_0::BLOCK_BYTES) {
                         scales.push(half::f16::from_le_bytes([b[0], b[1]]).to_f32());
                         words_of(&b[2..], &mut words);
                     }
                 } else {
                     words_of(row, &mut words);
                 }
+            }
+            if raw.is_some() {
+                // Rows of raw blocks need not end on a word; the chunk is padded once.
+                bytes.resize(bytes.len().next_multiple_of(4), 0);
+                words_of(&bytes, &mut words);
             }
             let wbuf = ctx.upload_words(&m.name, &words);
             let sbuf = ctx.storage_buffer(&m.name, (scales.len() * 4) as u64);
@@ -293,6 +314,8 @@ impl GpuMatrix {
         }
         Ok(Self {
             kind,
+            raw: raw.unwrap_or(0),
+            row_bytes: m.row_bytes() as u32,
             rows: m.rows,
             cols: m.cols,
             chunks,
@@ -675,8 +698,11 @@ impl GpuModel {
                     reg.x,
                     chunk.row0 as u32,
                     chunk.rows as u32,
+                    self.token_embd.raw,
+                    self.token_embd.row_bytes,
                 ],
-                n * self.dims.hidden,
+                // Raw blocks: one invocation per 32 values.
+                n * self.dims.hidden / if self.token_embd.kind == 3 { 32 } else { 1 },
             );
         }
         for (l, lw) in self.layers.iter().enumerate() {
@@ -1013,6 +1039,8 @@ impl<'a> Recorder<'a> {
                     out,
                     w.rows as u32,
                     c.row0 as u32,
+                    w.raw,
+                    w.row_bytes,
                 ],
                 (gx, gy, (n as u32).div_ceil(TN)),
             );

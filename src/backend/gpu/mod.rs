@@ -8,6 +8,10 @@
 //! logits come back. The [`Backend`] operations on host slices are served by the host SIMD
 //! kernels, for callers that use the backend outside a model.
 //!
+//! Types: Q8_0 (and Q4_0 and Q5_0, widened exactly to Q8_0 at upload), F16 and F32 keep their
+//! values in device memory as stored; Q4_1, Q5_1, Q4_K, Q5_K and Q6_K keep their raw blocks and
+//! are dequantized in the product. Q2_K, Q3_K and BF16 are refused at load.
+//!
 //! Adapter features are used where present: subgroup reductions in the matrix products and
 //! the packed 4 × i8 dot product for Q8_0; `INFERNO_GPU_PLAIN=1` selects the plain paths (a
 //! workgroup-memory reduction and unpacked bytes), which every adapter runs.
@@ -67,18 +71,32 @@ struct Kernels {
     add: wgpu::ComputePipeline,
     gather_rows: wgpu::ComputePipeline,
     quantize_q8: wgpu::ComputePipeline,
-    embed: [wgpu::ComputePipeline; 3],
-    matmul: [wgpu::ComputePipeline; 3],
+    embed: [wgpu::ComputePipeline; 4],
+    matmul: [wgpu::ComputePipeline; 4],
     kv_store: wgpu::ComputePipeline,
     attention: wgpu::ComputePipeline,
 }
 
-/// The weight types the kernels read, in the order of `Kernels::embed` and `matmul`.
+/// How the kernels read a weight type, as an index into `Kernels::embed` and `matmul`:
+/// 0 Q8_0 (Q4_0 and Q5_0 are widened to it exactly at upload, as the CPU's multi-row
+/// products do), 1 F16, 2 F32, 3 raw blocks dequantized in the shader.
 fn weight_kind(dtype: GgmlType) -> Option<usize> {
     match dtype {
-        GgmlType::Q8_0 => Some(0),
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => Some(0),
         GgmlType::F16 => Some(1),
         GgmlType::F32 => Some(2),
+        _ => raw_kind(dtype).map(|_| 3),
+    }
+}
+
+/// The raw-block code the shaders' `group32` switches on (`RAW_*` in weights.wgsl).
+fn raw_kind(dtype: GgmlType) -> Option<u32> {
+    match dtype {
+        GgmlType::Q4_1 => Some(1),
+        GgmlType::Q5_1 => Some(2),
+        GgmlType::Q4_K => Some(3),
+        GgmlType::Q5_K => Some(4),
+        GgmlType::Q6_K => Some(5),
         _ => None,
     }
 }
@@ -332,11 +350,13 @@ impl Kernels {
                 pipeline(&wl, &weights, "embed_q8"),
                 pipeline(&wl, &weights, "embed_f16"),
                 pipeline(&wl, &weights, "embed_f32"),
+                pipeline(&wl, &weights, "embed_raw"),
             ],
             matmul: [
                 pipeline(&wl, &weights, "mm_q8"),
                 pipeline(&wl, &weights, "mm_f16"),
                 pipeline(&wl, &weights, "mm_f32"),
+                pipeline(&wl, &weights, "mm_raw"),
             ],
             kv_store: pipeline(&kl, &attention, "kv_store"),
             attention: pipeline(&kl, &attention, "attention"),

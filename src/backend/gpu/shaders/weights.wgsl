@@ -157,3 +157,146 @@ fn mm_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     }
     finish(&acc, lid, SG_VALUES, row, t0, nt);
 }
+
+// ---------------------------------------------------------------------------------------
+// Raw blocks: Q4_1, Q5_1, Q4_K, Q5_K and Q6_K stay as stored, read byte by byte and
+// dequantized 32 values at a time in the product (with f32 activations).
+// ---------------------------------------------------------------------------------------
+
+const RAW_Q4_1: u32 = 1u;
+const RAW_Q5_1: u32 = 2u;
+const RAW_Q4_K: u32 = 3u;
+const RAW_Q5_K: u32 = 4u;
+const RAW_Q6_K: u32 = 5u;
+
+fn wbyte(o: u32) -> u32 {
+    return (wq[o >> 2u] >> ((o & 3u) * 8u)) & 0xffu;
+}
+
+fn wf16(o: u32) -> f32 {
+    return unpack2x16float(wbyte(o) | (wbyte(o + 1u) << 8u)).x;
+}
+
+fn wu32(o: u32) -> u32 {
+    return wbyte(o) | (wbyte(o + 1u) << 8u) | (wbyte(o + 2u) << 16u) | (wbyte(o + 3u) << 24u);
+}
+
+// The 6-bit scale and min of sub-block `j` from a K-quant's 12 packed scale bytes at `o`.
+fn scale_min_k4(j: u32, o: u32) -> vec2<f32> {
+    if (j < 4u) {
+        return vec2<f32>(f32(wbyte(o + j) & 63u), f32(wbyte(o + j + 4u) & 63u));
+    }
+    let sc = (wbyte(o + j + 4u) & 0xfu) | ((wbyte(o + j - 4u) >> 6u) << 4u);
+    let m = (wbyte(o + j + 4u) >> 4u) | ((wbyte(o + j) >> 6u) << 4u);
+    return vec2<f32>(f32(sc), f32(m));
+}
+
+// The 32 values of group `g` (32-value groups along the row) of a row starting at byte `ro`.
+fn group32(kind: u32, ro: u32, g: u32, out: ptr<function, array<f32, 32>>) {
+    switch kind {
+        case 1u, 2u: {
+            // Q4_1 (20 bytes): d, m, 16 bytes of nibbles. Q5_1 (24): d, m, 32 high bits, nibbles.
+            let five = kind == RAW_Q5_1;
+            let b = ro + g * select(20u, 24u, five);
+            let d = wf16(b);
+            let m = wf16(b + 2u);
+            let qs = b + select(4u, 8u, five);
+            var qh = 0u;
+            if (five) {
+                qh = wu32(b + 4u);
+            }
+            for (var j = 0u; j < 16u; j++) {
+                let byte = wbyte(qs + j);
+                let lo = (byte & 0xfu) | (((qh >> j) & 1u) << 4u);
+                let hi = (byte >> 4u) | (((qh >> (j + 16u)) & 1u) << 4u);
+                (*out)[j] = f32(lo) * d + m;
+                (*out)[j + 16u] = f32(hi) * d + m;
+            }
+        }
+        case 3u, 4u: {
+            // Q4_K (144 bytes per 256 values): d, dmin, 12 scale bytes, 128 bytes of nibbles.
+            // Q5_K (176): the same with 32 bytes of high bits before the nibbles.
+            let five = kind == RAW_Q5_K;
+            let b = ro + (g / 8u) * select(144u, 176u, five);
+            let s = g % 8u;
+            let d = wf16(b);
+            let dmin = wf16(b + 2u);
+            let sm = scale_min_k4(s, b + 4u);
+            let d1 = d * sm.x;
+            let m1 = dmin * sm.y;
+            let qs = b + select(16u, 48u, five) + 32u * (s / 2u);
+            for (var l = 0u; l < 32u; l++) {
+                var q = wbyte(qs + l);
+                q = select(q & 0xfu, q >> 4u, (s & 1u) == 1u);
+                if (five) {
+                    q += ((wbyte(b + 16u + l) >> s) & 1u) << 4u;
+                }
+                (*out)[l] = d1 * f32(q) - m1;
+            }
+        }
+        default: {
+            // Q6_K (210 bytes per 256 values): 128 bytes of low nibbles, 64 of high bit
+            // pairs, 16 signed scales, d.
+            let b = ro + (g / 8u) * 210u;
+            let s = g % 8u;
+            let n = s / 4u;
+            let sg = s % 4u;
+            let d = wf16(b + 208u);
+            for (var l = 0u; l < 32u; l++) {
+                var lo = wbyte(b + 64u * n + l + 32u * (sg & 1u));
+                lo = select(lo & 0xfu, lo >> 4u, sg >= 2u);
+                let hi = (wbyte(b + 128u + 32u * n + l) >> (2u * sg)) & 3u;
+                let q = i32(lo | (hi << 4u)) - 32;
+                let sc = i32(wbyte(b + 192u + 8u * n + l / 16u + 2u * sg) << 24u) >> 24u;
+                (*out)[l] = d * f32(sc) * f32(q);
+            }
+        }
+    }
+}
+
+// a: cols, b: rows (tokens), c: ids offset (actq), d: out offset, e: row0, f: chunk rows,
+// g: kind, h: row bytes. One invocation per 32 values.
+@compute @workgroup_size(64)
+fn embed_raw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let idx = group_index(wid) * WG + lid;
+    let groups = p.a / 32u;
+    if (idx >= groups * p.b) {
+        return;
+    }
+    let t = idx / groups;
+    let g = idx % groups;
+    let id = actq[p.c + t];
+    if (id < p.e || id >= p.e + p.f) {
+        return;
+    }
+    var w: array<f32, 32>;
+    group32(p.g, (id - p.e) * p.h, g, &w);
+    for (var j = 0u; j < 32u; j++) {
+        act[p.d + t * p.a + 32u * g + j] = w[j];
+    }
+}
+
+// As mm_f32, with raw blocks: each invocation takes 32-value groups. i: kind, j: row bytes.
+@compute @workgroup_size(64)
+fn mm_raw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32 SG_ARGS) {
+    let row = group_index(wid);
+    if (row >= p.a) {
+        return;
+    }
+    let t0 = wid.z * TN;
+    let nt = min(TN, p.c - t0);
+    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    var w: array<f32, 32>;
+    for (var g = lid; g < p.b / 32u; g += WG) {
+        group32(p.i, row * p.j, g, &w);
+        for (var t = 0u; t < nt; t++) {
+            let xb = p.d + (t0 + t) * p.b + 32u * g;
+            var s = 0.0;
+            for (var j = 0u; j < 32u; j++) {
+                s += w[j] * act[xb + j];
+            }
+            acc[t] += s;
+        }
+    }
+    finish(&acc, lid, SG_VALUES, row, t0, nt);
+}
