@@ -165,27 +165,6 @@ impl GpuScratch {
     }
 }
 
-/// Reads `bytes` bytes of `buf` from `offset` as f32 (a one-off read, for tests).
-pub(crate) fn read_back(ctx: &GpuContext, buf: &wgpu::Buffer, offset: u64, bytes: u64) -> Vec<f32> {
-    let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("read back"),
-        size: bytes,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let mut enc = ctx
-        .device
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None });
-    enc.copy_buffer_to_buffer(buf, offset, &staging, 0, bytes);
-    ctx.queue.submit([enc.finish()]);
-    let done = Arc::new(AtomicBool::new(false));
-    let mut out = vec![0.0f32; (bytes / 4) as usize];
-    if map_and_wait(ctx, &staging, bytes, &done).is_ok() {
-        copy_mapped(&staging, bytes, &mut out);
-    }
-    out
-}
-
 /// Maps `buf[..bytes]` for reading and waits for it.
 fn map_and_wait(
     ctx: &GpuContext,
@@ -209,16 +188,6 @@ fn map_and_wait(
         return Err(GpuError::Device("reading the results back failed".into()));
     }
     Ok(())
-}
-
-/// Copies the mapped `buf[..bytes]` into `out` and unmaps it.
-fn copy_mapped(buf: &wgpu::Buffer, bytes: u64, out: &mut [f32]) {
-    if let Ok(data) = buf.slice(0..bytes).get_mapped_range() {
-        for (o, b) in out.iter_mut().zip(data.chunks_exact(4)) {
-            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
-    }
-    buf.unmap();
 }
 
 fn device_error(e: impl std::fmt::Display) -> GpuError {

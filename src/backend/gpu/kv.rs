@@ -102,10 +102,4 @@ impl GpuKv {
         }
         self.ctx.queue.submit([enc.finish()]);
     }
-
-    /// Reads layer `layer`'s keys and values back (tests and debugging).
-    pub fn read_layer(&self, layer: usize) -> (Vec<f32>, Vec<f32>) {
-        let read = |b: &wgpu::Buffer| super::graph::read_back(&self.ctx, b, 0, b.size());
-        (read(&self.k[layer]), read(&self.v[layer]))
-    }
 }

@@ -241,17 +241,18 @@ impl GpuContext {
 }
 
 /// The bytes of a `u32`/`f32` slice, for uploads.
-fn as_bytes<T: bytemuck_free::Pod>(v: &[T]) -> &[u8] {
-    // SAFETY: `Pod` is implemented only for u32 and f32, plain 4-byte values with no padding
-    // and no invalid bit patterns; the slice covers exactly `len * 4` initialised bytes.
+fn as_bytes<T: word::Word>(v: &[T]) -> &[u8] {
+    // SAFETY: `Word` is implemented only for u32 and f32, plain 4-byte values with no padding
+    // and no invalid bit patterns; the slice covers exactly `len * 4` initialised bytes, and
+    // u8 has no alignment requirement.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
-mod bytemuck_free {
+mod word {
     /// Plain 4-byte values that may be viewed as bytes.
-    pub trait Pod: Copy {}
-    impl Pod for u32 {}
-    impl Pod for f32 {}
+    pub trait Word: Copy {}
+    impl Word for u32 {}
+    impl Word for f32 {}
 }
 
 impl Kernels {
@@ -370,13 +371,13 @@ impl Kernels {
 
 /// Sums the per-token accumulators across the workgroup through workgroup memory.
 const REDUCE_PLAIN: &str = "
-    for (var t = 0u; t < TN; t++) {
+    for (var t = 0u; t < nt; t++) {
         partial[t * WG + lid] = (*acc)[t];
     }
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s = s >> 1u) {
         if (lid < s) {
-            for (var t = 0u; t < TN; t++) {
+            for (var t = 0u; t < nt; t++) {
                 partial[t * WG + lid] += partial[t * WG + lid + s];
             }
         }
@@ -385,14 +386,14 @@ const REDUCE_PLAIN: &str = "
 
 /// Sums within each subgroup first, then the few subgroup totals.
 const REDUCE_SUBGROUP: &str = "
-    for (var t = 0u; t < TN; t++) {
+    for (var t = 0u; t < nt; t++) {
         let v = subgroupAdd((*acc)[t]);
         if (sg_lane == 0u) {
             partial[t * WG + sg_id] = v;
         }
     }
     workgroupBarrier();
-    if (lid < TN) {
+    if (lid < nt) {
         var s = 0.0;
         for (var i = 0u; i < sg_n; i++) {
             s += partial[lid * WG + i];
