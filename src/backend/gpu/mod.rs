@@ -50,6 +50,9 @@ pub struct GpuContext {
     pub subgroups: bool,
     /// The packed 4 × i8 dot product instruction for Q8_0.
     pub dot4: bool,
+    /// Weight rows per workgroup in the Q8_0 product: one per subgroup where every subgroup
+    /// has the same size, else 1 (the whole workgroup reduces one row).
+    pub rows_per_group: u32,
     /// The largest buffer one binding may cover (big matrices are split into row chunks).
     pub max_binding: u64,
     /// GPU timestamps around a step's compute pass (for the step-time breakdown).
@@ -75,6 +78,8 @@ struct Kernels {
     matmul: [wgpu::ComputePipeline; 4],
     kv_store: wgpu::ComputePipeline,
     attention: wgpu::ComputePipeline,
+    /// Weight rows each Q8_0 product workgroup covers.
+    q8_rows: u32,
 }
 
 /// How the kernels read a weight type, as an index into `Kernels::embed` and `matmul`:
@@ -186,7 +191,12 @@ impl GpuContext {
             let mut slot = sink.lock().unwrap_or_else(|p| p.into_inner());
             slot.get_or_insert_with(|| e.to_string());
         }));
-        let kernels = Kernels::compile(&device, subgroups, dot4);
+        // Subgroup-per-row products need to know how many subgroups a workgroup holds.
+        let rows_per_group = match (info.subgroup_min_size, info.subgroup_max_size) {
+            (a, b) if subgroups && a == b && (4..=64).contains(&a) && 64 % a == 0 => 64 / a,
+            _ => 1,
+        };
+        let kernels = Kernels::compile(&device, subgroups, dot4, rows_per_group);
         let max_binding = device.limits().max_storage_buffer_binding_size;
         Ok(Self {
             device,
@@ -194,6 +204,7 @@ impl GpuContext {
             info,
             subgroups,
             dot4,
+            rows_per_group,
             max_binding,
             timestamps,
             kernels,
@@ -204,11 +215,12 @@ impl GpuContext {
     /// One line naming the adapter and the paths in use.
     pub fn describe(&self) -> String {
         format!(
-            "{} ({:?}, {:?}; subgroups {}, dot4I8Packed {})",
+            "{} ({:?}, {:?}; subgroups {}, Q8_0 rows per workgroup {}, dot4I8Packed {})",
             self.info.name,
             self.info.backend,
             self.info.device_type,
             if self.subgroups { "on" } else { "off" },
+            self.rows_per_group,
             if self.dot4 { "on" } else { "off" },
         )
     }
@@ -256,7 +268,7 @@ mod word {
 }
 
 impl Kernels {
-    fn compile(device: &wgpu::Device, subgroups: bool, dot4: bool) -> Self {
+    fn compile(device: &wgpu::Device, subgroups: bool, dot4: bool, rows_per_group: u32) -> Self {
         let layout = |label: &str, entries: &[wgpu::BindGroupLayoutEntry]| {
             device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                 label: Some(label),
@@ -276,7 +288,14 @@ impl Kernels {
                 source: wgpu::ShaderSource::Wgsl(Cow::Owned(src)),
             })
         };
-        let weights_src = include_str!("shaders/weights.wgsl")
+        let mut weights_src = include_str!("shaders/weights.wgsl").to_string();
+        if rows_per_group > 1 {
+            weights_src.push_str(
+                &include_str!("shaders/rows.wgsl")
+                    .replace("SG_ROWS", &format!("{rows_per_group}u")),
+            );
+        }
+        let weights_src = weights_src
             .replace(
                 "DOT4_BODY",
                 if dot4 {
@@ -354,13 +373,22 @@ impl Kernels {
                 pipeline(&wl, &weights, "embed_raw"),
             ],
             matmul: [
-                pipeline(&wl, &weights, "mm_q8"),
+                pipeline(
+                    &wl,
+                    &weights,
+                    if rows_per_group > 1 {
+                        "mm_q8_rows"
+                    } else {
+                        "mm_q8"
+                    },
+                ),
                 pipeline(&wl, &weights, "mm_f16"),
                 pipeline(&wl, &weights, "mm_f32"),
                 pipeline(&wl, &weights, "mm_raw"),
             ],
             kv_store: pipeline(&kl, &attention, "kv_store"),
             attention: pipeline(&kl, &attention, "attention"),
+            q8_rows: rows_per_group,
             act_layout,
             weight_layout,
             aux_layout,
