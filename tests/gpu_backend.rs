@@ -606,3 +606,28 @@ fn every_block_type_computes_its_stored_values() {
         assert!(worst < tol, "{dtype}: gpu vs reference {worst} >= {tol}");
     }
 }
+
+/// With no Vulkan driver (the loader pointed at none), `--backend gpu` is one clear error
+/// that names the reason and what to install.
+#[cfg(not(target_os = "macos"))]
+#[test]
+fn no_adapter_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = demo_file(dir.path(), GgmlType::Q8_0);
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(["generate", "--model", &m, "--backend", "gpu", "Hello"])
+        .env("VK_ICD_FILENAMES", dir.path().join("no-such-driver.json"))
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run inferno");
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        err.lines().filter(|l| !l.trim().is_empty()).count(),
+        1,
+        "{err}"
+    );
+    assert!(err.contains("no GPU adapter"), "{err}");
+    assert!(err.contains("mesa-vulkan-drivers"), "{err}");
+}

@@ -27,7 +27,7 @@ pub struct BackendOptions {
 pub enum BackendError {
     #[error("unknown backend {name:?} (supported: {supported})")]
     Unknown { name: String, supported: String },
-    #[error("backend gpu: {0}")]
+    #[error(transparent)]
     Gpu(#[from] super::gpu::GpuError),
 }
 

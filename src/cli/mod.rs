@@ -418,11 +418,13 @@ fn cmd_info(a: InfoArgs) -> Result<()> {
     Ok(())
 }
 
-/// Logs to stderr; `RUST_LOG` filters (default: warnings, and info from inferno).
+/// Logs to stderr; `RUST_LOG` filters (default: warnings, and info from inferno; the
+/// Vulkan loader's and driver's own chatter that wgpu relays is left out, since the gpu
+/// backend turns what matters into its own errors).
 pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn,inferno=info"));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("warn,inferno=info,wgpu_hal=off"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

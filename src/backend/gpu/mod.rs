@@ -32,7 +32,7 @@ const PARAMS_BYTES: u32 = 48;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
-    #[error("no GPU adapter: {0}")]
+    #[error("the gpu backend found no GPU adapter: {0}")]
     NoAdapter(String),
     #[error("the GPU adapter {adapter:?} cannot run the gpu backend: {reason}")]
     Unsuitable { adapter: String, reason: String },
