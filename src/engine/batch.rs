@@ -1,9 +1,9 @@
 //! The engine thread's loop: continuous batching.
 //!
 //! Up to `max_batch` sequences run at once. Each engine step is one forward pass over one
-//! new token of every generating sequence plus at most `prefill_chunk` prompt tokens of one
-//! starting sequence (the oldest), so a long prompt delays running streams by one chunk at
-//! a time. Requests join between steps when the KV budget has room for their prompt plus
+//! new token of every generating sequence plus at most `prefill_chunk` prompt tokens of the
+//! starting sequences (the oldest first, so several short prompts start together), so a
+//! long prompt delays running streams by one chunk at a time. Requests join between steps when the KV budget has room for their prompt plus
 //! `max_tokens` ([`KvPool`]); one that does not fit waits at the head of the queue. Before
 //! every step each sequence's client, deadline and the server's shutdown are checked, so a
 //! sequence stops within one step and its cache is freed at once.
@@ -355,9 +355,11 @@ fn step(
         a.role = if a.decoding {
             decode_rows += 1;
             Role::Decode
-        } else if prefill_rows == 0 {
-            let n = (a.seq.prompt().len() - a.prefilled).min(chunk);
-            prefill_rows = n;
+        } else if prefill_rows < chunk {
+            // Waiting prompts share the chunk in arrival order, so several short prompts
+            // start in one step instead of one step each.
+            let n = (a.seq.prompt().len() - a.prefilled).min(chunk - prefill_rows);
+            prefill_rows += n;
             Role::Prefill(n)
         } else {
             Role::Idle
