@@ -14,7 +14,6 @@ use inferno::backend::{
     ScalarBackend,
 };
 use inferno::gguf::{GgufFile, TensorBytes};
-use inferno::model::synth::{self, SynthSpec};
 use inferno::model::{Logits, Model};
 use inferno::tensor::{float, q8_0, GgmlType, Matrix};
 use rand::{Rng, SeedableRng};
@@ -277,31 +276,8 @@ fn attention_matches_scalar_within_softmax_error() {
 // Whole models
 // ---------------------------------------------------------------------------------------
 
-/// Small synthetic Qwen3 models: GQA with an odd vocabulary (a partial last row group) and a
-/// head size that is not a multiple of 8 (the portable attention path).
 fn synth_models() -> Vec<(String, GgufFile)> {
-    let mut out = Vec::new();
-    let shapes = [
-        (GgmlType::Q8_0, 64, 4, 2, 16, 96),
-        (GgmlType::Q8_0, 96, 4, 1, 24, 160),
-        (GgmlType::F32, 64, 4, 2, 16, 96),
-        (GgmlType::F16, 64, 2, 2, 20, 64),
-    ];
-    for (i, (dtype, hidden, heads, kv, hd, ffn)) in shapes.into_iter().enumerate() {
-        let mut spec = SynthSpec::preset("demo", dtype).expect("preset");
-        spec.n_layers = 2;
-        spec.hidden = hidden;
-        spec.n_heads = heads;
-        spec.n_kv_heads = kv;
-        spec.head_dim = hd;
-        spec.ffn = ffn;
-        spec.context_length = 256;
-        spec.seed = 100 + i as u64;
-        let bytes = synth::build(&spec).expect("synth").to_bytes();
-        let name = format!("synth-{i}-{dtype}");
-        out.push((name, GgufFile::from_bytes(bytes).expect("gguf")));
-    }
-    out
+    common::synth_models()
 }
 
 /// Fixture models made by `tests/fixtures/models/gen_models.py`, when they are present.

@@ -58,34 +58,9 @@ fn bits(v: &[f32]) -> Vec<u32> {
 }
 
 /// Small synthetic Qwen3 models of every type the kernels read, with GQA, an odd head size
-/// and a vocabulary that is not a multiple of the tile sizes.
+/// and a vocabulary that is not a multiple of the tile sizes (shared with the CPU tests).
 fn synth_models() -> Vec<(String, GgufFile)> {
-    let shapes = [
-        (GgmlType::Q8_0, 64, 4, 2, 16, 96),
-        (GgmlType::Q8_0, 96, 4, 1, 24, 160),
-        (GgmlType::F32, 64, 4, 2, 16, 96),
-        (GgmlType::F16, 64, 2, 2, 20, 64),
-    ];
-    shapes
-        .into_iter()
-        .enumerate()
-        .map(|(i, (dtype, hidden, heads, kv, hd, ffn))| {
-            let mut spec = SynthSpec::preset("demo", dtype).expect("preset");
-            spec.n_layers = 2;
-            spec.hidden = hidden;
-            spec.n_heads = heads;
-            spec.n_kv_heads = kv;
-            spec.head_dim = hd;
-            spec.ffn = ffn;
-            spec.context_length = 256;
-            spec.seed = 100 + i as u64;
-            let bytes = synth::build(&spec).expect("synth").to_bytes();
-            (
-                format!("synth-{i}-{dtype}"),
-                GgufFile::from_bytes(bytes).expect("gguf"),
-            )
-        })
-        .collect()
+    common::synth_models()
 }
 
 /// The HF-derived fixture models (`tests/fixtures/models`), f32, f16 and Q8_0.
@@ -530,8 +505,7 @@ fn random_block_models(dtype: GgmlType, seed: u64) -> (GgufFile, GgufFile) {
         let mut bytes: Vec<u8> = (0..rows * row_bytes).map(|_| r.random()).collect();
         // Scales small enough that activations stay of order one through the layers.
         let s = 1.0 / (cols as f32).sqrt();
-        let mut scale =
-            |r: &mut rand_chacha::ChaCha8Rng, m: f32| f16(r.random_range(0.2..1.0) * s * m);
+        let scale = |r: &mut rand_chacha::ChaCha8Rng, m: f32| f16(r.random_range(0.2..1.0) * s * m);
         for blk in bytes.chunks_exact_mut(dtype.type_size()) {
             match dtype {
                 GgmlType::Q4_0 | GgmlType::Q5_0 => blk[..2].copy_from_slice(&scale(&mut r, 0.3)),

@@ -3,7 +3,9 @@
 
 use inferno::backend::{create_backend, BackendOptions};
 use inferno::gguf::GgufFile;
+use inferno::model::synth::{self, SynthSpec};
 use inferno::model::Model;
+use inferno::tensor::GgmlType;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -75,4 +77,31 @@ pub fn argmax(row: &[f32]) -> usize {
         }
     }
     best
+}
+
+/// Small synthetic Qwen3 models: GQA with an odd vocabulary (a partial last row group) and a
+/// head size that is not a multiple of 8 (the portable attention path).
+pub fn synth_models() -> Vec<(String, GgufFile)> {
+    let mut out = Vec::new();
+    let shapes = [
+        (GgmlType::Q8_0, 64, 4, 2, 16, 96),
+        (GgmlType::Q8_0, 96, 4, 1, 24, 160),
+        (GgmlType::F32, 64, 4, 2, 16, 96),
+        (GgmlType::F16, 64, 2, 2, 20, 64),
+    ];
+    for (i, (dtype, hidden, heads, kv, hd, ffn)) in shapes.into_iter().enumerate() {
+        let mut spec = SynthSpec::preset("demo", dtype).expect("preset");
+        spec.n_layers = 2;
+        spec.hidden = hidden;
+        spec.n_heads = heads;
+        spec.n_kv_heads = kv;
+        spec.head_dim = hd;
+        spec.ffn = ffn;
+        spec.context_length = 256;
+        spec.seed = 100 + i as u64;
+        let bytes = synth::build(&spec).expect("synth").to_bytes();
+        let name = format!("synth-{i}-{dtype}");
+        out.push((name, GgufFile::from_bytes(bytes).expect("gguf")));
+    }
+    out
 }

@@ -656,9 +656,11 @@ impl GpuModel {
     ) -> Result<(), GpuError> {
         let reg = rec.reg;
         let k = rec.k;
-        for chunk in &self.token_embd.chunks {
+        let e = &self.token_embd;
+        let raw = e.kind == 3;
+        for chunk in &e.chunks {
             rec.dispatch_count(
-                &k.embed[self.token_embd.kind],
+                if raw { &k.embed_raw } else { &k.embed },
                 &chunk.group,
                 [
                     self.dims.hidden as u32,
@@ -667,11 +669,11 @@ impl GpuModel {
                     reg.x,
                     chunk.row0 as u32,
                     chunk.rows as u32,
-                    self.token_embd.raw,
-                    self.token_embd.row_bytes,
+                    if raw { e.raw } else { e.kind as u32 },
+                    e.row_bytes,
                 ],
                 // Raw blocks: one invocation per 32 values.
-                n * self.dims.hidden / if self.token_embd.kind == 3 { 32 } else { 1 },
+                n * self.dims.hidden / if raw { 32 } else { 1 },
             );
         }
         for (l, lw) in self.layers.iter().enumerate() {

@@ -74,7 +74,9 @@ struct Kernels {
     add: wgpu::ComputePipeline,
     gather_rows: wgpu::ComputePipeline,
     quantize_q8: wgpu::ComputePipeline,
-    embed: [wgpu::ComputePipeline; 4],
+    /// Embedding lookup: the stored-element types (Q8_0, F16, F32), and raw blocks.
+    embed: wgpu::ComputePipeline,
+    embed_raw: wgpu::ComputePipeline,
     matmul: [wgpu::ComputePipeline; 4],
     kv_store: wgpu::ComputePipeline,
     attention: wgpu::ComputePipeline,
@@ -82,7 +84,7 @@ struct Kernels {
     q8_rows: u32,
 }
 
-/// How the kernels read a weight type, as an index into `Kernels::embed` and `matmul`:
+/// How the kernels read a weight type, as an index into `Kernels::matmul`:
 /// 0 Q8_0 (Q4_0 and Q5_0 are widened to it exactly at upload, as the CPU's multi-row
 /// products do), 1 F16, 2 F32, 3 raw blocks dequantized in the shader.
 fn weight_kind(dtype: GgmlType) -> Option<usize> {
@@ -366,12 +368,8 @@ impl Kernels {
             add: pipeline(&al, &elementwise, "add"),
             gather_rows: pipeline(&al, &elementwise, "gather_rows"),
             quantize_q8: pipeline(&al, &elementwise, "quantize_q8"),
-            embed: [
-                pipeline(&wl, &weights, "embed_q8"),
-                pipeline(&wl, &weights, "embed_f16"),
-                pipeline(&wl, &weights, "embed_f32"),
-                pipeline(&wl, &weights, "embed_raw"),
-            ],
+            embed: pipeline(&wl, &weights, "embed"),
+            embed_raw: pipeline(&wl, &weights, "embed_raw"),
             matmul: [
                 pipeline(
                     &wl,

@@ -27,53 +27,34 @@ fn w_f32(i: u32) -> f32 {
 }
 
 // Row `id - row0` of this chunk for every token row whose id falls in it.
-// a: cols, b: rows (tokens), c: ids offset (actq), d: out offset, e: row0, f: chunk rows.
-fn embed_at(idx: u32) -> vec2<u32> {
+// a: cols, b: rows (tokens), c: ids offset (actq), d: out offset, e: row0, f: chunk rows,
+// g: element type (0 Q8_0, 1 F16, 2 F32).
+@compute @workgroup_size(64)
+fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let idx = group_index(wid) * WG + lid;
+    if (idx >= p.a * p.b) {
+        return;
+    }
     let t = idx / p.a;
     let c = idx % p.a;
-    return vec2<u32>(t, c);
-}
-
-@compute @workgroup_size(64)
-fn embed_q8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let idx = group_index(wid) * WG + lid;
-    if (idx >= p.a * p.b) {
-        return;
-    }
-    let tc = embed_at(idx);
-    let id = actq[p.c + tc.x];
+    let id = actq[p.c + t];
     if (id < p.e || id >= p.e + p.f) {
         return;
     }
-    act[p.d + idx] = w_q8((id - p.e) * p.a + tc.y);
-}
-
-@compute @workgroup_size(64)
-fn embed_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let idx = group_index(wid) * WG + lid;
-    if (idx >= p.a * p.b) {
-        return;
+    let i = (id - p.e) * p.a + c;
+    var v: f32;
+    switch p.g {
+        case 0u: {
+            v = w_q8(i);
+        }
+        case 1u: {
+            v = w_f16(i);
+        }
+        default: {
+            v = w_f32(i);
+        }
     }
-    let tc = embed_at(idx);
-    let id = actq[p.c + tc.x];
-    if (id < p.e || id >= p.e + p.f) {
-        return;
-    }
-    act[p.d + idx] = w_f16((id - p.e) * p.a + tc.y);
-}
-
-@compute @workgroup_size(64)
-fn embed_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let idx = group_index(wid) * WG + lid;
-    if (idx >= p.a * p.b) {
-        return;
-    }
-    let tc = embed_at(idx);
-    let id = actq[p.c + tc.x];
-    if (id < p.e || id >= p.e + p.f) {
-        return;
-    }
-    act[p.d + idx] = w_f32((id - p.e) * p.a + tc.y);
+    act[p.d + idx] = v;
 }
 
 // 4 x i8 dot product: the hardware instruction where the adapter has it, else unpacked.
