@@ -148,8 +148,13 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         threads: a.threads,
         ctx_size: a.ctx_size,
     };
-    // Check the backend name now, so a typo fails before anything starts.
-    crate::backend::create_backend(&load.backend, &Default::default())?;
+    // Check the backend now, so a typo (or, for gpu, a missing adapter) fails before
+    // anything starts.
+    let checked = crate::backend::create_backend(&load.backend, &Default::default())?;
+    if let Some(gpu) = checked.gpu() {
+        info!(adapter = %gpu.context().describe(), "gpu backend");
+    }
+    drop(checked);
     let model = a.model.clone();
     let synthetic = a.synthetic.clone();
     let loader = move || match &model {
