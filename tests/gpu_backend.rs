@@ -605,3 +605,25 @@ fn no_adapter_is_a_clear_error() {
     assert!(err.contains("no GPU adapter"), "{err}");
     assert!(err.contains("mesa-vulkan-drivers"), "{err}");
 }
+
+#[test]
+fn split_matrices_and_grouped_logits_give_the_same_bits() {
+    // A small binding cap makes every matrix span several row chunks (one dispatch each)
+    // and lets only a few rows of logits come back per submit: the paths large models take.
+    if gpu().is_none() {
+        return;
+    }
+    let capped: Arc<dyn Backend> =
+        Arc::new(GpuBackend::with_options(false, Some(16 * 1024)).expect("gpu"));
+    for (name, g) in synth_models().into_iter().chain(fixture_models()) {
+        let whole = Model::load(&g, gpu().unwrap()).expect("loads");
+        let split = Model::load(&g, Arc::clone(&capped)).expect("loads capped");
+        let (a, ta) = run_model(&whole, 6);
+        let (b, tb) = run_model(&split, 6);
+        assert_eq!(ta, tb, "{name}: tokens");
+        assert!(
+            bits(&a) == bits(&b),
+            "{name}: split matrices changed the logits"
+        );
+    }
+}

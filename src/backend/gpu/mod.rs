@@ -123,8 +123,10 @@ fn storage_entry(binding: u32, read_only: bool) -> wgpu::BindGroupLayoutEntry {
 
 impl GpuContext {
     /// Opens the first adapter wgpu offers (a discrete or integrated GPU before a software
-    /// one) and compiles the kernels; `plain` keeps to the paths every adapter runs.
-    pub fn open(plain: bool) -> Result<Self, GpuError> {
+    /// one) and compiles the kernels; `plain` keeps to the paths every adapter runs;
+    /// `binding_cap` lowers the largest binding used (so small models take the row-chunk and
+    /// grouped-logits paths that big ones need).
+    pub fn open(plain: bool, binding_cap: Option<u64>) -> Result<Self, GpuError> {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
@@ -199,7 +201,10 @@ impl GpuContext {
             _ => 1,
         };
         let kernels = Kernels::compile(&device, subgroups, dot4, rows_per_group);
-        let max_binding = device.limits().max_storage_buffer_binding_size;
+        let max_binding = device
+            .limits()
+            .max_storage_buffer_binding_size
+            .min(binding_cap.unwrap_or(u64::MAX).max(1024));
         Ok(Self {
             device,
             queue,
@@ -444,8 +449,13 @@ impl GpuBackend {
 
     /// `plain`: no subgroup operations and no packed dot product, whatever the adapter has.
     pub fn with_paths(plain: bool) -> Result<Self, GpuError> {
+        Self::with_options(plain, None)
+    }
+
+    /// `binding_cap`: see [`GpuContext::open`].
+    pub fn with_options(plain: bool, binding_cap: Option<u64>) -> Result<Self, GpuError> {
         Ok(Self {
-            ctx: Arc::new(GpuContext::open(plain)?),
+            ctx: Arc::new(GpuContext::open(plain, binding_cap)?),
             host: SimdBackend::new(ScalarBackend::new()),
         })
     }
