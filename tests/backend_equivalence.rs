@@ -66,16 +66,6 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// Largest |a - b| relative to the largest |b|.
-fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    let (mut d, mut s) = (0.0f32, 0.0f32);
-    for (x, y) in a.iter().zip(b) {
-        d = d.max((x - y).abs());
-        s = s.max(y.abs());
-    }
-    d / s.max(f32::MIN_POSITIVE)
-}
-
 fn simd(isa: Isa) -> SimdBackend<ScalarBackend> {
     SimdBackend::with_isa(ScalarBackend::new(), isa)
 }
@@ -201,7 +191,7 @@ fn elementwise_kernels_match_scalar() {
             let (mut a, mut b) = (x.clone(), x.clone());
             scalar.rms_norm(&mut a, &g, 1e-6);
             be.rms_norm(&mut b, &g, 1e-6);
-            assert!(rel_err(&b, &a) < 1e-5, "{isa:?} rms_norm {dim}");
+            assert!(common::rel_err(&b, &a) < 1e-5, "{isa:?} rms_norm {dim}");
 
             let up = randn(&mut r, rows * dim, 2.0);
             let (mut a, mut b) = (x.clone(), x.clone());
@@ -315,27 +305,8 @@ fn backend(name: &str, threads: usize) -> Arc<dyn Backend> {
     .expect("backend")
 }
 
-/// Logits of every position of a fixed prompt (prefill in chunks of 5, so both the batched
-/// and the single-token paths run), then 64 greedy tokens.
 fn run(model: &Model) -> (Vec<f32>, Vec<u32>) {
-    let vocab = model.config.vocab;
-    let prompt: Vec<u32> = (0..13u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
-    let mut st = model.new_state(prompt.len() + 70, 5);
-    let mut all = vec![0.0; prompt.len() * vocab];
-    model
-        .forward(&mut st, &prompt, Logits::All(&mut all))
-        .expect("prefill");
-    let mut tokens = Vec::new();
-    let mut logits = all[(prompt.len() - 1) * vocab..].to_vec();
-    for _ in 0..64 {
-        let next = common::argmax(&logits) as u32;
-        tokens.push(next);
-        model
-            .forward(&mut st, &[next], Logits::Last(&mut logits))
-            .expect("decode");
-        all.extend_from_slice(&logits);
-    }
-    (all, tokens)
+    common::greedy_run(model, 64)
 }
 
 #[test]
@@ -406,7 +377,7 @@ fn simd_stays_close_to_scalar() {
         let tol = if quantized { 2e-2 } else { 1e-4 };
         let mut agree = 0;
         for (a, b) in got.chunks(vocab).zip(want.chunks(vocab)) {
-            let e = rel_err(a, b);
+            let e = common::rel_err(a, b);
             assert!(e < tol, "{name}: simd vs scalar {e} >= {tol}");
             agree += usize::from(common::argmax(a) == common::argmax(b));
         }

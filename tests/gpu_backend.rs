@@ -77,35 +77,6 @@ fn fixture_models() -> Vec<(String, GgufFile)> {
     out
 }
 
-/// Logits of every position of a prompt (prefill in chunks of 5, so both the batched and
-/// the single-token paths run), then `steps` greedy tokens and their logits.
-fn run_model(model: &Model, steps: usize) -> (Vec<f32>, Vec<u32>) {
-    let vocab = model.config.vocab;
-    let prompt: Vec<u32> = (0..13u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
-    let mut st = model.new_state(prompt.len() + steps + 1, 5);
-    let mut all = vec![0.0; prompt.len() * vocab];
-    model
-        .forward(&mut st, &prompt, Logits::All(&mut all))
-        .expect("prefill");
-    let mut tokens = Vec::new();
-    let mut logits = all[(prompt.len() - 1) * vocab..].to_vec();
-    for _ in 0..steps {
-        let next = common::argmax(&logits) as u32;
-        tokens.push(next);
-        model
-            .forward(&mut st, &[next], Logits::Last(&mut logits))
-            .expect("decode");
-        all.extend_from_slice(&logits);
-    }
-    (all, tokens)
-}
-
-/// Largest |a - b| over a row relative to the reference row's largest |b|.
-fn rel_err(a: &[f32], b: &[f32]) -> f32 {
-    let (abs, scale) = common::row_error(a, b);
-    abs / scale.max(1e-6)
-}
-
 #[test]
 fn gpu_logits_stay_close_to_scalar_and_greedy_tokens_match() {
     let Some(gpu) = gpu() else { return };
@@ -124,10 +95,10 @@ fn close_to_scalar(gpu: Arc<dyn Backend>) {
     for (name, g) in &models {
         let scalar = Model::load(g, cpu("scalar")).expect("loads");
         let on_gpu = Model::load(g, Arc::clone(&gpu)).expect("loads on gpu");
-        let (want, want_tokens) = run_model(&scalar, 24);
+        let (want, want_tokens) = common::greedy_run(&scalar, 24);
         // The gpu decodes scalar's tokens, so every row compares the same context.
         let got = run_forced(&on_gpu, &want_tokens);
-        let (gpu_logits, tokens) = run_model(&on_gpu, 24);
+        let (gpu_logits, tokens) = common::greedy_run(&on_gpu, 24);
         let vocab = scalar.config.vocab;
         // Float models differ only in summation order (and the GPU's exp), ~1e-6 per
         // operation. Q8_0 models quantize activations as the CPU does, so a last-bit
@@ -140,7 +111,7 @@ fn close_to_scalar(gpu: Arc<dyn Backend>) {
         let tol = if quantized { 5e-2 } else { 1e-4 };
         let mut worst = 0.0f32;
         for (i, (a, b)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
-            let e = rel_err(a, b);
+            let e = common::rel_err(a, b);
             worst = worst.max(e);
             assert!(e < tol, "{name} row {i}: gpu vs scalar {e} >= {tol}");
         }
@@ -169,7 +140,7 @@ fn close_to_scalar(gpu: Arc<dyn Backend>) {
     }
 }
 
-/// `run_model`'s prompt, then the given decode tokens: every position's logits.
+/// `common::greedy_run`'s prompt, then the given decode tokens: every position's logits.
 fn run_forced(model: &Model, decode: &[u32]) -> Vec<f32> {
     let vocab = model.config.vocab;
     let prompt: Vec<u32> = (0..13u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
@@ -558,7 +529,7 @@ fn every_block_type_computes_its_stored_values() {
     {
         let (quant, deq) = random_block_models(dtype, 7 + i as u64);
         let on_gpu = Model::load(&quant, Arc::clone(&gpu)).expect("loads on gpu");
-        let (got, _) = run_model(&on_gpu, 4);
+        let (got, _) = common::greedy_run(&on_gpu, 4);
         let vocab = on_gpu.config.vocab;
         // Q4_0 and Q5_0 run as their exact Q8_0 widening with Q8_0 activations, like the
         // CPU: compared with scalar on the same file, at the Q8_0 tolerance. The other types
@@ -570,11 +541,11 @@ fn every_block_type_computes_its_stored_values() {
         } else {
             Model::load(&deq, cpu("scalar")).unwrap()
         };
-        let (want, _) = run_model(&reference, 4);
+        let (want, _) = common::greedy_run(&reference, 4);
         let tol = if widened { 2e-2 } else { 1e-4 };
         let mut worst = 0.0f32;
         for (a, b) in got.chunks(vocab).zip(want.chunks(vocab)) {
-            worst = worst.max(rel_err(a, b));
+            worst = worst.max(common::rel_err(a, b));
         }
         eprintln!("{dtype}: worst relative logit error {worst:e}");
         assert!(worst < tol, "{dtype}: gpu vs reference {worst} >= {tol}");
@@ -618,8 +589,8 @@ fn split_matrices_and_grouped_logits_give_the_same_bits() {
     for (name, g) in synth_models().into_iter().chain(fixture_models()) {
         let whole = Model::load(&g, gpu().unwrap()).expect("loads");
         let split = Model::load(&g, Arc::clone(&capped)).expect("loads capped");
-        let (a, ta) = run_model(&whole, 6);
-        let (b, tb) = run_model(&split, 6);
+        let (a, ta) = common::greedy_run(&whole, 6);
+        let (b, tb) = common::greedy_run(&split, 6);
         assert_eq!(ta, tb, "{name}: tokens");
         assert!(
             bits(&a) == bits(&b),

@@ -4,7 +4,7 @@
 use inferno::backend::{create_backend, BackendOptions};
 use inferno::gguf::GgufFile;
 use inferno::model::synth::{self, SynthSpec};
-use inferno::model::Model;
+use inferno::model::{Logits, Model};
 use inferno::tensor::GgmlType;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -104,4 +104,33 @@ pub fn synth_models() -> Vec<(String, GgufFile)> {
         out.push((name, GgufFile::from_bytes(bytes).expect("gguf")));
     }
     out
+}
+
+/// Logits of every position of a fixed 13-token prompt (prefilled in chunks of 5, so both
+/// the batched and the single-token paths run), then `steps` greedy tokens and their logits.
+pub fn greedy_run(model: &Model, steps: usize) -> (Vec<f32>, Vec<u32>) {
+    let vocab = model.config.vocab;
+    let prompt: Vec<u32> = (0..13u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
+    let mut st = model.new_state(prompt.len() + steps + 1, 5);
+    let mut all = vec![0.0; prompt.len() * vocab];
+    model
+        .forward(&mut st, &prompt, Logits::All(&mut all))
+        .expect("prefill");
+    let mut tokens = Vec::new();
+    let mut logits = all[(prompt.len() - 1) * vocab..].to_vec();
+    for _ in 0..steps {
+        let next = argmax(&logits) as u32;
+        tokens.push(next);
+        model
+            .forward(&mut st, &[next], Logits::Last(&mut logits))
+            .expect("decode");
+        all.extend_from_slice(&logits);
+    }
+    (all, tokens)
+}
+
+/// Largest |a - b| over a row, relative to the reference row's largest |b|.
+pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
+    let (d, s) = row_error(a, b);
+    d / s.max(f32::MIN_POSITIVE)
 }

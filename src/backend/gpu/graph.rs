@@ -25,8 +25,10 @@ const MAX_HEAD_DIM: usize = 256;
 /// One weight matrix on the device, split into row chunks that each fit one binding.
 struct GpuMatrix {
     kind: usize,
-    /// For raw blocks: the type code and the bytes of one row.
-    raw: u32,
+    /// The type code the shaders switch on: the kind (0 Q8_0, 1 F16, 2 F32) for stored
+    /// elements, the `RAW_*` code for raw blocks.
+    code: u32,
+    /// Bytes of one stored row (raw blocks are addressed by byte).
     row_bytes: u32,
     rows: usize,
     cols: usize,
@@ -283,7 +285,7 @@ impl GpuMatrix {
         }
         Ok(Self {
             kind,
-            raw: raw.unwrap_or(0),
+            code: raw.unwrap_or(kind as u32),
             row_bytes: m.row_bytes() as u32,
             rows: m.rows,
             cols: m.cols,
@@ -669,7 +671,7 @@ impl GpuModel {
                     reg.x,
                     chunk.row0 as u32,
                     chunk.rows as u32,
-                    if raw { e.raw } else { e.kind as u32 },
+                    e.code,
                     e.row_bytes,
                 ],
                 // Raw blocks: one invocation per 32 values.
@@ -1000,7 +1002,11 @@ impl<'a> Recorder<'a> {
         for c in &w.chunks {
             let (gx, gy) = Self::grid(c.rows.div_ceil(rows_per_group));
             self.dispatch(
-                &k.matmul[w.kind],
+                match w.kind {
+                    0 => &k.mm_q8,
+                    3 => &k.mm_raw,
+                    _ => &k.mm_float,
+                },
                 &c.group,
                 &[
                     c.rows as u32,
@@ -1011,7 +1017,7 @@ impl<'a> Recorder<'a> {
                     out,
                     w.rows as u32,
                     c.row0 as u32,
-                    w.raw,
+                    w.code,
                     w.row_bytes,
                 ],
                 (gx, gy, (n as u32).div_ceil(TN)),

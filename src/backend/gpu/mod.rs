@@ -77,14 +77,17 @@ struct Kernels {
     /// Embedding lookup: the stored-element types (Q8_0, F16, F32), and raw blocks.
     embed: wgpu::ComputePipeline,
     embed_raw: wgpu::ComputePipeline,
-    matmul: [wgpu::ComputePipeline; 4],
+    /// Matrix products: Q8_0 (integer), float elements (F16, F32), raw blocks.
+    mm_q8: wgpu::ComputePipeline,
+    mm_float: wgpu::ComputePipeline,
+    mm_raw: wgpu::ComputePipeline,
     kv_store: wgpu::ComputePipeline,
     attention: wgpu::ComputePipeline,
     /// Weight rows each Q8_0 product workgroup covers.
     q8_rows: u32,
 }
 
-/// How the kernels read a weight type, as an index into `Kernels::matmul`:
+/// How the kernels read a weight type:
 /// 0 Q8_0 (Q4_0 and Q5_0 are widened to it exactly at upload, as the CPU's multi-row
 /// products do), 1 F16, 2 F32, 3 raw blocks dequantized in the shader.
 fn weight_kind(dtype: GgmlType) -> Option<usize> {
@@ -375,20 +378,17 @@ impl Kernels {
             quantize_q8: pipeline(&al, &elementwise, "quantize_q8"),
             embed: pipeline(&wl, &weights, "embed"),
             embed_raw: pipeline(&wl, &weights, "embed_raw"),
-            matmul: [
-                pipeline(
-                    &wl,
-                    &weights,
-                    if rows_per_group > 1 {
-                        "mm_q8_rows"
-                    } else {
-                        "mm_q8"
-                    },
-                ),
-                pipeline(&wl, &weights, "mm_f16"),
-                pipeline(&wl, &weights, "mm_f32"),
-                pipeline(&wl, &weights, "mm_raw"),
-            ],
+            mm_q8: pipeline(
+                &wl,
+                &weights,
+                if rows_per_group > 1 {
+                    "mm_q8_rows"
+                } else {
+                    "mm_q8"
+                },
+            ),
+            mm_float: pipeline(&wl, &weights, "mm_float"),
+            mm_raw: pipeline(&wl, &weights, "mm_raw"),
             kv_store: pipeline(&kl, &attention, "kv_store"),
             attention: pipeline(&kl, &attention, "attention"),
             q8_rows: rows_per_group,

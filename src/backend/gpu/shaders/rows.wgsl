@@ -8,8 +8,6 @@ fn mm_q8_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocatio
     let row = group_index(wid) * SG_ROWS + sg;
     let t0 = wid.z * TN;
     let nt = min(TN, p.c - t0);
-    let wpr = p.b / 4u;
-    let bpr = p.b / 32u;
     let live = row < p.a;
     let r = select(0u, row, live);
     var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
@@ -18,17 +16,8 @@ fn mm_q8_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocatio
     // times).
     for (var u0 = 0u; u0 < p.b / 8u; u0 += sg_size) {
         let u = u0 + lane;
-        if (u >= p.b / 8u) {
-            continue;
-        }
-        let blk = u / 4u;
-        let w0 = wq[r * wpr + 2u * u];
-        let w1 = wq[r * wpr + 2u * u + 1u];
-        let dw = ws[r * bpr + blk];
-        for (var t = 0u; t < nt; t++) {
-            let xb = p.d + (t0 + t) * wpr + 2u * u;
-            let isum = dot4(w0, actq[xb]) + dot4(w1, actq[xb + 1u]);
-            acc[t] += f32(isum) * (dw * act[p.e + (t0 + t) * bpr + blk]);
+        if (u < p.b / 8u) {
+            q8_unit(r, u, t0, nt, &acc);
         }
     }
     for (var t = 0u; t < nt; t++) {

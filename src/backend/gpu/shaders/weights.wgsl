@@ -26,6 +26,23 @@ fn w_f32(i: u32) -> f32 {
     return bitcast<f32>(wq[i]);
 }
 
+// Element `i` of a Q8_0 (0), F16 (1) or F32 (2) matrix chunk.
+fn w_elem(kind: u32, i: u32) -> f32 {
+    var v: f32;
+    switch kind {
+        case 0u: {
+            v = w_q8(i);
+        }
+        case 1u: {
+            v = w_f16(i);
+        }
+        default: {
+            v = w_f32(i);
+        }
+    }
+    return v;
+}
+
 // Row `id - row0` of this chunk for every token row whose id falls in it.
 // a: cols, b: rows (tokens), c: ids offset (actq), d: out offset, e: row0, f: chunk rows,
 // g: element type (0 Q8_0, 1 F16, 2 F32).
@@ -41,19 +58,7 @@ fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     if (id < p.e || id >= p.e + p.f) {
         return;
     }
-    let i = (id - p.e) * p.a + c;
-    var v: f32;
-    switch p.g {
-        case 0u: {
-            v = w_q8(i);
-        }
-        case 1u: {
-            v = w_f16(i);
-        }
-        default: {
-            v = w_f32(i);
-        }
-    }
+    let v = w_elem(p.g, (id - p.e) * p.a + c);
     act[p.d + idx] = v;
 }
 
@@ -63,6 +68,23 @@ fn dot4(a: u32, b: u32) -> i32 {
 }
 
 var<workgroup> partial: array<f32, 512>;
+
+// Adds the products of Q8_0 weight row `row` with tokens t0..t0 + nt over unit `u` (8
+// columns: two words, in block u / 4) to `acc`: exact integer sums, scaled by both scales.
+// Parameters as mm_q8.
+fn q8_unit(row: u32, u: u32, t0: u32, nt: u32, acc: ptr<function, array<f32, 8>>) {
+    let wpr = p.b / 4u;
+    let bpr = p.b / 32u;
+    let blk = u / 4u;
+    let w0 = wq[row * wpr + 2u * u];
+    let w1 = wq[row * wpr + 2u * u + 1u];
+    let dw = ws[row * bpr + blk];
+    for (var t = 0u; t < nt; t++) {
+        let xb = p.d + (t0 + t) * wpr + 2u * u;
+        let isum = dot4(w0, actq[xb]) + dot4(w1, actq[xb + 1u]);
+        (*acc)[t] += f32(isum) * (dw * act[p.e + (t0 + t) * bpr + blk]);
+    }
+}
 
 // Sums each token's accumulator over the workgroup and writes the tile's outputs.
 fn finish(acc: ptr<function, array<f32, 8>>, lid: u32, sg_lane: u32, sg_id: u32, sg_n: u32, row: u32, t0: u32, nt: u32) {
@@ -84,27 +106,18 @@ fn mm_q8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     }
     let t0 = wid.z * TN;
     let nt = min(TN, p.c - t0);
-    let wpr = p.b / 4u;
-    let bpr = p.b / 32u;
     var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     for (var u = lid; u < p.b / 8u; u += WG) {
-        let blk = u / 4u;
-        let w0 = wq[row * wpr + 2u * u];
-        let w1 = wq[row * wpr + 2u * u + 1u];
-        let dw = ws[row * bpr + blk];
-        for (var t = 0u; t < nt; t++) {
-            let xb = p.d + (t0 + t) * wpr + 2u * u;
-            let isum = dot4(w0, actq[xb]) + dot4(w1, actq[xb + 1u]);
-            acc[t] += f32(isum) * (dw * act[p.e + (t0 + t) * bpr + blk]);
-        }
+        q8_unit(row, u, t0, nt, &acc);
     }
     finish(&acc, lid, SG_VALUES, row, t0, nt);
 }
 
 // Float weights: each invocation takes every 64th column, so neighbouring invocations read
-// neighbouring weights.
+// neighbouring weights. Parameters as mm_q8 (d: the f32 activations), i: element type (1 F16,
+// 2 F32).
 @compute @workgroup_size(64)
-fn mm_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32 SG_ARGS) {
+fn mm_float(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32 SG_ARGS) {
     let row = group_index(wid);
     if (row >= p.a) {
         return;
@@ -113,25 +126,7 @@ fn mm_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let nt = min(TN, p.c - t0);
     var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     for (var c = lid; c < p.b; c += WG) {
-        let w = w_f16(row * p.b + c);
-        for (var t = 0u; t < nt; t++) {
-            acc[t] += w * act[p.d + (t0 + t) * p.b + c];
-        }
-    }
-    finish(&acc, lid, SG_VALUES, row, t0, nt);
-}
-
-@compute @workgroup_size(64)
-fn mm_f32(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32 SG_ARGS) {
-    let row = group_index(wid);
-    if (row >= p.a) {
-        return;
-    }
-    let t0 = wid.z * TN;
-    let nt = min(TN, p.c - t0);
-    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    for (var c = lid; c < p.b; c += WG) {
-        let w = w_f32(row * p.b + c);
+        let w = w_elem(p.i, row * p.b + c);
         for (var t = 0u; t < nt; t++) {
             acc[t] += w * act[p.d + (t0 + t) * p.b + c];
         }
