@@ -8,12 +8,10 @@ mod service_support;
 
 use inferno::backend::{create_backend, BackendOptions};
 use inferno::engine::worker::FAULT_PANIC_REQUEST_ID;
-use inferno::engine::{generate, Flow, GenerateOptions};
 use inferno::gguf::GgufFile;
 use inferno::model::synth::{self, SynthSpec};
 use inferno::model::{Logits, Model, SeqStep};
-use inferno::sampling::SamplingParams;
-use inferno::server::assets::{synthetic_assets, LoadOptions};
+use inferno::server::assets::LoadOptions;
 use inferno::server::pb;
 use service_support::*;
 use std::time::Duration;
@@ -206,33 +204,8 @@ fn a_batch_larger_than_the_scratch_is_an_error() {
     assert!(kv.is_empty());
 }
 
-/// Greedy completions of `prompts` computed one at a time in-process with the
-/// single-sequence `generate` (no batching, no prefix reuse).
 fn reference(prompts: &[&str], max_tokens: usize) -> Vec<Vec<u32>> {
-    let a = synthetic_assets("demo", &LoadOptions::default()).unwrap();
-    let mut state = a.model.new_state(a.ctx_size, 512);
-    let opts = GenerateOptions {
-        max_tokens,
-        sampling: SamplingParams::greedy(),
-        stop: vec![],
-        ignore_eos: true,
-        time_limit: None,
-    };
-    prompts
-        .iter()
-        .map(|p| {
-            let mut ids: Vec<u32> = Vec::new();
-            if a.tokenizer.add_bos() {
-                ids.extend(a.tokenizer.bos_id());
-            }
-            ids.extend(a.tokenizer.encode(p, true).unwrap());
-            generate(&a.model, &a.tokenizer, &mut state, &ids, &opts, |_| {
-                Flow::Continue
-            })
-            .unwrap()
-            .tokens
-        })
-        .collect()
+    reference_on(&LoadOptions::default(), prompts, max_tokens)
 }
 
 /// Distinct first letters: no two prompts share a prefix the cache could reuse.

@@ -15,11 +15,9 @@ mod service_support;
 
 use inferno::backend::gpu::GpuBackend;
 use inferno::backend::{create_backend, Backend, BackendOptions};
-use inferno::engine::{generate, Flow, GenerateOptions};
 use inferno::gguf::GgufFile;
 use inferno::model::synth::{self, SynthSpec};
 use inferno::model::{Logits, Model, SeqStep};
-use inferno::sampling::SamplingParams;
 use inferno::server::assets::{synthetic_assets, LoadOptions};
 use inferno::tensor::GgmlType;
 use service_support::*;
@@ -326,32 +324,7 @@ async fn the_service_streams_the_same_tokens_on_gpu_as_in_process() {
         "Zebras",
     ];
     // In process, one at a time, on the gpu.
-    let a = synthetic_assets("demo", &opts).unwrap();
-    let mut state = a.model.new_state(a.ctx_size, 512);
-    let gen = GenerateOptions {
-        max_tokens: 16,
-        sampling: SamplingParams::greedy(),
-        stop: vec![],
-        ignore_eos: true,
-        time_limit: None,
-    };
-    let want: Vec<Vec<u32>> = prompts
-        .iter()
-        .map(|p| {
-            let mut ids: Vec<u32> = a.tokenizer.bos_id().into_iter().collect();
-            if !a.tokenizer.add_bos() {
-                ids.clear();
-            }
-            ids.extend(a.tokenizer.encode(p, true).unwrap());
-            generate(&a.model, &a.tokenizer, &mut state, &ids, &gen, |_| {
-                Flow::Continue
-            })
-            .unwrap()
-            .tokens
-        })
-        .collect();
-    drop(state);
-    drop(a);
+    let want = reference_on(&opts, &prompts, 16);
 
     // Through the service, concurrently (batched on the device).
     let server = inferno::server::start(test_config(), move || synthetic_assets("demo", &opts))

@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 use inferno::engine::worker::{EngineConfig, EngineState};
+use inferno::engine::{generate, Flow, GenerateOptions};
+use inferno::sampling::SamplingParams;
 use inferno::server::assets::{synthetic_assets, LoadOptions};
 use inferno::server::pb::generate_response::Event;
 use inferno::server::pb::inference_client::InferenceClient;
@@ -259,4 +261,34 @@ pub fn http_get(addr: SocketAddr, path: &str) -> String {
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out
+}
+
+/// Greedy completions of `prompts` computed one at a time in-process with the
+/// single-sequence `generate` (no batching, no prefix reuse), on the demo model loaded with
+/// `opts`.
+pub fn reference_on(opts: &LoadOptions, prompts: &[&str], max_tokens: usize) -> Vec<Vec<u32>> {
+    let a = synthetic_assets("demo", opts).unwrap();
+    let mut state = a.model.new_state(a.ctx_size, 512);
+    let opts = GenerateOptions {
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        stop: vec![],
+        ignore_eos: true,
+        time_limit: None,
+    };
+    prompts
+        .iter()
+        .map(|p| {
+            let mut ids: Vec<u32> = Vec::new();
+            if a.tokenizer.add_bos() {
+                ids.extend(a.tokenizer.bos_id());
+            }
+            ids.extend(a.tokenizer.encode(p, true).unwrap());
+            generate(&a.model, &a.tokenizer, &mut state, &ids, &opts, |_| {
+                Flow::Continue
+            })
+            .unwrap()
+            .tokens
+        })
+        .collect()
 }
