@@ -76,6 +76,12 @@ fn q8_matvec_1024x3072(b: Bencher, k: &str) {
     bench_matmul(b, backend(k).as_ref(), 1024, 3072, 1);
 }
 
+/// A batched decode step: eight streams' tokens through the 3072 × 1024 projection.
+#[divan::bench(args = kernels())]
+fn q8_matmul_8x3072x1024(b: Bencher, k: &str) {
+    bench_matmul(b, backend(k).as_ref(), 3072, 1024, 8);
+}
+
 /// A prefill matmul: 64 tokens through the 3072 × 1024 projection.
 #[divan::bench(args = kernels(), sample_count = 20)]
 fn q8_matmul_64x3072x1024(b: Bencher, k: &str) {

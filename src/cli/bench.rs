@@ -5,10 +5,15 @@
 //! pass over N random tokens; `tgN`: N single-token steps) runs once to warm up, then
 //! `--repetitions` times, each on a fresh sequence first filled with `--depth` tokens
 //! (untimed). Reported: tokens per second, mean ± sample standard deviation.
+//!
+//! With `--streams S` above 1 a generation test decodes S sequences at once, as the engine
+//! does for concurrent requests: each of the N steps is one batched forward pass over one new
+//! token of every sequence (each filled with `--depth` tokens first), and the figure is the
+//! aggregate: S × N tokens over the time of the N steps.
 
 use crate::backend::simd::Isa;
 use crate::backend::{create_backend, BackendOptions};
-use crate::model::{Logits, Model, State};
+use crate::model::{KvCache, Logits, Model, Scratch, SeqStep, State};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::{Rng, SeedableRng};
@@ -65,6 +70,10 @@ pub struct BenchArgs {
     /// the KV cache from memory at that bandwidth.
     #[arg(long)]
     pub roofline: bool,
+    /// Sequences decoded together in each generation test (comma-separated): every step is
+    /// one batched forward pass over one token of each.
+    #[arg(short = 's', long, value_delimiter = ',', default_value = "1")]
+    pub streams: Vec<usize>,
 }
 
 /// One row of results.
@@ -78,6 +87,8 @@ pub struct BenchResult {
     pub n_prompt: usize,
     pub n_gen: usize,
     pub depth: usize,
+    /// Sequences decoded together (1 for prompt tests).
+    pub streams: usize,
     pub avg_ts: f64,
     pub stddev_ts: f64,
     pub samples_ts: Vec<f64>,
@@ -105,6 +116,11 @@ struct Runner<'a> {
     state: State,
     logits: Vec<f32>,
     rng: ChaCha8Rng,
+    /// For tests of several streams: their caches, one scratch for the batched step and
+    /// each stream's logits.
+    caches: Vec<KvCache>,
+    batch_scratch: Option<Scratch>,
+    batch_logits: Vec<Vec<f32>>,
 }
 
 impl Runner<'_> {
@@ -135,6 +151,48 @@ impl Runner<'_> {
                 .forward(&mut self.state, &[id], Logits::Last(&mut self.logits))?;
         }
         Ok(n_gen as f64 / start.elapsed().as_secs_f64())
+    }
+
+    /// `n_gen` batched steps over the first `s` caches' sequences, each first filled with
+    /// `depth` tokens; returns aggregate tokens per second.
+    fn run_streams(&mut self, s: usize, depth: usize, n_gen: usize) -> Result<f64> {
+        let prompt = self.tokens(depth + 1);
+        let steps: Vec<Vec<u32>> = (0..s).map(|_| self.tokens(n_gen)).collect();
+        let scratch = self
+            .batch_scratch
+            .as_mut()
+            .context("no scratch for batched steps")?;
+        let caches = &mut self.caches[..s];
+        for kv in caches.iter_mut() {
+            kv.clear();
+        }
+        // Every stream starts from its own context (untimed), one prompt pass each.
+        for kv in caches.iter_mut() {
+            let mut one = [SeqStep {
+                kv,
+                tokens: &prompt,
+                logits: Logits::None,
+            }];
+            for part in prompt.chunks(scratch.rows()) {
+                one[0].tokens = part;
+                self.model.forward_batch(&mut one, scratch)?;
+            }
+        }
+        let start = Instant::now();
+        for i in 0..n_gen {
+            let mut batch: Vec<SeqStep<'_>> = caches
+                .iter_mut()
+                .zip(&mut self.batch_logits)
+                .zip(&steps)
+                .map(|((kv, l), t)| SeqStep {
+                    kv,
+                    tokens: &t[i..i + 1],
+                    logits: Logits::Last(l),
+                })
+                .collect();
+            self.model.forward_batch(&mut batch, scratch)?;
+        }
+        Ok((s * n_gen) as f64 / start.elapsed().as_secs_f64())
     }
 }
 
@@ -175,9 +233,21 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     if tests.is_empty() {
         bail!("nothing to run: give -p and/or -n values above 0");
     }
+    if a.streams.contains(&0) {
+        bail!("--streams must be at least 1");
+    }
+    let max_streams = a.streams.iter().copied().max().unwrap_or(1);
+    // Prompt tests run one sequence; generation tests once per stream count.
+    let tests: Vec<(usize, usize, usize, usize)> = tests
+        .into_iter()
+        .flat_map(|(d, p, n)| {
+            let counts = if p > 0 { vec![1] } else { a.streams.clone() };
+            counts.into_iter().map(move |s| (d, p, n, s))
+        })
+        .collect();
     let capacity = tests
         .iter()
-        .map(|(d, p, n)| d + p.max(n))
+        .map(|&(d, p, n, _)| d + p.max(n) + 1)
         .max()
         .unwrap_or(1);
     let text = a.output == super::OutputFormat::Text;
@@ -238,21 +308,38 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 logits: vec![0.0; model.config.vocab],
                 model: &model,
                 rng: ChaCha8Rng::seed_from_u64(1234),
+                caches: Vec::new(),
+                batch_scratch: None,
+                batch_logits: Vec::new(),
             };
+            if max_streams > 1 {
+                let cap = capacity.min(model.config.context_length);
+                runner.batch_scratch =
+                    Some(model.new_scratch(a.batch.max(max_streams), max_streams));
+                runner.caches = (0..max_streams).map(|_| model.new_kv_cache(cap)).collect();
+                runner.batch_logits = vec![vec![0.0; model.config.vocab]; max_streams];
+            }
             if capacity > model.config.context_length {
                 bail!(
                     "the longest test needs {capacity} positions; the model holds {}",
                     model.config.context_length
                 );
             }
-            for &(depth, n_prompt, n_gen) in &tests {
-                runner.run(depth, n_prompt, n_gen)?; // warm-up
+            for &(depth, n_prompt, n_gen, streams) in &tests {
+                let run = |r: &mut Runner<'_>| {
+                    if streams > 1 {
+                        r.run_streams(streams, depth, n_gen)
+                    } else {
+                        r.run(depth, n_prompt, n_gen)
+                    }
+                };
+                run(&mut runner)?; // warm-up
                 if let Some(g) = on_gpu {
                     g.set_profiling(true);
                 }
                 let mut samples = Vec::with_capacity(a.repetitions);
                 for _ in 0..a.repetitions {
-                    samples.push(runner.run(depth, n_prompt, n_gen)?);
+                    samples.push(run(&mut runner)?);
                 }
                 let (avg, sd) = mean_std(&samples);
                 let mut test = if n_prompt > 0 {
@@ -260,12 +347,17 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 } else {
                     format!("tg{n_gen}")
                 };
+                if streams > 1 {
+                    test.push_str(&format!(" x{streams}"));
+                }
                 if depth > 0 {
                     test.push_str(&format!(" @ d{depth}"));
                 }
                 let roofline = bandwidth.filter(|_| n_gen > 0).map(|bw| {
+                    // A batched step reads the weights once and every stream's cache.
                     let mean_ctx = depth as f64 + (n_gen as f64 + 1.0) / 2.0;
-                    bw / (step_bytes as f64 + kv_bytes_per_pos * mean_ctx)
+                    let s = streams as f64;
+                    bw * s / (step_bytes as f64 + kv_bytes_per_pos * mean_ctx * s)
                 });
                 if let Some(r) = roofline {
                     eprintln!(
@@ -317,6 +409,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                     n_prompt,
                     n_gen,
                     depth,
+                    streams,
                     avg_ts: avg,
                     stddev_ts: sd,
                     samples_ts: samples,
