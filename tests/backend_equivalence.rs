@@ -122,7 +122,7 @@ fn activation_quantization_matches_the_scalar_definition() {
                 assert_eq!(d[b].to_bits(), q8_0::block_scale(blk).to_bits(), "{isa:?}");
                 let want: Vec<i8> = blk[2..].iter().map(|&v| v as i8).collect();
                 assert_eq!(&q[b * 32..(b + 1) * 32], &want[..], "{isa:?} case {case}");
-                assert_eq!(s[b], want.iter().map(|&v| v as i32).sum::<i32>());
+                assert_eq!(s[b], -128 * want.iter().map(|&v| v as i32).sum::<i32>());
             }
         }
     }

@@ -117,7 +117,7 @@ impl Backend for ParallelBackend {
                     act.quants[..n * cols]
                         .par_chunks_mut(cols)
                         .zip(act.scales[..n * nb].par_chunks_mut(nb))
-                        .zip(act.sums[..n * nb].par_chunks_mut(nb))
+                        .zip(act.offsets[..n * nb].par_chunks_mut(nb))
                         .zip(x[..n * cols].par_chunks(cols))
                         .for_each(|(((q, d), s), xr)| k.quantize(xr, q, d, s));
                 });

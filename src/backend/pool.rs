@@ -88,7 +88,7 @@ impl PoolBackend {
                 let (q, d, s) = (
                     SharedMut(act.quants.as_mut_ptr()),
                     SharedMut(act.scales.as_mut_ptr()),
-                    SharedMut(act.sums.as_mut_ptr()),
+                    SharedMut(act.offsets.as_mut_ptr()),
                 );
                 let nc = self.chunks(n);
                 self.pool.run(nc, &|c| {

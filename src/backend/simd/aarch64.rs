@@ -61,7 +61,7 @@ pub unsafe fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32
         for qv in &qi[1..] {
             sum = vaddq_s32(sum, *qv);
         }
-        s[b] = vaddvq_s32(sum);
+        s[b] = -128 * vaddvq_s32(sum);
         let h: [int16x8_t; 4] =
             std::array::from_fn(|i| vcombine_s16(vqmovn_s32(qi[2 * i]), vqmovn_s32(qi[2 * i + 1])));
         let lo = vcombine_s8(vqmovn_s16(h[0]), vqmovn_s16(h[1]));

@@ -315,13 +315,14 @@ fn par_chunks_or_empty<T: Send>(
 // Quantized activations
 // -----------------------------------------------------------------------------------------
 
-/// Activation rows quantized to Q8_0 in split form: quants, widened scales, and per-block
-/// sums of the quants (the VNNI kernel's offset correction).
+/// Activation rows quantized to Q8_0 in split form: quants, widened scales, and per block
+/// −128 × the sum of its quants (the VNNI kernel's offset correction, stored ready to start
+/// its integer sums from).
 #[derive(Default)]
 pub struct ActQ8 {
     pub quants: Vec<i8>,
     pub scales: Vec<f32>,
-    pub sums: Vec<i32>,
+    pub offsets: Vec<i32>,
 }
 
 /// A read-only view of [`ActQ8`], shared by the threads of one product.
@@ -329,7 +330,7 @@ pub struct ActQ8 {
 pub struct ActQ8Ref<'a> {
     pub quants: &'a [i8],
     pub scales: &'a [f32],
-    pub sums: &'a [i32],
+    pub offsets: &'a [i32],
 }
 
 impl ActQ8 {
@@ -341,7 +342,7 @@ impl ActQ8 {
         }
         if self.scales.len() < n * nb {
             self.scales.resize(n * nb, 0.0);
-            self.sums.resize(n * nb, 0);
+            self.offsets.resize(n * nb, 0);
         }
     }
 
@@ -350,7 +351,7 @@ impl ActQ8 {
         ActQ8Ref {
             quants: &self.quants[..n * cols],
             scales: &self.scales[..n * nb],
-            sums: &self.sums[..n * nb],
+            offsets: &self.offsets[..n * nb],
         }
     }
 }
@@ -436,7 +437,8 @@ impl Kernels {
         Self { isa }
     }
 
-    /// Quantizes rows of `x` (each `cols` long) into the given split-form slices.
+    /// Quantizes rows of `x` (each `cols` long) into the given split-form slices (`s`: −128
+    /// × each block's sum of quants).
     pub fn quantize(&self, x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32]) {
         assert!(q.len() >= x.len() && d.len() * q8_0::BLOCK >= x.len() && s.len() >= d.len());
         match self.isa {
@@ -458,7 +460,7 @@ impl Kernels {
             &x[..n * cols],
             &mut act.quants[..n * cols],
             &mut act.scales[..n * nb],
-            &mut act.sums[..n * nb],
+            &mut act.offsets[..n * nb],
         );
     }
 

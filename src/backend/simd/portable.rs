@@ -8,7 +8,7 @@ use crate::tensor::q8_0;
 use half::f16;
 
 /// Q8_0 quantization of whole rows, as `q8_0::quantize` (round half away from zero), with the
-/// per-block scale widened back from f16 and the per-block sum of the quants.
+/// per-block scale widened back from f16 and −128 × the per-block sum of the quants.
 pub fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32]) {
     for (bi, xb) in x.chunks_exact(q8_0::BLOCK).enumerate() {
         let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -23,7 +23,7 @@ pub fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32]) {
             *o = (v * id).round() as i8;
             sum += *o as i32;
         }
-        s[bi] = sum;
+        s[bi] = -128 * sum;
     }
 }
 

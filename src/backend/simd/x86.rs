@@ -121,7 +121,7 @@ pub unsafe fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32
         );
         let s128 = _mm_add_epi32(s128, _mm_shuffle_epi32(s128, 0b01_00_11_10));
         let s128 = _mm_add_epi32(s128, _mm_shuffle_epi32(s128, 0b10_11_00_01));
-        s[b] = _mm_cvtsi128_si32(s128);
+        s[b] = -128 * _mm_cvtsi128_si32(s128);
         let p01 = _mm256_packs_epi32(qi[0], qi[1]);
         let p23 = _mm256_packs_epi32(qi[2], qi[3]);
         let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), perm);
@@ -253,8 +253,12 @@ pub unsafe fn gemm_q8_avx2(
 
 /// One group of 16 rows times `T` tokens, AVX-512 VNNI. The weights are stored offset by
 /// 128 (`w ^ 0x80`, an unsigned byte) so one `vpdpbusd` multiplies them with the signed
-/// activation slice: Σ (w + 128)·x = Σ w·x + 128·Σ x, and the activation block's sum of quants
-/// (computed when it was quantized) removes the offset exactly.
+/// activation slice: Σ (w + 128)·x = Σ w·x + 128·Σ x. Each block's integer sums start from
+/// the activation block's −128·Σ x (stored so when it was quantized, and broadcast straight
+/// from memory), which removes the offset exactly and leaves four vector operations per
+/// block and token besides the products: the conversion, the two scalings and the sum.
+const PF_DIST: usize = 4096;
+
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn group_vnni<const T: usize>(
@@ -269,20 +273,25 @@ unsafe fn group_vnni<const T: usize>(
     let cols = w.cols;
     let qbase = w.group_quants(g).as_ptr();
     let sbase = w.group_scales16(g).as_ptr();
+    // Token t's quants, scales and offsets (the caller guarantees T tokens from t0).
+    let xq = a.quants[t0 * cols..(t0 + T) * cols].as_ptr();
+    let xd = a.scales[t0 * nb..(t0 + T) * nb].as_ptr();
+    let xo = a.offsets[t0 * nb..(t0 + T) * nb].as_ptr();
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..nb {
-        let mut isum = [_mm512_setzero_si512(); T];
+        // SAFETY: block `b` of each of the T tokens is inside the slices taken above.
+        let mut isum: [__m512i; T] =
+            std::array::from_fn(|t| unsafe { _mm512_set1_epi32(*xo.add(t * nb + b)) });
         // SAFETY: block `b` of group `g` holds 8 slices × 64 bytes.
         let wq = unsafe { qbase.add(b * 512) };
         for k in 0..8 {
             // SAFETY: inside the block.
             let wv = unsafe { _mm512_loadu_si512(wq.add(k * 64) as *const __m512i) };
+            _mm_prefetch::<_MM_HINT_T0>(wq.wrapping_add(PF_DIST + k * 64) as *const i8);
             for (t, is) in isum.iter_mut().enumerate() {
                 // SAFETY: token t0+t has `cols` quants; this slice is inside block `b`.
-                let xv = unsafe {
-                    (a.quants.as_ptr().add((t0 + t) * cols + b * 32 + k * 4) as *const i32)
-                        .read_unaligned()
-                };
+                let xv =
+                    unsafe { (xq.add(t * cols + b * 32 + k * 4) as *const i32).read_unaligned() };
                 *is = _mm512_dpbusd_epi32(*is, wv, _mm512_set1_epi32(xv));
             }
         }
@@ -290,12 +299,11 @@ unsafe fn group_vnni<const T: usize>(
         let dw =
             unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(sbase.add(b * 16) as *const __m256i)) };
         for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
-            let idx = (t0 + t) * nb + b;
-            let exact = _mm512_sub_epi32(*is, _mm512_set1_epi32(128 * a.sums[idx]));
-            let dx = _mm512_set1_ps(a.scales[idx]);
+            // SAFETY: as for the offsets.
+            let dx = _mm512_set1_ps(unsafe { *xd.add(t * nb + b) });
             *ac = _mm512_add_ps(
                 *ac,
-                _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(dw, dx)),
+                _mm512_mul_ps(_mm512_cvtepi32_ps(*is), _mm512_mul_ps(dw, dx)),
             );
         }
     }
