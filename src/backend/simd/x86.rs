@@ -287,7 +287,7 @@ unsafe fn group_vnni<const T: usize>(
         for k in 0..8 {
             // SAFETY: inside the block.
             let wv = unsafe { _mm512_loadu_si512(wq.add(k * 64) as *const __m512i) };
-            _mm_prefetch::<_MM_HINT_T0>(wq.wrapping_add(PF_DIST + k * 64) as *const i8);
+            _mm_prefetch::<_MM_HINT_T1>(wq.wrapping_add(PF_DIST + k * 64) as *const i8);
             for (t, is) in isum.iter_mut().enumerate() {
                 // SAFETY: token t0+t has `cols` quants; this slice is inside block `b`.
                 let xv =
