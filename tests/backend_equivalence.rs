@@ -229,8 +229,16 @@ fn elementwise_kernels_match_scalar() {
 fn attention_matches_scalar_within_softmax_error() {
     let mut r = rng(5);
     let scalar = ScalarBackend::new();
-    for (n_heads, n_kv, hd) in [(4, 2, 16), (3, 1, 20), (6, 3, 24), (16, 8, 128), (4, 4, 64)] {
-        for (n_tokens, pos0) in [(1, 0), (1, 40), (5, 0), (3, 70), (1, 257)] {
+    for (n_heads, n_kv, hd) in [
+        (4, 2, 16),
+        (3, 1, 20),
+        (6, 3, 24),
+        (16, 8, 128),
+        (4, 4, 64),
+        (16, 1, 32),
+        (20, 1, 8),
+    ] {
+        for (n_tokens, pos0) in [(1, 0), (1, 40), (5, 0), (3, 70), (1, 257), (19, 0), (9, 33)] {
             let capacity = pos0 + n_tokens + 3;
             let q = randn(&mut r, n_tokens * n_heads * hd, 1.0);
             let k = randn(&mut r, n_kv * capacity * hd, 1.0);
@@ -257,6 +265,58 @@ fn attention_matches_scalar_within_softmax_error() {
                         "{isa:?} hd {hd} n {n_tokens}: {a} vs {b}"
                     );
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_prompts_attention_in_one_call_equals_its_tokens_one_by_one_bit_for_bit() {
+    // The fast paths group several tokens' query rows per KV head so they share each key
+    // and value read; each row's arithmetic must not depend on its companions, or a batched
+    // prompt chunk would differ from the same tokens run alone.
+    let mut r = rng(6);
+    for (n_heads, n_kv, hd) in [(16, 8, 128), (4, 2, 16), (16, 1, 32), (6, 3, 24)] {
+        let (n_tokens, pos0) = (21, 30);
+        let capacity = pos0 + n_tokens;
+        let q = randn(&mut r, n_tokens * n_heads * hd, 1.0);
+        let k = randn(&mut r, n_kv * capacity * hd, 1.0);
+        let v = randn(&mut r, n_kv * capacity * hd, 1.0);
+        let shape = |n_tokens, pos0| AttentionShape {
+            n_tokens,
+            pos0,
+            n_heads,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            capacity,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let row = n_heads * hd;
+        for isa in Isa::available() {
+            let one = simd(isa);
+            let mut want = vec![f32::NAN; q.len()];
+            for t in 0..n_tokens {
+                one.attention(
+                    &shape(1, pos0 + t),
+                    &q[t * row..(t + 1) * row],
+                    &k,
+                    &v,
+                    &mut want[t * row..(t + 1) * row],
+                );
+            }
+            let pools: Vec<Box<dyn Backend>> = vec![
+                Box::new(simd(isa)),
+                Box::new(PoolBackend::new(simd(isa), 3)),
+                Box::new(ParallelBackend::new(simd(isa), 2)),
+            ];
+            for be in &pools {
+                let mut got = vec![f32::NAN; q.len()];
+                be.attention(&shape(n_tokens, pos0), &q, &k, &v, &mut got);
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{isa:?} heads {n_heads}/{n_kv} hd {hd}"
+                );
             }
         }
     }

@@ -196,7 +196,7 @@ impl Backend for ParallelBackend {
         let k = self.k;
         let len = out.len();
         let o = OutPtr(out.as_mut_ptr());
-        let items = shape.n_tokens * shape.n_kv_heads;
+        let items = k.attention_items(shape);
         self.install(|| {
             // One item per task: rayon balances the causal triangle (later tokens see more
             // keys) by stealing.

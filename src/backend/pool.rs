@@ -237,7 +237,7 @@ impl Backend for PoolBackend {
         let k = self.k;
         let len = out.len();
         let o = OutPtr(out.as_mut_ptr());
-        let items = shape.n_tokens * shape.n_kv_heads;
+        let items = k.attention_items(shape);
         let nc = self.chunks(items);
         self.pool.run(nc, &|c| {
             let (i0, i1) = split(items, c, nc);

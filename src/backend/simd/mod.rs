@@ -601,8 +601,28 @@ impl Kernels {
         })
     }
 
-    /// Attention work items `i0..i1` (clipped to `n_tokens × n_kv_heads`): item
-    /// `t * n_kv_heads + kvh` is query token `t` with every query head of KV head `kvh`.
+    /// Query tokens one attention work item takes: on the x86 vector path as many as fill
+    /// [`x86::MAX_ROWS`] rows with their heads of one KV head (so a prompt's tokens share
+    /// each key and value read), elsewhere one.
+    fn attention_tokens_per_item(&self, s: &AttentionShape) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if self.isa.x86_vector() && s.head_dim % 8 == 0 && s.n_kv_heads > 0 {
+            return (x86::MAX_ROWS / (s.n_heads / s.n_kv_heads).max(1)).max(1);
+        }
+        let _ = s;
+        1
+    }
+
+    /// Work items of one attention call, for splitting it across threads: each is one KV
+    /// head with a block of consecutive query tokens (see [`Kernels::attention`]).
+    pub fn attention_items(&self, s: &AttentionShape) -> usize {
+        s.n_tokens.div_ceil(self.attention_tokens_per_item(s)) * s.n_kv_heads
+    }
+
+    /// Attention work items `i0..i1` (clipped to [`Kernels::attention_items`]): item
+    /// `kvh * blocks + b` is KV head `kvh` with every query head of it for the `b`-th block
+    /// of query tokens. KV-head-major order gives each thread of a contiguous split whole
+    /// heads over every token, so the causal triangle's cost spreads evenly.
     ///
     /// # Safety
     /// `out` points to `n_tokens × n_heads × head_dim` floats of which this call writes its
@@ -624,47 +644,67 @@ impl Kernels {
             return;
         }
         let group = s.n_heads / s.n_kv_heads;
-        let total = s.n_tokens * s.n_kv_heads;
-        for item in i0..i1.min(total) {
-            let (t, kvh) = (item / s.n_kv_heads, item % s.n_kv_heads);
-            let kv_len = s.pos0 + t + 1;
-            let base = (t * s.n_heads + kvh * group) * hd;
-            let qg = &q[base..base + group * hd];
+        let per = self.attention_tokens_per_item(s);
+        let blocks = s.n_tokens.div_ceil(per);
+        for item in i0..i1.min(blocks * s.n_kv_heads) {
+            let (kvh, b) = (item / blocks, item % blocks);
+            let tokens = b * per..((b + 1) * per).min(s.n_tokens);
+            let kv_max = s.pos0 + tokens.end;
             let kb = kvh * s.capacity * hd;
             let (k, v) = (
-                &k_cache[kb..kb + kv_len * hd],
-                &v_cache[kb..kb + kv_len * hd],
+                &k_cache[kb..kb + kv_max * hd],
+                &v_cache[kb..kb + kv_max * hd],
             );
-            assert!(base + group * hd <= out_len);
-            // SAFETY: in bounds (checked above) and owned by this item alone.
-            let og = unsafe { std::slice::from_raw_parts_mut(out.0.add(base), group * hd) };
-            self.attend_group(s, qg, k, v, kv_len, og);
-        }
-    }
-
-    fn attend_group(
-        &self,
-        s: &AttentionShape,
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        kv_len: usize,
-        out: &mut [f32],
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        if self.isa.x86_vector() && s.head_dim % 8 == 0 {
-            let hd = s.head_dim;
-            for (qb, ob) in q
-                .chunks(x86::MAX_GROUP * hd)
-                .zip(out.chunks_mut(x86::MAX_GROUP * hd))
-            {
-                // SAFETY: the ISA was checked at construction; head_dim is a multiple of 8
-                // and `k`/`v` hold `kv_len` rows (sliced by the caller).
-                unsafe { x86::attend_group(s, qb, k, v, kv_len, ob) };
+            // Token t's heads of this KV head: `group` rows from `base(t)`.
+            let base = |t: usize| (t * s.n_heads + kvh * group) * hd;
+            assert!(base(tokens.end - 1) + group * hd <= out_len.min(q.len()));
+            #[cfg(target_arch = "x86_64")]
+            if self.isa.x86_vector() && hd % 8 == 0 {
+                let mut rows = [x86::AttnRow {
+                    q: std::ptr::null(),
+                    out: std::ptr::null_mut(),
+                    kv_len: 0,
+                }; x86::MAX_ROWS];
+                let mut n = 0;
+                for t in tokens.clone() {
+                    for h in 0..group {
+                        let o = base(t) + h * hd;
+                        rows[n] = x86::AttnRow {
+                            q: q[o..o + hd].as_ptr(),
+                            // SAFETY: inside `out` (checked above).
+                            out: unsafe { out.0.add(o) },
+                            kv_len: s.pos0 + t + 1,
+                        };
+                        n += 1;
+                        if n == x86::MAX_ROWS {
+                            // SAFETY: the ISA and head size were checked; every row's kv_len
+                            // is within `k`/`v`; the rows' outputs are this item's alone.
+                            unsafe { x86::attend_rows(s, &rows[..n], k.as_ptr(), v.as_ptr()) };
+                            n = 0;
+                        }
+                    }
+                }
+                if n > 0 {
+                    // SAFETY: as above.
+                    unsafe { x86::attend_rows(s, &rows[..n], k.as_ptr(), v.as_ptr()) };
+                }
+                continue;
             }
-            return;
+            for t in tokens {
+                let kv_len = s.pos0 + t + 1;
+                let o = base(t);
+                // SAFETY: in bounds (checked above) and owned by this item alone.
+                let og = unsafe { std::slice::from_raw_parts_mut(out.0.add(o), group * hd) };
+                portable::attend_group(
+                    s,
+                    &q[o..o + group * hd],
+                    &k[..kv_len * hd],
+                    &v[..kv_len * hd],
+                    kv_len,
+                    og,
+                );
+            }
         }
-        portable::attend_group(s, q, k, v, kv_len, out);
     }
 }
 

@@ -556,47 +556,57 @@ pub unsafe fn rope_apply(x: &mut [f32], n_heads: usize, head_dim: usize, cos: &[
 /// Keys scored per step of the online softmax: their scores live on the stack, and the
 /// chunk of keys stays in L1 while every query head of the group reads it.
 const CHUNK: usize = 32;
-/// Query heads handled together per KV head (more are done in batches).
-pub const MAX_GROUP: usize = 8;
+/// Query rows (heads of one or more tokens sharing a KV head) attended together.
+pub const MAX_ROWS: usize = 16;
 
-/// Attention of the query heads sharing one KV head (`q`/`out`: `g` heads back to back, `g
-/// <= MAX_GROUP`) over `kv_len` cached positions, reading each key and value row once for
-/// the whole group. Online softmax over chunks of keys: scores of a chunk, the new running
-/// max, rescaling of the running sums, then exponentials and the weighted values.
+/// One query row of attention: a head of one token, where its output goes, and how many
+/// cached positions it sees (its token's causal limit).
+#[derive(Clone, Copy)]
+pub struct AttnRow {
+    pub q: *const f32,
+    pub out: *mut f32,
+    pub kv_len: usize,
+}
+
+/// Attention of up to [`MAX_ROWS`] query rows that share one KV head, reading each chunk of
+/// keys and values from memory once for all of them (it stays in L1 while each row uses
+/// it): the heads of a group, and in a prompt several tokens' heads. Online softmax over
+/// chunks of keys: scores of a chunk, the new running max, rescaling of the running sums,
+/// then exponentials and the weighted values. Each row's arithmetic depends only on its own
+/// query and `kv_len`, so a row gives the same bits whatever rows it is grouped with.
 ///
 /// # Safety
-/// AVX2 and FMA must be present; `head_dim` is a multiple of 8; `k` and `v` hold `kv_len`
-/// rows of `head_dim`.
+/// AVX2 and FMA must be present; `head_dim` is a multiple of 8; `k` and `v` point to at
+/// least the largest `kv_len` rows of `head_dim`; each row's `q` and `out` point to
+/// `head_dim` floats, the outputs distinct and written by no one else during the call.
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn attend_group(
-    s: &AttentionShape,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    kv_len: usize,
-    out: &mut [f32],
-) {
+pub unsafe fn attend_rows(s: &AttentionShape, rows: &[AttnRow], k: *const f32, v: *const f32) {
     let hd = s.head_dim;
-    let g = q.len() / hd;
-    debug_assert!(g <= MAX_GROUP && hd % 8 == 0);
-    let mut max = [f32::NEG_INFINITY; MAX_GROUP];
-    let mut denom = [0.0f32; MAX_GROUP];
-    let mut p = [[0.0f32; CHUNK]; MAX_GROUP];
-    out.fill(0.0);
-    let (qp, kp, vp, op) = (q.as_ptr(), k.as_ptr(), v.as_ptr(), out.as_mut_ptr());
-    let scale = _mm256_set1_ps(s.scale);
+    debug_assert!(rows.len() <= MAX_ROWS && hd % 8 == 0);
+    let kv_max = rows.iter().map(|r| r.kv_len).max().unwrap_or(0);
+    let mut max = [f32::NEG_INFINITY; MAX_ROWS];
+    let mut denom = [0.0f32; MAX_ROWS];
+    let mut p = [[0.0f32; CHUNK]; MAX_ROWS];
+    for r in rows {
+        // SAFETY: each output row is `hd` floats of the caller's.
+        unsafe { std::ptr::write_bytes(r.out, 0, hd) };
+    }
+    let (kp, vp) = (k, v);
     let mut c0 = 0;
-    while c0 < kv_len {
-        let cl = CHUNK.min(kv_len - c0);
-        for h in 0..g {
+    while c0 < kv_max {
+        for (h, row) in rows.iter().enumerate() {
+            if row.kv_len <= c0 {
+                continue;
+            }
+            let cl = CHUNK.min(row.kv_len - c0);
             let ph = &mut p[h];
             for (j, pj) in ph.iter_mut().enumerate().take(cl) {
                 let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                 let mut i = 0;
-                // SAFETY: row c0+j < kv_len of `k`, head h < g of `q`, i + 8 <= hd.
+                // SAFETY: key c0+j < the row's kv_len, i + 8 <= hd.
                 unsafe {
                     let kr = kp.add((c0 + j) * hd);
-                    let qr = qp.add(h * hd);
+                    let qr = row.q;
                     while i + 16 <= hd {
                         a0 = _mm256_fmadd_ps(
                             _mm256_loadu_ps(qr.add(i)),
@@ -620,7 +630,6 @@ pub unsafe fn attend_group(
                 }
                 *pj = hsum(_mm256_add_ps(a0, a1)) * s.scale;
             }
-            let _ = scale;
             let cmax = ph[..cl].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
             let new_max = max[h].max(cmax);
             let corr = if max[h] == f32::NEG_INFINITY {
@@ -651,9 +660,9 @@ pub unsafe fn attend_group(
             denom[h] = denom[h] * corr + psum;
             let cv = _mm256_set1_ps(corr);
             let mut d = 0;
-            // SAFETY: head h's output row has hd floats; value rows c0+j < kv_len.
+            // SAFETY: the row's output has hd floats; value rows c0+j < its kv_len.
             unsafe {
-                let orow = op.add(h * hd);
+                let orow = row.out;
                 while d + 32 <= hd {
                     let mut a = [
                         _mm256_mul_ps(_mm256_loadu_ps(orow.add(d)), cv),
@@ -684,14 +693,14 @@ pub unsafe fn attend_group(
                 }
             }
         }
-        c0 += cl;
+        c0 += CHUNK;
     }
-    for h in 0..g {
+    for (h, row) in rows.iter().enumerate() {
         let inv = _mm256_set1_ps(1.0 / denom[h]);
         let mut d = 0;
-        // SAFETY: head h's output row has hd floats.
+        // SAFETY: each output row has hd floats.
         unsafe {
-            let orow = op.add(h * hd);
+            let orow = row.out;
             while d < hd {
                 _mm256_storeu_ps(
                     orow.add(d),
