@@ -110,6 +110,10 @@ impl Sampler {
     /// the repetition penalty.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let p = &self.params;
+        if p.temperature == 0.0 && p.repeat_penalty == 1.0 {
+            // Plain greedy reads the logits in place: no candidate list to fill.
+            return argmax(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        }
         self.cand.clear();
         self.cand
             .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
@@ -130,7 +134,7 @@ impl Sampler {
             }
         }
         if p.temperature == 0.0 {
-            return argmax(&self.cand);
+            return argmax(self.cand.iter().copied());
         }
         let by_logit_desc =
             |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
@@ -177,9 +181,9 @@ impl Sampler {
 }
 
 /// The highest logit's token; the lowest id wins a tie.
-fn argmax(cand: &[(u32, f32)]) -> u32 {
+fn argmax(cand: impl Iterator<Item = (u32, f32)>) -> u32 {
     let mut best = (0u32, f32::NEG_INFINITY);
-    for &(i, l) in cand {
+    for (i, l) in cand {
         if l > best.1 {
             best = (i, l);
         }
