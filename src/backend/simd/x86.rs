@@ -172,6 +172,7 @@ unsafe fn group_avx2<const T: usize>(
                     _mm256_loadu_si256(wq.add(k * 64 + 32) as *const __m256i),
                 )
             };
+            _mm_prefetch::<_MM_HINT_T1>(wq.wrapping_add(PF_DIST + k * 64) as *const i8);
             let (u0, u1) = (_mm256_abs_epi8(w0), _mm256_abs_epi8(w1));
             for (t, is) in isum.iter_mut().enumerate() {
                 // SAFETY: token t0+t has `cols` quants; this slice is inside block `b`.
