@@ -557,6 +557,71 @@ pub unsafe fn rope_apply(x: &mut [f32], n_heads: usize, head_dim: usize, cos: &[
 /// Keys scored per step of the online softmax: their scores live on the stack, and the
 /// chunk of keys stays in L1 while every query head of the group reads it.
 const CHUNK: usize = 32;
+/// `q · k_u` for `N` consecutive key rows (`k + u·hd`), each with two 8-lane FMA chains over
+/// alternate 8-value slices and one horizontal sum: the same arithmetic for every `N`.
+///
+/// # Safety
+/// AVX2 and FMA must be present; `hd` is a multiple of 8; `q` holds `hd` floats and `k`
+/// holds `N` rows of `hd`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn score_keys<const N: usize>(q: *const f32, k: *const f32, hd: usize) -> [f32; N] {
+    let mut a0 = [_mm256_setzero_ps(); N];
+    let mut a1 = [_mm256_setzero_ps(); N];
+    let mut i = 0;
+    // SAFETY (whole body): every index below `hd` is inside the rows.
+    unsafe {
+        while i + 16 <= hd {
+            let (qa, qb) = (_mm256_loadu_ps(q.add(i)), _mm256_loadu_ps(q.add(i + 8)));
+            for u in 0..N {
+                let kr = k.add(u * hd + i);
+                a0[u] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(kr), a0[u]);
+                a1[u] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(kr.add(8)), a1[u]);
+            }
+            i += 16;
+        }
+        if i < hd {
+            let qa = _mm256_loadu_ps(q.add(i));
+            for u in 0..N {
+                a0[u] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k.add(u * hd + i)), a0[u]);
+            }
+        }
+    }
+    std::array::from_fn(|u| hsum(_mm256_add_ps(a0[u], a1[u])))
+}
+
+/// `out[0..8U] = out·corr + Σ_j p[j]·v_j[0..8U]` in key order (value row j at `v + j·hd`),
+/// with `U` vector accumulators.
+///
+/// # Safety
+/// AVX2 and FMA must be present; `out` holds 8U floats; `v` holds `p.len()` rows of `hd`
+/// floats from which 8U are read.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn weigh_values<const U: usize>(
+    out: *mut f32,
+    corr: __m256,
+    p: &[f32],
+    v: *const f32,
+    hd: usize,
+) {
+    // SAFETY (whole body): the caller's promise.
+    unsafe {
+        let mut a: [__m256; U] =
+            std::array::from_fn(|u| _mm256_mul_ps(_mm256_loadu_ps(out.add(u * 8)), corr));
+        for (j, &pj) in p.iter().enumerate() {
+            let pv = _mm256_set1_ps(pj);
+            let vr = v.add(j * hd);
+            for (u, au) in a.iter_mut().enumerate() {
+                *au = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr.add(u * 8)), *au);
+            }
+        }
+        for (u, au) in a.iter().enumerate() {
+            _mm256_storeu_ps(out.add(u * 8), *au);
+        }
+    }
+}
+
 /// Query rows (heads of one or more tokens sharing a KV head) attended together.
 pub const MAX_ROWS: usize = 16;
 
@@ -601,35 +666,21 @@ pub unsafe fn attend_rows(s: &AttentionShape, rows: &[AttnRow], k: *const f32, v
             }
             let cl = CHUNK.min(row.kv_len - c0);
             let ph = &mut p[h];
-            for (j, pj) in ph.iter_mut().enumerate().take(cl) {
-                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                let mut i = 0;
-                // SAFETY: key c0+j < the row's kv_len, i + 8 <= hd.
-                unsafe {
-                    let kr = kp.add((c0 + j) * hd);
-                    let qr = row.q;
-                    while i + 16 <= hd {
-                        a0 = _mm256_fmadd_ps(
-                            _mm256_loadu_ps(qr.add(i)),
-                            _mm256_loadu_ps(kr.add(i)),
-                            a0,
-                        );
-                        a1 = _mm256_fmadd_ps(
-                            _mm256_loadu_ps(qr.add(i + 8)),
-                            _mm256_loadu_ps(kr.add(i + 8)),
-                            a1,
-                        );
-                        i += 16;
-                    }
-                    if i < hd {
-                        a0 = _mm256_fmadd_ps(
-                            _mm256_loadu_ps(qr.add(i)),
-                            _mm256_loadu_ps(kr.add(i)),
-                            a0,
-                        );
-                    }
+            // Four keys at a time share each load of the query; every key's sum is formed
+            // exactly as alone.
+            let mut j = 0;
+            while j + 4 <= cl {
+                // SAFETY: keys c0+j..c0+j+4 < the row's kv_len.
+                let sc = unsafe { score_keys::<4>(row.q, kp.add((c0 + j) * hd), hd) };
+                for (pj, v) in ph[j..j + 4].iter_mut().zip(sc) {
+                    *pj = v * s.scale;
                 }
-                *pj = hsum(_mm256_add_ps(a0, a1)) * s.scale;
+                j += 4;
+            }
+            while j < cl {
+                // SAFETY: key c0+j < the row's kv_len.
+                ph[j] = unsafe { score_keys::<1>(row.q, kp.add((c0 + j) * hd), hd)[0] } * s.scale;
+                j += 1;
             }
             let cmax = ph[..cl].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
             let new_max = max[h].max(cmax);
@@ -664,23 +715,14 @@ pub unsafe fn attend_rows(s: &AttentionShape, rows: &[AttnRow], k: *const f32, v
             // SAFETY: the row's output has hd floats; value rows c0+j < its kv_len.
             unsafe {
                 let orow = row.out;
+                // Eight accumulators where the head has room: sixteen 4-cycle FMA chains
+                // in flight over the chunk's keys rather than eight.
+                while d + 64 <= hd {
+                    weigh_values::<8>(orow.add(d), cv, &ph[..cl], vp.add(c0 * hd + d), hd);
+                    d += 64;
+                }
                 while d + 32 <= hd {
-                    let mut a = [
-                        _mm256_mul_ps(_mm256_loadu_ps(orow.add(d)), cv),
-                        _mm256_mul_ps(_mm256_loadu_ps(orow.add(d + 8)), cv),
-                        _mm256_mul_ps(_mm256_loadu_ps(orow.add(d + 16)), cv),
-                        _mm256_mul_ps(_mm256_loadu_ps(orow.add(d + 24)), cv),
-                    ];
-                    for (j, &pj) in ph.iter().enumerate().take(cl) {
-                        let pv = _mm256_set1_ps(pj);
-                        let vr = vp.add((c0 + j) * hd + d);
-                        for (u, au) in a.iter_mut().enumerate() {
-                            *au = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr.add(u * 8)), *au);
-                        }
-                    }
-                    for (u, au) in a.iter().enumerate() {
-                        _mm256_storeu_ps(orow.add(d + u * 8), *au);
-                    }
+                    weigh_values::<4>(orow.add(d), cv, &ph[..cl], vp.add(c0 * hd + d), hd);
                     d += 32;
                 }
                 while d < hd {
