@@ -225,6 +225,30 @@ fn elementwise_kernels_match_scalar() {
     }
 }
 
+/// The shape of one attention call over a cache of `capacity` positions, with random
+/// queries for its tokens and random keys and values for the whole cache.
+fn attention_inputs(
+    r: &mut ChaCha8Rng,
+    (n_heads, n_kv, hd): (usize, usize, usize),
+    n_tokens: usize,
+    pos0: usize,
+    capacity: usize,
+) -> (AttentionShape, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let shape = AttentionShape {
+        n_tokens,
+        pos0,
+        n_heads,
+        n_kv_heads: n_kv,
+        head_dim: hd,
+        capacity,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
+    let q = randn(r, n_tokens * n_heads * hd, 1.0);
+    let k = randn(r, n_kv * capacity * hd, 1.0);
+    let v = randn(r, n_kv * capacity * hd, 1.0);
+    (shape, q, k, v)
+}
+
 #[test]
 fn attention_matches_scalar_within_softmax_error() {
     let mut r = rng(5);
@@ -239,19 +263,13 @@ fn attention_matches_scalar_within_softmax_error() {
         (20, 1, 8),
     ] {
         for (n_tokens, pos0) in [(1, 0), (1, 40), (5, 0), (3, 70), (1, 257), (19, 0), (9, 33)] {
-            let capacity = pos0 + n_tokens + 3;
-            let q = randn(&mut r, n_tokens * n_heads * hd, 1.0);
-            let k = randn(&mut r, n_kv * capacity * hd, 1.0);
-            let v = randn(&mut r, n_kv * capacity * hd, 1.0);
-            let shape = AttentionShape {
+            let (shape, q, k, v) = attention_inputs(
+                &mut r,
+                (n_heads, n_kv, hd),
                 n_tokens,
                 pos0,
-                n_heads,
-                n_kv_heads: n_kv,
-                head_dim: hd,
-                capacity,
-                scale: 1.0 / (hd as f32).sqrt(),
-            };
+                pos0 + n_tokens + 3,
+            );
             let mut want = vec![0.0; q.len()];
             scalar.attention(&shape, &q, &k, &v, &mut want);
             for isa in Isa::available() {
@@ -278,18 +296,12 @@ fn a_prompts_attention_in_one_call_equals_its_tokens_one_by_one_bit_for_bit() {
     let mut r = rng(6);
     for (n_heads, n_kv, hd) in [(16, 8, 128), (4, 2, 16), (16, 1, 32), (6, 3, 24)] {
         let (n_tokens, pos0) = (21, 30);
-        let capacity = pos0 + n_tokens;
-        let q = randn(&mut r, n_tokens * n_heads * hd, 1.0);
-        let k = randn(&mut r, n_kv * capacity * hd, 1.0);
-        let v = randn(&mut r, n_kv * capacity * hd, 1.0);
+        let (whole, q, k, v) =
+            attention_inputs(&mut r, (n_heads, n_kv, hd), n_tokens, pos0, pos0 + n_tokens);
         let shape = |n_tokens, pos0| AttentionShape {
             n_tokens,
             pos0,
-            n_heads,
-            n_kv_heads: n_kv,
-            head_dim: hd,
-            capacity,
-            scale: 1.0 / (hd as f32).sqrt(),
+            ..whole
         };
         let row = n_heads * hd;
         for isa in Isa::available() {
