@@ -232,3 +232,30 @@ fn quantize_rewrites_matrices_and_keeps_the_rest() {
     let o = inferno(&["quantize", "-m", src, "-o", dst, "--dtype", "q4_k"]);
     assert_clean_error(&o, "cannot write");
 }
+
+#[test]
+fn bench_times_batched_decode_of_several_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = demo_model(dir.path());
+    let m = m.to_str().unwrap();
+    let o = inferno(&[
+        "bench", "-m", m, "-b", "simd", "-p", "8", "-n", "3", "-s", "1,4", "-r", "2", "-o", "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let tests: Vec<(&str, u64)> = rows
+        .iter()
+        .map(|r| (r["test"].as_str().unwrap(), r["streams"].as_u64().unwrap()))
+        .collect();
+    // The prompt test runs once, with one sequence; the generation test once per count.
+    assert_eq!(tests, [("pp8", 1), ("tg3", 1), ("tg3 x4", 4)]);
+    for r in &rows {
+        let samples = r["samples_ts"].as_array().unwrap();
+        assert_eq!(samples.len(), 2);
+        assert!(samples.iter().all(|s| s.as_f64().unwrap() > 0.0), "{r}");
+    }
+    assert_clean_error(
+        &inferno(&["bench", "-m", m, "-p", "0", "-n", "2", "-s", "0"]),
+        "--streams must be at least 1",
+    );
+}

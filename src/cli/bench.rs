@@ -8,8 +8,8 @@
 //!
 //! With `--streams S` above 1 a generation test decodes S sequences at once, as the engine
 //! does for concurrent requests: each of the N steps is one batched forward pass over one new
-//! token of every sequence (each filled with `--depth` tokens first), and the figure is the
-//! aggregate: S × N tokens over the time of the N steps.
+//! token of every sequence (each first filled with `--depth` + 1 random tokens, untimed), and
+//! the figure is the aggregate: S × N tokens over the time of the N steps.
 
 use crate::backend::simd::Isa;
 use crate::backend::{create_backend, BackendOptions};
