@@ -308,6 +308,7 @@ unsafe fn group_vnni<const T: usize>(
                     unsafe { (xq.add(t * cols + b * 32 + k * 4) as *const i32).read_unaligned() };
                 *is = _mm512_dpbusd_epi32(*is, wv, _mm512_set1_epi32(xv));
             }
+            std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
         }
         if T >= 4 {
             for (is, o) in isum.iter_mut().zip(&odd) {
