@@ -287,33 +287,22 @@ unsafe fn group_vnni<const T: usize>(
         // SAFETY: block `b` of each of the T tokens is inside the slices taken above.
         let mut isum: [__m512i; T] =
             std::array::from_fn(|t| unsafe { _mm512_set1_epi32(*xo.add(t * nb + b)) });
-        // `vpdpbusd` takes ~6 cycles and two issue each cycle: with four tokens or more, odd
-        // slices go to a second set of sums so twice as many chains are in flight (integer
-        // sums: the same result in any order).
-        let mut odd = [_mm512_setzero_si512(); T];
         // SAFETY: block `b` of group `g` holds 8 slices × 64 bytes.
         let wq = unsafe { qbase.add(b * 512) };
         for k in 0..8 {
             // SAFETY: inside the block.
             let wv = unsafe { _mm512_loadu_si512(wq.add(k * 64) as *const __m512i) };
             _mm_prefetch::<_MM_HINT_T1>(wq.wrapping_add(PF_DIST + k * 64) as *const i8);
-            let sums = if T >= 4 && k % 2 == 1 {
-                &mut odd
-            } else {
-                &mut isum
-            };
-            for (t, is) in sums.iter_mut().enumerate() {
+            for (t, is) in isum.iter_mut().enumerate() {
                 // SAFETY: token t0+t has `cols` quants; this slice is inside block `b`.
                 let xv =
                     unsafe { (xq.add(t * cols + b * 32 + k * 4) as *const i32).read_unaligned() };
                 *is = _mm512_dpbusd_epi32(*is, wv, _mm512_set1_epi32(xv));
             }
+            // Keep the block slice-major: without this LLVM loads all eight weight slices
+            // up front and goes token by token, which spills the accumulators (measured:
+            // 8-stream decode 207 -> 237 tok/s, 64-token prompts 527 -> 630 with it).
             std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
-        }
-        if T >= 4 {
-            for (is, o) in isum.iter_mut().zip(&odd) {
-                *is = _mm512_add_epi32(*is, *o);
-            }
         }
         // SAFETY: 16 f16 scales per block.
         let dw =
