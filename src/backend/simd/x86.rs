@@ -581,17 +581,17 @@ unsafe fn score_keys<const N: usize>(q: *const f32, k: *const f32, hd: usize) ->
     unsafe {
         while i + 16 <= hd {
             let (qa, qb) = (_mm256_loadu_ps(q.add(i)), _mm256_loadu_ps(q.add(i + 8)));
-            for u in 0..N {
+            for (u, (c0, c1)) in a0.iter_mut().zip(&mut a1).enumerate() {
                 let kr = k.add(u * hd + i);
-                a0[u] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(kr), a0[u]);
-                a1[u] = _mm256_fmadd_ps(qb, _mm256_loadu_ps(kr.add(8)), a1[u]);
+                *c0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(kr), *c0);
+                *c1 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(kr.add(8)), *c1);
             }
             i += 16;
         }
         if i < hd {
             let qa = _mm256_loadu_ps(q.add(i));
-            for u in 0..N {
-                a0[u] = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k.add(u * hd + i)), a0[u]);
+            for (u, c0) in a0.iter_mut().enumerate() {
+                *c0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k.add(u * hd + i)), *c0);
             }
         }
     }
