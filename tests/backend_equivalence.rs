@@ -10,7 +10,7 @@ mod common;
 
 use inferno::backend::simd::{Isa, Kernels, SimdBackend};
 use inferno::backend::{
-    create_backend, AttentionShape, Backend, BackendOptions, ParallelBackend, PoolBackend,
+    create_backend, AttentionShape, Backend, BackendOptions, Device, ParallelBackend, PoolBackend,
     ScalarBackend,
 };
 use inferno::gguf::{GgufFile, TensorBytes};
@@ -362,11 +362,11 @@ fn fixture_models() -> Vec<(String, GgufFile)> {
     out
 }
 
-fn load(g: &GgufFile, be: Arc<dyn Backend>) -> Model {
+fn load(g: &GgufFile, be: impl Into<Device>) -> Model {
     Model::load(g, be).expect("model loads")
 }
 
-fn backend(name: &str, threads: usize) -> Arc<dyn Backend> {
+fn backend(name: &str, threads: usize) -> Device {
     create_backend(
         name,
         &BackendOptions {

@@ -14,7 +14,7 @@ mod common;
 mod service_support;
 
 use inferno::backend::gpu::GpuBackend;
-use inferno::backend::{create_backend, Backend, BackendOptions};
+use inferno::backend::{create_backend, BackendOptions, Device};
 use inferno::gguf::GgufFile;
 use inferno::model::synth::{self, SynthSpec};
 use inferno::model::{Logits, Model, SeqStep};
@@ -25,12 +25,12 @@ use std::sync::Arc;
 use tonic::Code;
 
 /// The GPU backend, or `None` (with a note) when this machine is declared to have no GPU.
-fn gpu() -> Option<Arc<dyn Backend>> {
+fn gpu() -> Option<Device> {
     gpu_with(false)
 }
 
 /// `plain`: the fallback paths (no subgroups, no packed dot product).
-fn gpu_with(plain: bool) -> Option<Arc<dyn Backend>> {
+fn gpu_with(plain: bool) -> Option<Device> {
     if std::env::var("INFERNO_TEST_GPU").is_ok_and(|v| v == "0") {
         eprintln!("SKIPPED: INFERNO_TEST_GPU=0 declares that this machine has no GPU adapter");
         return None;
@@ -38,7 +38,7 @@ fn gpu_with(plain: bool) -> Option<Arc<dyn Backend>> {
     match GpuBackend::with_paths(plain) {
         Ok(b) => {
             eprintln!("gpu adapter: {}", b.context().describe());
-            Some(Arc::new(b))
+            Some(Device::gpu(Arc::new(b)))
         }
         Err(e) => panic!(
             "{e}\n(the gpu tests need an adapter: scripts/test installs Mesa's lavapipe; \
@@ -47,7 +47,7 @@ fn gpu_with(plain: bool) -> Option<Arc<dyn Backend>> {
     }
 }
 
-fn cpu(name: &str) -> Arc<dyn Backend> {
+fn cpu(name: &str) -> Device {
     create_backend(name, &BackendOptions::default()).expect("backend")
 }
 
@@ -87,12 +87,12 @@ fn the_plain_paths_stay_close_to_scalar_too() {
     close_to_scalar(gpu);
 }
 
-fn close_to_scalar(gpu: Arc<dyn Backend>) {
+fn close_to_scalar(gpu: Device) {
     let mut models = synth_models();
     models.extend(fixture_models());
     for (name, g) in &models {
         let scalar = Model::load(g, cpu("scalar")).expect("loads");
-        let on_gpu = Model::load(g, Arc::clone(&gpu)).expect("loads on gpu");
+        let on_gpu = Model::load(g, gpu.clone()).expect("loads on gpu");
         let (want, want_tokens) = common::greedy_run(&scalar, 24);
         // The gpu decodes scalar's tokens, so every row compares the same context.
         let got = run_forced(&on_gpu, &want_tokens);
@@ -167,7 +167,7 @@ fn gpu_logits_match_transformers_like_the_cpu() {
         for dtype in ["f32", "f16", "q8_0"] {
             let file = m["gguf"][dtype].as_str().expect("file");
             let g = GgufFile::open(common::models_dir().join(file)).expect(file);
-            let model = Model::load(&g, Arc::clone(&gpu)).expect("loads");
+            let model = Model::load(&g, gpu.clone()).expect("loads");
             let scalar = Model::load(&g, cpu("scalar")).expect("loads");
             let vocab = model.config.vocab;
             for seq in m["sequences"].as_array().expect("sequences") {
@@ -207,7 +207,7 @@ fn gpu_logits_match_transformers_like_the_cpu() {
 fn a_batched_gpu_pass_gives_each_sequence_its_logits_alone_bit_for_bit() {
     let Some(gpu) = gpu() else { return };
     for (name, g) in synth_models() {
-        let model = Model::load(&g, Arc::clone(&gpu)).expect("loads");
+        let model = Model::load(&g, gpu.clone()).expect("loads");
         let vocab = model.config.vocab as u32;
         let prompts: Vec<Vec<u32>> = (0..3u32)
             .map(|s| {
@@ -291,7 +291,7 @@ fn a_kv_prefix_copied_on_the_device_continues_like_the_original() {
         bits(&la) == bits(&l),
         "truncating and rerunning changed the logits"
     );
-    assert!(b.kv.gpu().is_some(), "the cache lives on the device");
+    assert!(b.kv.on_device(), "the cache lives on the device");
 }
 
 #[test]
@@ -501,7 +501,7 @@ fn every_block_type_computes_its_stored_values() {
     .enumerate()
     {
         let (quant, deq) = random_block_models(dtype, 7 + i as u64);
-        let on_gpu = Model::load(&quant, Arc::clone(&gpu)).expect("loads on gpu");
+        let on_gpu = Model::load(&quant, gpu.clone()).expect("loads on gpu");
         let (got, _) = common::greedy_run(&on_gpu, 4);
         let vocab = on_gpu.config.vocab;
         // Q4_0 and Q5_0 run as their exact Q8_0 widening with Q8_0 activations, like the
@@ -557,11 +557,12 @@ fn split_matrices_and_grouped_logits_give_the_same_bits() {
     if gpu().is_none() {
         return;
     }
-    let capped: Arc<dyn Backend> =
-        Arc::new(GpuBackend::with_options(false, Some(16 * 1024)).expect("gpu"));
+    let capped = Device::gpu(Arc::new(
+        GpuBackend::with_options(false, Some(16 * 1024)).expect("gpu"),
+    ));
     for (name, g) in synth_models().into_iter().chain(fixture_models()) {
         let whole = Model::load(&g, gpu().unwrap()).expect("loads");
-        let split = Model::load(&g, Arc::clone(&capped)).expect("loads capped");
+        let split = Model::load(&g, capped.clone()).expect("loads capped");
         let (a, ta) = common::greedy_run(&whole, 6);
         let (b, tb) = common::greedy_run(&split, 6);
         assert_eq!(ta, tb, "{name}: tokens");

@@ -1,7 +1,7 @@
-//! Builds a backend stack from its name.
+//! Builds a device (a host kernel stack, or the GPU) from its backend name.
 
 use super::gpu::GpuBackend;
-use super::{Backend, ParallelBackend, PoolBackend, ScalarBackend, SimdBackend, TracingBackend};
+use super::{Backend, Device, ParallelBackend, PoolBackend, ScalarBackend, SimdBackend};
 use std::sync::Arc;
 
 /// Every name `create_backend` accepts (`gpu` also answers to `metal` on macOS and
@@ -19,7 +19,7 @@ const GPU_ALIAS: &str = if cfg!(target_os = "macos") {
 pub struct BackendOptions {
     /// Worker threads for the multi-threaded backends (0 = the default for this machine).
     pub threads: usize,
-    /// Wrap the stack in the tracing decorator.
+    /// A TRACE span around every operation of every step.
     pub tracing: bool,
 }
 
@@ -31,19 +31,22 @@ pub enum BackendError {
     Gpu(#[from] super::gpu::GpuError),
 }
 
-pub fn create_backend(name: &str, opts: &BackendOptions) -> Result<Arc<dyn Backend>, BackendError> {
-    let base: Box<dyn Backend> = match name.trim() {
-        "scalar" => Box::new(ScalarBackend::new()),
-        "simd" => Box::new(SimdBackend::new(ScalarBackend::new())),
-        "parallel" => Box::new(ParallelBackend::new(
+/// The device named `name` (one of [`BACKEND_NAMES`], or the GPU's platform alias).
+pub fn create_backend(name: &str, opts: &BackendOptions) -> Result<Device, BackendError> {
+    let host: Arc<dyn Backend> = match name.trim() {
+        "scalar" => Arc::new(ScalarBackend::new()),
+        "simd" => Arc::new(SimdBackend::new(ScalarBackend::new())),
+        "parallel" => Arc::new(ParallelBackend::new(
             SimdBackend::new(ScalarBackend::new()),
             opts.threads,
         )),
-        "pool" => Box::new(PoolBackend::new(
+        "pool" => Arc::new(PoolBackend::new(
             SimdBackend::new(ScalarBackend::new()),
             opts.threads,
         )),
-        name if name == "gpu" || name == GPU_ALIAS => Box::new(GpuBackend::new()?),
+        name if name == "gpu" || name == GPU_ALIAS => {
+            return Ok(Device::gpu(Arc::new(GpuBackend::new()?)).traced(opts.tracing))
+        }
         other => {
             return Err(BackendError::Unknown {
                 name: other.to_string(),
@@ -51,9 +54,5 @@ pub fn create_backend(name: &str, opts: &BackendOptions) -> Result<Arc<dyn Backe
             })
         }
     };
-    Ok(if opts.tracing {
-        Arc::new(TracingBackend::new(base))
-    } else {
-        Arc::from(base)
-    })
+    Ok(Device::host(host).traced(opts.tracing))
 }

@@ -1,27 +1,43 @@
-//! The compute backends: the [`Backend`] trait every kernel set implements, the decorator
-//! stack built on it (`scalar` at the base, `tracing` around any of them) and the
-//! [`factory`] that builds a stack from its name.
+//! The compute backends. A model's forward pass is written once against the [`exec`]
+//! interface and runs on a [`Device`]: the host kernels ([`Backend`]: `scalar` at the base,
+//! `simd` over it, `parallel` and `pool` spreading it over threads), whose [`host`] executor
+//! runs each operation as it comes, or the [`gpu`], whose executor records a whole step into
+//! one command buffer. The [`factory`] builds a device from its name.
 //!
-//! Operations write into buffers the caller allocated once per sequence, and weights stay in
-//! their stored layout ([`Matrix`]), so a decode step allocates nothing.
+//! Operations write into buffers allocated once per sequence, and weights stay in their
+//! stored layout ([`Matrix`]), so a decode step allocates nothing. Nothing here knows a model
+//! architecture.
 
+pub mod device;
+pub mod exec;
 pub mod factory;
 pub mod gpu;
+pub mod host;
+pub mod kv_cache;
 pub mod parallel;
 pub mod pool;
 pub mod scalar;
 pub mod simd;
 pub mod threadpool;
-pub mod tracing;
 
+pub use device::{Device, DeviceError, Scratch};
+pub use exec::{Buf, Executor, Logits, Op, ScratchSpec, SeqStep, LOGITS};
 pub use factory::{create_backend, BackendOptions, BACKEND_NAMES};
+pub use kv_cache::KvCache;
 pub use parallel::ParallelBackend;
 pub use pool::PoolBackend;
 pub use scalar::ScalarBackend;
 pub use simd::SimdBackend;
-pub use tracing::TracingBackend;
 
 use crate::tensor::{GgmlType, Matrix};
+
+/// The RoPE rotation for position `pos` at inverse frequency `inv_freq`, `(cos, sin)`: the
+/// angle is formed in f32 like the reference implementation, its cosine and sine in f64.
+/// Every backend rotates by these values.
+pub fn rope_angle(pos: usize, inv_freq: f32) -> (f32, f32) {
+    let angle = (pos as f32 * inv_freq) as f64;
+    (angle.cos() as f32, angle.sin() as f32)
+}
 
 /// Shape of one attention call: `n_tokens` queries at absolute positions
 /// `pos0 .. pos0 + n_tokens`, each attending causally to cache positions `0 ..= its own`.
@@ -41,6 +57,11 @@ pub struct AttentionShape {
 /// the model is loaded, so implementations may index without re-checking.
 pub trait Backend: Send + Sync {
     fn name(&self) -> &str;
+
+    /// Threads the kernels run on.
+    fn threads(&self) -> usize {
+        1
+    }
 
     /// Whether `matmul` and `get_row` accept matrices of this type.
     fn supports(&self, dtype: GgmlType) -> bool;
@@ -80,12 +101,6 @@ pub trait Backend: Send + Sync {
 
     /// `x += y`, element-wise.
     fn add(&self, x: &mut [f32], y: &[f32]);
-
-    /// The GPU backend, which runs the model's whole forward pass itself instead of
-    /// operation by operation (`None` for the host backends).
-    fn gpu(&self) -> Option<&gpu::GpuBackend> {
-        None
-    }
 
     /// Adds `bias` to every `bias.len()`-long row of `x`.
     fn add_bias(&self, x: &mut [f32], bias: &[f32]) {
@@ -137,7 +152,7 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     fn add_bias(&self, x: &mut [f32], bias: &[f32]) {
         (**self).add_bias(x, bias)
     }
-    fn gpu(&self) -> Option<&gpu::GpuBackend> {
-        (**self).gpu()
+    fn threads(&self) -> usize {
+        (**self).threads()
     }
 }

@@ -93,6 +93,10 @@ impl Backend for ParallelBackend {
         "parallel"
     }
 
+    fn threads(&self) -> usize {
+        Self::threads(self)
+    }
+
     fn supports(&self, dtype: GgmlType) -> bool {
         self.simd.supports(dtype)
     }

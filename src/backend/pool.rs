@@ -169,6 +169,10 @@ impl Backend for PoolBackend {
         "pool"
     }
 
+    fn threads(&self) -> usize {
+        Self::threads(self)
+    }
+
     fn supports(&self, dtype: GgmlType) -> bool {
         self.simd.supports(dtype)
     }

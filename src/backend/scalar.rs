@@ -115,11 +115,8 @@ impl Backend for ScalarBackend {
     fn rope(&self, x: &mut [f32], n_heads: usize, head_dim: usize, pos0: usize, inv_freq: &[f32]) {
         let half = head_dim / 2;
         for (t, tok) in x.chunks_exact_mut(n_heads * head_dim).enumerate() {
-            let pos = (pos0 + t) as f32;
             for (i, &f) in inv_freq.iter().enumerate() {
-                // The angle is formed in f32 like the reference implementation; cos/sin in f64.
-                let angle = (pos * f) as f64;
-                let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
+                let (cos, sin) = super::rope_angle(pos0 + t, f);
                 for head in tok.chunks_exact_mut(head_dim) {
                     let (a, b) = (head[i], head[i + half]);
                     head[i] = a * cos - b * sin;

@@ -20,7 +20,6 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
@@ -271,18 +270,13 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                     tracing: false,
                 },
             )?;
-            let model = Model::load(&gguf, Arc::clone(&backend))
+            let model = Model::load(&gguf, backend)
                 .with_context(|| format!("cannot load {}", a.model.display()))?;
-            let on_gpu = model.gpu();
+            let on_gpu = model.device().gpu_backend();
             if let Some(g) = on_gpu {
                 eprintln!("gpu: {}", g.context().describe());
             }
-            let shown_threads = match backend_name.as_str() {
-                _ if on_gpu.is_some() => 1,
-                "scalar" | "simd" => 1,
-                _ if threads == 0 => crate::backend::threadpool::default_threads(),
-                _ => threads,
-            };
+            let shown_threads = model.device().threads();
             let simd = if let Some(g) = on_gpu {
                 g.context().info.name.clone()
             } else if backend_name == "scalar" {

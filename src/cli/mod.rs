@@ -16,7 +16,6 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -172,7 +171,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
             tracing: true,
         },
     )?;
-    let model = Model::load(&gguf, Arc::clone(&backend))
+    let model = Model::load(&gguf, backend)
         .with_context(|| format!("cannot load model {}", args.model.display()))?;
     let tokenizer = Tokenizer::from_gguf(&gguf)
         .with_context(|| format!("cannot load the tokenizer of {}", args.model.display()))?;
@@ -269,7 +268,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             let _ = writeln!(stdout);
             drop(stdout);
             eprintln!();
-            eprintln!("backend: {}", l.model.backend().name());
+            eprintln!("backend: {}", l.model.device().name());
             eprintln!("finish_reason: {:?}", g.finish_reason);
             eprintln!("metrics:");
             eprintln!("  prompt_tokens: {}", m.prompt_tokens);

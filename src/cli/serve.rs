@@ -151,7 +151,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     // Check the backend now, so a typo (or, for gpu, a missing adapter) fails before
     // anything starts.
     let checked = crate::backend::create_backend(&load.backend, &Default::default())?;
-    if let Some(gpu) = checked.gpu() {
+    if let Some(gpu) = checked.gpu_backend() {
         info!(adapter = %gpu.context().describe(), "gpu backend");
     }
     drop(checked);

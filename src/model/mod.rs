@@ -1,16 +1,16 @@
-//! The model: hyper-parameters ([`config`]), weights ([`weights`]), the per-sequence KV cache
-//! ([`kv_cache`]) and the forward pass shared by the Qwen architectures ([`qwen`]), for one
-//! sequence or a batch of them.
+//! The model: hyper-parameters ([`config`]), weights ([`weights`]) and the forward pass
+//! shared by the Qwen architectures ([`qwen`]), for one sequence or a batch of them. The
+//! pass is written against `backend::exec`, so it runs on every device; the model knows no
+//! device itself.
 
 pub mod config;
-pub mod kv_cache;
 pub mod qwen;
 pub mod synth;
 pub mod weights;
 
+pub use crate::backend::{KvCache, Logits, Scratch, SeqStep};
 pub use config::{Architecture, ModelConfig};
-pub use kv_cache::KvCache;
-pub use qwen::{Logits, Model, Scratch, SeqStep, State};
+pub use qwen::{Model, State};
 pub use weights::ModelWeights;
 
 use crate::gguf::GgufError;
@@ -49,5 +49,5 @@ pub enum ModelError {
     #[error("logits buffer holds {got} values, {needed} needed")]
     LogitsBuffer { needed: usize, got: usize },
     #[error(transparent)]
-    Gpu(#[from] crate::backend::gpu::GpuError),
+    Device(#[from] crate::backend::DeviceError),
 }

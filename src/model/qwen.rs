@@ -8,86 +8,41 @@
 //! ```
 //!
 //! Qwen3 adds the per-head Q/K RMSNorm; Qwen2 has biases on the Q/K/V projections instead.
-//! Kernels live in the backend; this file only says what is computed, in which order.
+//!
+//! The pass is written once, against the executor interface (`backend::exec`): the host
+//! executor runs each operation with the CPU kernels as it is issued, the GPU executor
+//! records it into the step's command buffer. This file only says what is computed, in
+//! which order, on which buffers.
 //!
 //! One forward pass ([`Model::forward_batch`]) runs the new tokens of several sequences at
 //! once: their rows are stacked into one activation matrix, so every weight matrix is read
 //! once for all of them, while RoPE, the KV store and attention run per sequence at its own
-//! positions in its own cache. The backends compute each row independently of the others,
+//! positions in its own cache. The kernels compute each row independently of the others,
 //! so a sequence's results do not depend on what it is batched with. The single-sequence
 //! [`Model::forward`] is the one-sequence case.
-//!
-//! On the `gpu` backend the same pass runs on the device as one command buffer per step
-//! (`backend::gpu::GpuModel`, which follows this file's order); the weights, the KV caches
-//! and the activation buffers then live in device memory.
 
-use super::{KvCache, ModelConfig, ModelError, ModelWeights};
-use crate::backend::gpu::{GpuModel, GpuScratch};
-use crate::backend::{AttentionShape, Backend};
+use super::{ModelConfig, ModelError, ModelWeights};
+use crate::backend::{
+    Buf, Device, Executor, KvCache, Logits, Scratch, ScratchSpec, SeqStep, LOGITS,
+};
 use crate::gguf::GgufFile;
-use std::sync::Arc;
+
+/// The activation buffers of a pass: the residual stream, the normalized input of a
+/// projection, queries, keys, values, the attention output, and the MLP's gate and up rows.
+const X: Buf = Buf(0);
+const XN: Buf = Buf(1);
+const Q: Buf = Buf(2);
+const K: Buf = Buf(3);
+const V: Buf = Buf(4);
+const ATTN: Buf = Buf(5);
+const GATE: Buf = Buf(6);
+const UP: Buf = Buf(7);
 
 pub struct Model {
     pub config: ModelConfig,
     pub weights: ModelWeights,
-    backend: Arc<dyn Backend>,
+    device: Device,
     inv_freq: Vec<f32>,
-    /// The weights on the GPU, when the backend runs whole passes there.
-    device: Option<GpuModel>,
-}
-
-/// Which logits a forward call produces.
-pub enum Logits<'a> {
-    /// None: the call only fills the KV cache.
-    None,
-    /// The last token's logits (`vocab` values).
-    Last(&'a mut [f32]),
-    /// Every token's logits, row-major (`n_tokens × vocab` values).
-    All(&'a mut [f32]),
-}
-
-impl Logits<'_> {
-    /// Rows of logits wanted for `n` tokens.
-    fn rows(&self, n: usize) -> usize {
-        match self {
-            Logits::None => 0,
-            Logits::Last(_) => 1,
-            Logits::All(_) => n,
-        }
-    }
-}
-
-/// One sequence's part of a batched forward pass: its new tokens, run at the cache's next
-/// positions and appended to it.
-pub struct SeqStep<'a> {
-    pub kv: &'a mut KvCache,
-    pub tokens: &'a [u32],
-    pub logits: Logits<'a>,
-}
-
-/// Activation buffers for up to `rows` token rows per forward pass, sized once.
-pub struct Scratch {
-    rows: usize,
-    /// Rows of logits that can be gathered from several sequences into one matmul.
-    logit_rows: usize,
-    x: Vec<f32>,
-    xn: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    attn: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-    logits: Vec<f32>,
-    /// The device buffers, for a model on the GPU (the host buffers are then empty).
-    gpu: Option<GpuScratch>,
-}
-
-impl Scratch {
-    /// Token rows one forward pass may hold.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
 }
 
 /// Everything one sequence needs to run on its own: its KV cache and the activation
@@ -119,7 +74,8 @@ impl State {
 }
 
 impl Model {
-    pub fn load(gguf: &GgufFile, backend: Arc<dyn Backend>) -> Result<Self, ModelError> {
+    pub fn load(gguf: &GgufFile, device: impl Into<Device>) -> Result<Self, ModelError> {
+        let device = device.into();
         let mut config = ModelConfig::from_gguf(gguf)?;
         // The embedding's row count is the true vocabulary size of the weights.
         if let Some(info) = gguf.tensor_info("token_embd.weight") {
@@ -130,52 +86,29 @@ impl Model {
         if config.vocab == 0 {
             return Err(ModelError::BadConfig("the vocabulary is empty".into()));
         }
-        let weights = ModelWeights::load(gguf, &config, backend.as_ref())?;
+        device.check_head_dim(config.head_dim)?;
+        let weights = ModelWeights::load(gguf, &config, &device)?;
         let inv_freq = config.rope_inv_freq();
-        let device = match backend.gpu() {
-            Some(gpu) => Some(GpuModel::upload(
-                gpu.context(),
-                &config,
-                &weights,
-                &inv_freq,
-            )?),
-            None => None,
-        };
         Ok(Self {
             config,
             weights,
-            backend,
-            inv_freq,
             device,
+            inv_freq,
         })
     }
 
-    /// The model's weights on the GPU, when it runs there.
-    pub fn gpu(&self) -> Option<&GpuModel> {
-        self.device.as_ref()
-    }
-
-    pub fn backend(&self) -> &dyn Backend {
-        self.backend.as_ref()
+    /// What the model runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// An empty KV cache for a sequence of up to `capacity` positions (capped by the
-    /// model's context).
+    /// model's context, and by what the device holds).
     pub fn new_kv_cache(&self, capacity: usize) -> KvCache {
         let c = &self.config;
         let capacity = capacity.clamp(1, c.context_length);
-        match &self.device {
-            Some(dev) => {
-                let capacity = capacity.min(dev.max_kv_capacity()).max(1);
-                KvCache::on_device(
-                    dev.new_kv(c.n_layers, capacity),
-                    c.n_layers,
-                    c.n_kv_heads,
-                    c.head_dim,
-                )
-            }
-            None => KvCache::new(c.n_layers, c.n_kv_heads, c.head_dim, capacity),
-        }
+        self.device
+            .new_kv_cache(c.n_layers, c.n_kv_heads, c.head_dim, capacity)
     }
 
     /// Bytes of KV cache one position takes.
@@ -188,38 +121,15 @@ impl Model {
     /// rows' logits (from several sequences) are computed in one matmul.
     pub fn new_scratch(&self, rows: usize, logit_rows: usize) -> Scratch {
         let c = &self.config;
-        if let Some(dev) = &self.device {
-            let gpu = dev.new_scratch(rows, logit_rows);
-            return Scratch {
-                rows: gpu.rows(),
-                logit_rows,
-                x: Vec::new(),
-                xn: Vec::new(),
-                q: Vec::new(),
-                k: Vec::new(),
-                v: Vec::new(),
-                attn: Vec::new(),
-                gate: Vec::new(),
-                up: Vec::new(),
-                logits: Vec::new(),
-                gpu: Some(gpu),
-            };
-        }
-        let b = rows.max(1);
-        Scratch {
-            rows: b,
+        let (h, qd, kvd, ffn) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn);
+        self.device.new_scratch(&ScratchSpec {
+            // Indexed by the buffer constants above.
+            widths: vec![h, h, qd, kvd, kvd, qd, ffn, ffn],
+            rows: rows.max(1),
             logit_rows,
-            x: vec![0.0; b * c.hidden],
-            xn: vec![0.0; b * c.hidden],
-            q: vec![0.0; b * c.q_dim()],
-            k: vec![0.0; b * c.kv_dim()],
-            v: vec![0.0; b * c.kv_dim()],
-            attn: vec![0.0; b * c.q_dim()],
-            gate: vec![0.0; b * c.ffn],
-            up: vec![0.0; b * c.ffn],
-            logits: vec![0.0; logit_rows * c.vocab],
-            gpu: None,
-        }
+            vocab: c.vocab,
+            head_dim: c.head_dim,
+        })
     }
 
     /// A state for a sequence of up to `capacity` tokens, processing prompts in chunks of
@@ -260,7 +170,7 @@ impl Model {
         }
         let c = &self.config;
         if kv.shape() != (c.n_layers, c.n_kv_heads, c.head_dim)
-            || kv.gpu().is_some() != self.device.is_some()
+            || kv.on_device() != self.device.is_gpu()
         {
             return Err(ModelError::BadConfig(
                 "the KV cache was made for another model".into(),
@@ -278,7 +188,7 @@ impl Model {
     ) -> Result<(), ModelError> {
         self.check(&st.kv, tokens, &logits)?;
         let vocab = self.config.vocab;
-        let chunk = st.scratch.rows;
+        let chunk = st.scratch.rows();
         let n_chunks = tokens.len().div_ceil(chunk);
         for (ci, part) in tokens.chunks(chunk).enumerate() {
             let first = ci * chunk;
@@ -313,168 +223,80 @@ impl Model {
             self.check(s.kv, s.tokens, &s.logits)?;
         }
         let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
-        if n > scratch.rows {
+        if n > scratch.rows() {
             return Err(ModelError::BatchTooLarge {
                 rows: n,
-                capacity: scratch.rows,
+                capacity: scratch.rows(),
             });
         }
-        if let Some(dev) = &self.device {
-            let gpu = scratch.gpu.as_mut().ok_or_else(|| {
-                ModelError::BadConfig("the scratch buffers were made for another model".into())
-            })?;
-            dev.forward(seqs, gpu)?;
-            for s in seqs.iter_mut() {
-                s.kv.advance(s.tokens.len());
-            }
-            return Ok(());
-        }
-        let be = self.backend.as_ref();
-        let h = self.config.hidden;
-        let w = &self.weights;
-        let rows = seqs.iter().flat_map(|s| s.tokens.iter());
-        for (t, &id) in rows.enumerate() {
-            be.get_row(
-                &w.token_embd,
-                id as usize,
-                &mut scratch.x[t * h..(t + 1) * h],
-            );
-        }
-        for l in 0..w.layers.len() {
-            self.attention_block(seqs, scratch, l, n);
-            self.mlp_block(scratch, l, n);
-        }
+        self.device.step(seqs, scratch, &|ex| self.pass(ex))?;
         for s in seqs.iter_mut() {
             s.kv.advance(s.tokens.len());
         }
-        self.output(seqs, scratch);
         Ok(())
     }
 
-    /// `x += Wo · Attention(...)` for layer `l` over all `n` rows; each sequence's rows are
-    /// rotated at its positions, stored in its cache and attend over its history.
-    fn attention_block(&self, seqs: &mut [SeqStep<'_>], sc: &mut Scratch, l: usize, n: usize) {
-        let be = self.backend.as_ref();
+    /// The whole pass over the step's rows: embedding, every block, then the logits.
+    fn pass(&self, ex: &mut dyn Executor) {
+        let n = ex.rows();
+        ex.embed(&self.weights.token_embd, X);
+        for l in 0..self.weights.layers.len() {
+            self.attention_block(ex, l, n);
+            self.mlp_block(ex, l, n);
+        }
+        self.output(ex);
+    }
+
+    /// `x += Wo · Attention(RoPE(QNorm(Wq·n)), RoPE(KNorm(Wk·n)), Wv·n)`, `n = RMSNorm(x)`;
+    /// each sequence's rows are rotated at its positions, stored in its cache and attend
+    /// over its history.
+    fn attention_block(&self, ex: &mut dyn Executor, l: usize, n: usize) {
         let c = &self.config;
         let lw = &self.weights.layers[l];
-        let (h, qd, kvd) = (c.hidden, c.q_dim(), c.kv_dim());
-        let xn = &mut sc.xn[..n * h];
-        let (q, k, v) = (
-            &mut sc.q[..n * qd],
-            &mut sc.k[..n * kvd],
-            &mut sc.v[..n * kvd],
-        );
-
-        xn.copy_from_slice(&sc.x[..n * h]);
-        be.rms_norm(xn, &lw.attn_norm, c.rms_eps);
-        be.matmul(&lw.wq, xn, n, q);
-        be.matmul(&lw.wk, xn, n, k);
-        be.matmul(&lw.wv, xn, n, v);
+        ex.rms_norm(X, XN, n, &lw.attn_norm, c.rms_eps);
+        ex.matmul(&lw.wq, XN, n, Q);
+        ex.matmul(&lw.wk, XN, n, K);
+        ex.matmul(&lw.wv, XN, n, V);
         if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
-            be.add_bias(q, bq);
-            be.add_bias(k, bk);
-            be.add_bias(v, bv);
+            ex.add_bias(Q, n, bq);
+            ex.add_bias(K, n, bk);
+            ex.add_bias(V, n, bv);
         }
         if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-            be.rms_norm(q, qn, c.rms_eps);
-            be.rms_norm(k, kn, c.rms_eps);
+            ex.rms_norm(Q, Q, n * c.n_heads, qn, c.rms_eps);
+            ex.rms_norm(K, K, n * c.n_kv_heads, kn, c.rms_eps);
         }
-
-        let mut r0 = 0;
-        for s in seqs.iter_mut() {
-            let m = s.tokens.len();
-            // The cache's length moves only after the last layer: every layer stores here.
-            let pos0 = s.kv.len();
-            let q = &mut q[r0 * qd..(r0 + m) * qd];
-            let k = &mut k[r0 * kvd..(r0 + m) * kvd];
-            be.rope(q, c.n_heads, c.head_dim, pos0, &self.inv_freq);
-            be.rope(k, c.n_kv_heads, c.head_dim, pos0, &self.inv_freq);
-            s.kv.store(l, pos0, k, &v[r0 * kvd..(r0 + m) * kvd]);
-            let shape = AttentionShape {
-                n_tokens: m,
-                pos0,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv_heads,
-                head_dim: c.head_dim,
-                capacity: s.kv.capacity(),
-                scale: 1.0 / (c.head_dim as f32).sqrt(),
-            };
-            let (kc, vc) = s.kv.layer(l);
-            be.attention(&shape, q, kc, vc, &mut sc.attn[r0 * qd..(r0 + m) * qd]);
-            r0 += m;
-        }
-        be.matmul(&lw.wo, &sc.attn[..n * qd], n, xn);
-        be.add(&mut sc.x[..n * h], xn);
+        ex.rope(Q, c.n_heads, c.head_dim, &self.inv_freq);
+        ex.rope(K, c.n_kv_heads, c.head_dim, &self.inv_freq);
+        ex.store_kv(l, K, V);
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        ex.attention(l, Q, ATTN, c.n_heads, scale);
+        ex.matmul(&lw.wo, ATTN, n, XN);
+        ex.add(X, XN, n);
     }
 
     /// `x += Wdown · (SiLU(Wgate · m) ⊙ Wup · m)` with `m = RMSNorm(x)`.
-    fn mlp_block(&self, sc: &mut Scratch, l: usize, n: usize) {
-        let be = self.backend.as_ref();
+    fn mlp_block(&self, ex: &mut dyn Executor, l: usize, n: usize) {
         let c = &self.config;
         let lw = &self.weights.layers[l];
-        let h = c.hidden;
-        let xn = &mut sc.xn[..n * h];
-        let (gate, up) = (&mut sc.gate[..n * c.ffn], &mut sc.up[..n * c.ffn]);
-
-        xn.copy_from_slice(&sc.x[..n * h]);
-        be.rms_norm(xn, &lw.ffn_norm, c.rms_eps);
-        be.matmul(&lw.w_gate, xn, n, gate);
-        be.matmul(&lw.w_up, xn, n, up);
-        be.silu_mul(gate, up);
-        be.matmul(&lw.w_down, gate, n, xn);
-        be.add(&mut sc.x[..n * h], xn);
+        ex.rms_norm(X, XN, n, &lw.ffn_norm, c.rms_eps);
+        ex.matmul(&lw.w_gate, XN, n, GATE);
+        ex.matmul(&lw.w_up, XN, n, UP);
+        ex.silu_mul(GATE, UP, n);
+        ex.matmul(&lw.w_down, GATE, n, XN);
+        ex.add(X, XN, n);
     }
 
-    /// The logits each sequence asked for. Rows from several sequences share one matmul
-    /// (the output matrix is the largest) when the scratch has room for them; one
-    /// sequence's rows go straight to its buffer.
-    fn output(&self, seqs: &mut [SeqStep<'_>], sc: &mut Scratch) {
-        let h = self.config.hidden;
-        let vocab = self.config.vocab;
-        let wanting = seqs
-            .iter()
-            .filter(|s| !matches!(s.logits, Logits::None))
-            .count();
-        let total: usize = seqs.iter().map(|s| s.logits.rows(s.tokens.len())).sum();
-        if wanting > 1 && total <= sc.logit_rows {
-            let mut r0 = 0;
-            let mut m = 0;
-            for s in seqs.iter() {
-                let rows = s.logits.rows(s.tokens.len());
-                let from = r0 + s.tokens.len() - rows;
-                sc.xn[m * h..(m + rows) * h].copy_from_slice(&sc.x[from * h..(from + rows) * h]);
-                m += rows;
-                r0 += s.tokens.len();
-            }
-            self.final_norm_and_project(&mut sc.xn[..m * h], m, &mut sc.logits[..m * vocab]);
-            let mut m = 0;
-            for s in seqs.iter_mut() {
-                let rows = s.logits.rows(s.tokens.len());
-                if let Logits::Last(o) | Logits::All(o) = &mut s.logits {
-                    o[..rows * vocab].copy_from_slice(&sc.logits[m * vocab..(m + rows) * vocab]);
-                }
-                m += rows;
-            }
-            return;
-        }
-        let mut r0 = 0;
-        for s in seqs.iter_mut() {
-            let n = s.tokens.len();
-            let rows = s.logits.rows(n);
-            if let Logits::Last(o) | Logits::All(o) = &mut s.logits {
-                let from = r0 + n - rows;
-                sc.xn[..rows * h].copy_from_slice(&sc.x[from * h..(from + rows) * h]);
-                self.final_norm_and_project(&mut sc.xn[..rows * h], rows, &mut o[..rows * vocab]);
-            }
-            r0 += n;
-        }
-    }
-
-    /// `out = Woutput · RMSNorm(x)` for `m` rows.
-    fn final_norm_and_project(&self, x: &mut [f32], m: usize, out: &mut [f32]) {
-        let be = self.backend.as_ref();
+    /// `logits = Woutput · RMSNorm(x)` for the rows whose logits are wanted, in the blocks
+    /// the executor hands out.
+    fn output(&self, ex: &mut dyn Executor) {
         let w = &self.weights;
-        be.rms_norm(x, &w.output_norm, self.config.rms_eps);
-        be.matmul(&w.output, x, m, out);
+        let mut first = 0;
+        while let Some(count) = ex.logit_block(first) {
+            ex.gather_wanted(X, XN, first, count);
+            ex.rms_norm(XN, XN, count, &w.output_norm, self.config.rms_eps);
+            ex.matmul(&w.output, XN, count, LOGITS);
+            first += count;
+        }
     }
 }

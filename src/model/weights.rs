@@ -1,25 +1,25 @@
 //! The model's tensors, looked up by their GGUF names and checked against the config.
 
 use super::{Architecture, ModelConfig, ModelError};
-use crate::backend::Backend;
+use crate::backend::Device;
 use crate::gguf::GgufFile;
-use crate::tensor::{self, GgmlType, Matrix};
+use crate::tensor::{self, GgmlType, Matrix, Vector};
 
 /// One transformer block's weights.
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,
+    pub attn_norm: Vector,
     pub wq: Matrix,
     pub wk: Matrix,
     pub wv: Matrix,
     pub wo: Matrix,
     /// Qwen2's projection biases.
-    pub bq: Option<Vec<f32>>,
-    pub bk: Option<Vec<f32>>,
-    pub bv: Option<Vec<f32>>,
+    pub bq: Option<Vector>,
+    pub bk: Option<Vector>,
+    pub bv: Option<Vector>,
     /// Qwen3's per-head RMSNorm gains on queries and keys.
-    pub q_norm: Option<Vec<f32>>,
-    pub k_norm: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
+    pub q_norm: Option<Vector>,
+    pub k_norm: Option<Vector>,
+    pub ffn_norm: Vector,
     pub w_gate: Matrix,
     pub w_up: Matrix,
     pub w_down: Matrix,
@@ -28,7 +28,7 @@ pub struct LayerWeights {
 pub struct ModelWeights {
     pub token_embd: Matrix,
     pub layers: Vec<LayerWeights>,
-    pub output_norm: Vec<f32>,
+    pub output_norm: Vector,
     /// The LM head: `output.weight`, or the token embedding when the model ties them.
     pub output: Matrix,
     pub tied_embeddings: bool,
@@ -36,7 +36,7 @@ pub struct ModelWeights {
 
 struct Loader<'a> {
     gguf: &'a GgufFile,
-    backend: &'a dyn Backend,
+    device: &'a Device,
 }
 
 impl Loader<'_> {
@@ -54,11 +54,11 @@ impl Loader<'_> {
                 found: info.dims.clone(),
             });
         }
-        if !self.backend.supports(info.dtype) {
+        if !self.device.supports(info.dtype) {
             return Err(ModelError::UnsupportedDtype {
                 name: name.to_string(),
                 dtype: info.dtype,
-                backend: self.backend.name().to_string(),
+                backend: self.device.name().to_string(),
             });
         }
         let mut m = Matrix {
@@ -69,12 +69,12 @@ impl Loader<'_> {
             data: self.gguf.tensor_data(name)?,
             prepared: None,
         };
-        self.backend.prepare(&mut m);
+        self.device.prepare_matrix(&mut m)?;
         Ok(m)
     }
 
     /// A 1-D vector of `len` values (norm gains, biases), widened to f32.
-    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+    fn vector(&self, name: &str, len: usize) -> Result<Vector, ModelError> {
         let info = self
             .gguf
             .tensor_info(name)
@@ -90,7 +90,7 @@ impl Loader<'_> {
         let unsupported = || ModelError::UnsupportedDtype {
             name: name.to_string(),
             dtype: info.dtype,
-            backend: self.backend.name().to_string(),
+            backend: self.device.name().to_string(),
         };
         if !tensor::is_supported(info.dtype) {
             return Err(unsupported());
@@ -102,10 +102,12 @@ impl Loader<'_> {
             &mut out,
         )
         .map_err(|_| unsupported())?;
-        Ok(out)
+        let mut v = Vector::new(name, out);
+        self.device.prepare_vector(&mut v)?;
+        Ok(v)
     }
 
-    fn optional_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>, ModelError> {
+    fn optional_vector(&self, name: &str, len: usize) -> Result<Option<Vector>, ModelError> {
         match self.gguf.tensor_info(name) {
             Some(_) => self.vector(name, len).map(Some),
             None => Ok(None),
@@ -114,12 +116,8 @@ impl Loader<'_> {
 }
 
 impl ModelWeights {
-    pub fn load(
-        gguf: &GgufFile,
-        cfg: &ModelConfig,
-        backend: &dyn Backend,
-    ) -> Result<Self, ModelError> {
-        let ld = Loader { gguf, backend };
+    pub fn load(gguf: &GgufFile, cfg: &ModelConfig, device: &Device) -> Result<Self, ModelError> {
+        let ld = Loader { gguf, device };
         let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         let token_embd = ld.matrix("token_embd.weight", cfg.vocab, h)?;
         let mut layers = Vec::with_capacity(cfg.n_layers);

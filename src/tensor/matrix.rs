@@ -46,3 +46,36 @@ impl std::fmt::Debug for Matrix {
         )
     }
 }
+
+/// A 1-D tensor of f32 values (a norm's gains, a bias), widened from its stored type at load.
+#[derive(Clone, Default)]
+pub struct Vector {
+    pub name: String,
+    pub data: Vec<f32>,
+    /// A device's own copy of the values (e.g. a GPU buffer), made once at load.
+    pub prepared: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl Vector {
+    pub fn new(name: impl Into<String>, data: Vec<f32>) -> Self {
+        Self {
+            name: name.into(),
+            data,
+            prepared: None,
+        }
+    }
+}
+
+impl std::ops::Deref for Vector {
+    type Target = [f32];
+
+    fn deref(&self) -> &[f32] {
+        &self.data
+    }
+}
+
+impl std::fmt::Debug for Vector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Vector({} [{}])", self.name, self.data.len())
+    }
+}

@@ -9,7 +9,7 @@ pub mod matrix;
 pub mod q8_0;
 
 pub use dtype::GgmlType;
-pub use matrix::Matrix;
+pub use matrix::{Matrix, Vector};
 
 /// Errors from tensor-level conversions.
 #[derive(Debug, thiserror::Error)]

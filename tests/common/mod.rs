@@ -8,7 +8,6 @@ use inferno::model::{Logits, Model};
 use inferno::tensor::GgmlType;
 use serde_json::Value;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -47,7 +46,7 @@ pub fn load_model_with(file: &str, backend: &str, threads: usize) -> Model {
         },
     )
     .expect("backend");
-    Model::load(&gguf, Arc::clone(&be)).expect("model loads")
+    Model::load(&gguf, be).expect("model loads")
 }
 
 pub fn ids(v: &Value) -> Vec<u32> {

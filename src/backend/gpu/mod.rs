@@ -1,12 +1,11 @@
 //! The `gpu` backend: the whole forward pass on a GPU through wgpu (Vulkan on Linux and
 //! Windows, Metal on macOS), as WGSL compute shaders.
 //!
-//! Unlike the CPU backends, which the model drives one operation at a time, this backend
-//! takes the whole step: weights are uploaded once at load in their stored (quantized)
-//! layout ([`GpuModel`]), each sequence's KV cache lives on the device ([`GpuKv`]), and a
-//! step records every layer's kernels into one command buffer with one submit; only the
-//! logits come back. The [`Backend`] operations on host slices are served by the host SIMD
-//! kernels, for callers that use the backend outside a model.
+//! The model drives it through the same executor interface as the host kernels
+//! (`backend::exec`), but nothing runs until the step ends: weights are uploaded once at load
+//! in their stored (quantized) layout, each sequence's KV cache lives on the device
+//! ([`GpuKv`]), and [`GpuExec`] records every operation of a step into one command buffer
+//! with one submit; only the logits come back.
 //!
 //! Types: Q8_0 (and Q4_0 and Q5_0, widened exactly to Q8_0 at upload), F16 and F32 keep their
 //! values in device memory as stored; Q4_1, Q5_1, Q4_K, Q5_K and Q6_K keep their raw blocks and
@@ -16,15 +15,18 @@
 //! the packed 4 × i8 dot product for Q8_0; `INFERNO_GPU_PLAIN=1` selects the plain paths (a
 //! workgroup-memory reduction and unpacked bytes), which every adapter runs.
 
-mod graph;
+mod exec;
 mod kv;
 
-pub use graph::{GpuModel, GpuScratch, StepTimes};
+pub(crate) use exec::GpuExec;
+pub use exec::{GpuScratch, StepTimes};
 pub use kv::GpuKv;
 
-use super::{AttentionShape, Backend, ScalarBackend, SimdBackend};
-use crate::tensor::{GgmlType, Matrix};
+use super::exec::ScratchSpec;
+use crate::tensor::{GgmlType, Matrix, Vector};
+use exec::{GpuMatrix, GpuVector, MAX_HEAD_DIM};
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Bytes of per-dispatch parameters (twelve `u32`s, `Params` in the shaders).
@@ -433,11 +435,14 @@ const REDUCE_SUBGROUP: &str = "
     }
     workgroupBarrier();";
 
-/// The `gpu` backend: a device context for the model's forward pass, plus the host SIMD
-/// kernels for operations called on host slices.
+/// The `gpu` backend: a device and its compiled kernels, which the model's weights, KV
+/// caches and scratch buffers are made on.
 pub struct GpuBackend {
     ctx: Arc<GpuContext>,
-    host: SimdBackend<ScalarBackend>,
+    /// Group 1 for kernels that read no weights (every pipeline has the slot).
+    no_weights: wgpu::BindGroup,
+    profiling: AtomicBool,
+    times: Mutex<StepTimes>,
 }
 
 impl GpuBackend {
@@ -454,62 +459,94 @@ impl GpuBackend {
 
     /// `binding_cap`: see [`GpuContext::open`].
     pub fn with_options(plain: bool, binding_cap: Option<u64>) -> Result<Self, GpuError> {
+        let ctx = Arc::new(GpuContext::open(plain, binding_cap)?);
+        let no_weights = GpuVector::upload(&ctx, &Vector::new("no weights", vec![0.0])).group;
         Ok(Self {
-            ctx: Arc::new(GpuContext::open(plain, binding_cap)?),
-            host: SimdBackend::new(ScalarBackend::new()),
+            ctx,
+            no_weights,
+            profiling: AtomicBool::new(false),
+            times: Mutex::new(StepTimes::default()),
         })
     }
 
     pub fn context(&self) -> &Arc<GpuContext> {
         &self.ctx
     }
-}
 
-impl Backend for GpuBackend {
-    fn name(&self) -> &str {
-        "gpu"
+    fn no_weights(&self) -> &wgpu::BindGroup {
+        &self.no_weights
     }
 
-    fn supports(&self, dtype: GgmlType) -> bool {
+    /// Whether matrices of this type have GPU kernels.
+    pub fn supports(&self, dtype: GgmlType) -> bool {
         weight_kind(dtype).is_some()
     }
 
-    fn gpu(&self) -> Option<&GpuBackend> {
-        Some(self)
+    /// Uploads a weight matrix (once, at load) as `m.prepared`.
+    pub fn upload_matrix(&self, m: &mut Matrix) -> Result<(), GpuError> {
+        let on_device = GpuMatrix::upload(&self.ctx, m)?;
+        if let Some(e) = self.ctx.take_error() {
+            return Err(GpuError::Device(e));
+        }
+        m.prepared = Some(Arc::new(on_device));
+        Ok(())
     }
 
-    fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
-        self.host.matmul(w, x, n, out)
+    /// Uploads a vector (once, at load) as `v.prepared`.
+    pub fn upload_vector(&self, v: &mut Vector) -> Result<(), GpuError> {
+        v.prepared = Some(Arc::new(GpuVector::upload(&self.ctx, v)));
+        Ok(())
     }
 
-    fn get_row(&self, w: &Matrix, row: usize, out: &mut [f32]) {
-        self.host.get_row(w, row, out)
+    /// The attention kernel holds a head in workgroup memory and rotates pairs.
+    pub fn check_head_dim(&self, head_dim: usize) -> Result<(), GpuError> {
+        if head_dim > MAX_HEAD_DIM || !head_dim.is_multiple_of(2) {
+            return Err(GpuError::Device(format!(
+                "head size {head_dim} (the attention kernel takes even sizes up to {MAX_HEAD_DIM})"
+            )));
+        }
+        Ok(())
     }
 
-    fn rms_norm(&self, x: &mut [f32], weight: &[f32], eps: f32) {
-        self.host.rms_norm(x, weight, eps)
+    /// The most positions a KV cache can hold on this device.
+    pub fn max_kv_capacity(&self, n_kv_heads: usize, head_dim: usize) -> usize {
+        GpuKv::max_capacity(&self.ctx, n_kv_heads, head_dim)
     }
 
-    fn rope(&self, x: &mut [f32], n_heads: usize, head_dim: usize, pos0: usize, inv_freq: &[f32]) {
-        self.host.rope(x, n_heads, head_dim, pos0, inv_freq)
-    }
-
-    fn attention(
+    pub fn new_kv(
         &self,
-        shape: &AttentionShape,
-        q: &[f32],
-        k_cache: &[f32],
-        v_cache: &[f32],
-        out: &mut [f32],
-    ) {
-        self.host.attention(shape, q, k_cache, v_cache, out)
+        n_layers: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        capacity: usize,
+    ) -> GpuKv {
+        GpuKv::new(&self.ctx, n_layers, n_kv_heads, head_dim, capacity)
     }
 
-    fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
-        self.host.silu_mul(gate, up)
+    pub fn new_scratch(&self, spec: &ScratchSpec) -> GpuScratch {
+        GpuScratch::new(&self.ctx, spec)
     }
 
-    fn add(&self, x: &mut [f32], y: &[f32]) {
-        self.host.add(x, y)
+    /// Starts (or stops) timing each step; the sums start again from zero.
+    pub fn set_profiling(&self, on: bool) {
+        self.profiling.store(on, Ordering::Relaxed);
+        *self.times.lock().unwrap_or_else(|p| p.into_inner()) = StepTimes::default();
+    }
+
+    fn profiling(&self) -> bool {
+        self.profiling.load(Ordering::Relaxed)
+    }
+
+    /// The step times summed since profiling was turned on.
+    pub fn step_times(&self) -> StepTimes {
+        *self.times.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add_step_times(&self, t: StepTimes) {
+        let mut times = self.times.lock().unwrap_or_else(|p| p.into_inner());
+        times.steps += t.steps;
+        times.encode += t.encode;
+        times.submit_to_results += t.submit_to_results;
+        times.gpu += t.gpu;
     }
 }

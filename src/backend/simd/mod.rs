@@ -396,11 +396,10 @@ impl RopeTable {
             self.sin.resize(n * half, 0.0);
         }
         for t in 0..n {
-            let pos = (pos0 + t) as f32;
             for (i, &f) in inv_freq.iter().enumerate() {
-                let angle = (pos * f) as f64;
-                self.cos[t * half + i] = angle.cos() as f32;
-                self.sin[t * half + i] = angle.sin() as f32;
+                let (cos, sin) = super::rope_angle(pos0 + t, f);
+                self.cos[t * half + i] = cos;
+                self.sin[t * half + i] = sin;
             }
         }
         self.pos0 = pos0;

@@ -1,8 +1,8 @@
 //! The key/value cache of one sequence: allocated once for a fixed number of positions, it
-//! knows how many of them hold the sequence's history so far. It lives in host memory, or in
-//! device memory when the model runs on the `gpu` backend.
+//! knows how many of them hold the sequence's history so far. It lives where the executor
+//! that fills it runs: host memory, or device memory on the `gpu` backend.
 
-use crate::backend::gpu::GpuKv;
+use super::gpu::GpuKv;
 
 /// Per layer, keys and values laid out `[n_kv_heads][capacity][head_dim]` in f32, so one
 /// head's history is contiguous for the attention kernel.
@@ -13,10 +13,12 @@ pub struct KvCache {
     n_layers: usize,
     n_kv_heads: usize,
     head_dim: usize,
-    /// Host memory (empty for a device cache).
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
-    device: Option<GpuKv>,
+    store: Store,
+}
+
+enum Store {
+    Host { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
+    Gpu(GpuKv),
 }
 
 impl KvCache {
@@ -28,29 +30,36 @@ impl KvCache {
             n_layers,
             n_kv_heads,
             head_dim,
-            k: (0..n_layers).map(|_| vec![0.0; per_layer]).collect(),
-            v: (0..n_layers).map(|_| vec![0.0; per_layer]).collect(),
-            device: None,
+            store: Store::Host {
+                k: (0..n_layers).map(|_| vec![0.0; per_layer]).collect(),
+                v: (0..n_layers).map(|_| vec![0.0; per_layer]).collect(),
+            },
         }
     }
 
     /// A cache whose keys and values live in device memory.
-    pub fn on_device(kv: GpuKv, n_layers: usize, n_kv_heads: usize, head_dim: usize) -> Self {
+    pub(crate) fn on_gpu(kv: GpuKv, n_layers: usize, n_kv_heads: usize, head_dim: usize) -> Self {
         Self {
             capacity: kv.capacity(),
             len: 0,
             n_layers,
             n_kv_heads,
             head_dim,
-            k: Vec::new(),
-            v: Vec::new(),
-            device: Some(kv),
+            store: Store::Gpu(kv),
         }
     }
 
+    /// Whether the keys and values live in device memory.
+    pub fn on_device(&self) -> bool {
+        matches!(self.store, Store::Gpu(_))
+    }
+
     /// The device cache, when this cache lives on the GPU.
-    pub fn gpu(&self) -> Option<&GpuKv> {
-        self.device.as_ref()
+    pub(crate) fn gpu(&self) -> Option<&GpuKv> {
+        match &self.store {
+            Store::Gpu(kv) => Some(kv),
+            Store::Host { .. } => None,
+        }
     }
 
     /// Positions the cache can hold.
@@ -95,7 +104,7 @@ impl KvCache {
     /// Whether `other` has the same layers and heads and lives in the same memory (so
     /// positions can be copied across).
     pub fn same_shape(&self, other: &KvCache) -> bool {
-        self.shape() == other.shape() && self.device.is_some() == other.device.is_some()
+        self.shape() == other.shape() && self.on_device() == other.on_device()
     }
 
     /// Replaces this cache's contents with the first `n` positions of `other` (a shared
@@ -108,20 +117,22 @@ impl KvCache {
             return 0;
         }
         let n = n.min(other.len).min(self.capacity);
-        if let (Some(dst), Some(src)) = (self.device.as_mut(), other.device.as_ref()) {
-            dst.copy_prefix_from(src, n);
-            self.len = n;
-            return n;
-        }
-        let hd = self.head_dim;
-        for (dst, src) in [(&mut self.k, &other.k), (&mut self.v, &other.v)] {
-            for (dl, sl) in dst.iter_mut().zip(src.iter()) {
-                for h in 0..self.n_kv_heads {
-                    let d0 = h * self.capacity * hd;
-                    let s0 = h * other.capacity * hd;
-                    dl[d0..d0 + n * hd].copy_from_slice(&sl[s0..s0 + n * hd]);
+        let (hd, heads, cap) = (self.head_dim, self.n_kv_heads, self.capacity);
+        match (&mut self.store, &other.store) {
+            (Store::Gpu(dst), Store::Gpu(src)) => dst.copy_prefix_from(src, n),
+            (Store::Host { k, v }, Store::Host { k: ok, v: ov }) => {
+                for (dst, src) in [(k, ok), (v, ov)] {
+                    for (dl, sl) in dst.iter_mut().zip(src.iter()) {
+                        for h in 0..heads {
+                            let d0 = h * cap * hd;
+                            let s0 = h * other.capacity * hd;
+                            dl[d0..d0 + n * hd].copy_from_slice(&sl[s0..s0 + n * hd]);
+                        }
+                    }
                 }
             }
+            // Different memories were ruled out by `same_shape`.
+            _ => return 0,
         }
         self.len = n;
         n
@@ -133,7 +144,10 @@ impl KvCache {
         let hd = self.head_dim;
         let (row, cap) = (self.n_kv_heads * hd, self.capacity);
         // A device cache is filled by the GPU kernels; the host path never stores into it.
-        let (Some(kl), Some(vl)) = (self.k.get_mut(layer), self.v.get_mut(layer)) else {
+        let Store::Host { k: kc, v: vc } = &mut self.store else {
+            return;
+        };
+        let (Some(kl), Some(vl)) = (kc.get_mut(layer), vc.get_mut(layer)) else {
             return;
         };
         for (t, (kt, vt)) in k.chunks_exact(row).zip(v.chunks_exact(row)).enumerate() {
@@ -146,9 +160,12 @@ impl KvCache {
     }
 
     /// Layer `layer`'s keys and values in host memory (empty for a device cache, which the
-    /// host kernels never see: the model checks where a cache lives before a step).
+    /// host kernels never see: a step checks where its caches live before it starts).
     pub fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
-        match (self.k.get(layer), self.v.get(layer)) {
+        let Store::Host { k, v } = &self.store else {
+            return (&[], &[]);
+        };
+        match (k.get(layer), v.get(layer)) {
             (Some(k), Some(v)) => (k, v),
             _ => (&[], &[]),
         }

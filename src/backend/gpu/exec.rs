@@ -1,0 +1,1032 @@
+//! The GPU executor: each [`Op`] of a step is recorded into one compute pass, and the step
+//! is submitted once (again only for further blocks of logits than the scratch holds).
+//! [`GpuMatrix`] and [`GpuVector`] are the weights' device copies, made at load;
+//! [`GpuScratch`] one engine's (or one sequence's) activation buffers.
+
+use super::{as_bytes, raw_kind, weight_kind, GpuBackend, GpuContext, GpuError, Kernels};
+use crate::backend::exec::{wanted_rows, Buf, Executor, Op, ScratchSpec, SeqStep, LOGITS};
+use crate::backend::rope_angle;
+use crate::tensor::{legacy, q8_0};
+use crate::tensor::{GgmlType, Matrix, Vector};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Workgroups along x before a grid spills into y (the shaders' `GRID_X`).
+const GRID_X: u32 = 32768;
+/// Invocations per workgroup (the shaders' `WG`).
+const WG: u32 = 64;
+/// Tokens one matrix-product workgroup covers (the shaders' `TN`).
+const TN: u32 = 8;
+/// Largest head the attention kernel holds in workgroup memory.
+pub(super) const MAX_HEAD_DIM: usize = 256;
+
+/// One weight matrix on the device, split into row chunks that each fit one binding.
+pub(super) struct GpuMatrix {
+    kind: usize,
+    /// The type code the shaders switch on: the kind (0 Q8_0, 1 F16, 2 F32) for stored
+    /// elements, the `RAW_*` code for raw blocks.
+    code: u32,
+    /// Bytes of one stored row (raw blocks are addressed by byte).
+    row_bytes: u32,
+    rows: usize,
+    cols: usize,
+    chunks: Vec<Chunk>,
+}
+
+struct Chunk {
+    row0: usize,
+    rows: usize,
+    group: wgpu::BindGroup,
+}
+
+/// A vector (norm gains, a bias) on the device: its own buffer, bound where the kernels
+/// read their `aux` values.
+pub(super) struct GpuVector {
+    pub(super) group: wgpu::BindGroup,
+}
+
+/// Where a step's time goes, summed over the steps run while profiling was on.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepTimes {
+    pub steps: u64,
+    /// Host time recording the command buffer.
+    pub encode: Duration,
+    /// From submit until the logits are on the host: GPU execution, submission, the
+    /// read-back copy and the wait.
+    pub submit_to_results: Duration,
+    /// GPU execution of the step's compute pass (timestamps; zero where the adapter has
+    /// none).
+    pub gpu: Duration,
+}
+
+/// Offsets (in elements) of the executor's own regions: in the float buffer the quantized
+/// activations' scales and the RoPE table, in the integer buffer the quantized activations.
+#[derive(Clone, Copy, Default)]
+struct Internal {
+    xs: u32,
+    tab: u32,
+    xq: u32,
+}
+
+/// Device activation buffers for forward passes of up to `rows` token rows, of which up to
+/// `logit_rows` rows' logits are computed and read back per submit; with the host staging
+/// for each step's token ids, RoPE tables and output rows. Made once, reused every step.
+pub struct GpuScratch {
+    rows: usize,
+    logit_rows: usize,
+    /// Floats per row and offset of each of the model's buffers.
+    widths: Vec<usize>,
+    offsets: Vec<u32>,
+    vocab: usize,
+    head_dim: usize,
+    logits: u32,
+    ids: u32,
+    list: u32,
+    own: Internal,
+    act: wgpu::Buffer,
+    actq: wgpu::Buffer,
+    group: wgpu::BindGroup,
+    readback: wgpu::Buffer,
+    mapped: Arc<AtomicBool>,
+    timer: Option<Timer>,
+    ids_host: Vec<u32>,
+    tab_host: Vec<f32>,
+    list_host: Vec<u32>,
+}
+
+/// Two GPU timestamps around the step's compute pass, and where they are read back.
+struct Timer {
+    set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    read: wgpu::Buffer,
+}
+
+impl GpuScratch {
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Float activations per token row (excluding logits): the model's buffers, the
+    /// quantized activations' scales and the RoPE table.
+    fn floats_per_row(spec: &ScratchSpec) -> usize {
+        spec.widths.iter().sum::<usize>() + Self::max_k(spec) / 32 + spec.head_dim
+    }
+
+    /// The widest input a matrix product quantizes.
+    fn max_k(spec: &ScratchSpec) -> usize {
+        spec.widths.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Most token rows one scratch of this shape can hold on this device.
+    fn max_rows(ctx: &GpuContext, spec: &ScratchSpec) -> usize {
+        let per_row = (Self::floats_per_row(spec) * 4) as u64;
+        ((ctx.max_binding / 2 / per_row.max(1)) as usize).max(1)
+    }
+
+    /// Buffers for passes of up to `spec.rows` token rows (capped by what one binding
+    /// holds); `spec.logit_rows` rows of logits come back per submit (at least one, and as
+    /// many as fit in a quarter of a binding when `rows` asks for more).
+    pub(super) fn new(ctx: &GpuContext, spec: &ScratchSpec) -> Self {
+        let rows = spec.rows.clamp(1, Self::max_rows(ctx, spec));
+        let vocab = spec.vocab;
+        let fit = ((ctx.max_binding / 4 / (vocab * 4).max(1) as u64) as usize).max(1);
+        let logit_rows = spec
+            .logit_rows
+            .max(rows.min(fit))
+            .clamp(1, fit.max(spec.logit_rows));
+        let max_k = Self::max_k(spec);
+        let mut at = 0u32;
+        let mut take = |n: usize| {
+            let o = at;
+            at += n as u32;
+            o
+        };
+        let offsets: Vec<u32> = spec.widths.iter().map(|w| take(rows * w)).collect();
+        let xs = take(rows * max_k / 32);
+        let tab = take(rows * spec.head_dim);
+        let logits = take(logit_rows * vocab);
+        let floats = at;
+        let mut at = 0u32;
+        let mut take = |n: usize| {
+            let o = at;
+            at += n as u32;
+            o
+        };
+        let xq = take(rows * max_k / 4);
+        let ids = take(rows);
+        let list = take(rows);
+        let words = at;
+        let act = ctx.storage_buffer("activations", floats as u64 * 4);
+        let actq = ctx.storage_buffer("integer activations", words as u64 * 4);
+        let group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("activations"),
+            layout: &ctx.kernels.act_layout,
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: act.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: actq.as_entire_binding(),
+                },
+            ],
+        });
+        let readback = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("logits read back"),
+            size: (logit_rows * vocab * 4).max(4) as u64,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let timer = ctx.timestamps.then(|| Timer {
+            set: ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("step time"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            }),
+            resolve: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("step time resolve"),
+                size: 16,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            read: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("step time read back"),
+                size: 16,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+        });
+        GpuScratch {
+            rows,
+            logit_rows,
+            widths: spec.widths.clone(),
+            offsets,
+            vocab,
+            head_dim: spec.head_dim,
+            logits,
+            ids,
+            list,
+            own: Internal { xs, tab, xq },
+            act,
+            actq,
+            group,
+            readback,
+            mapped: Arc::new(AtomicBool::new(false)),
+            timer,
+            ids_host: vec![0; rows],
+            tab_host: vec![0.0; rows * spec.head_dim],
+            list_host: vec![0; rows],
+        }
+    }
+
+    /// Offset of buffer `b` in the float buffer.
+    fn at(&self, b: Buf) -> u32 {
+        if b == LOGITS {
+            self.logits
+        } else {
+            self.offsets[b.0]
+        }
+    }
+
+    fn width(&self, b: Buf) -> usize {
+        if b == LOGITS {
+            self.vocab
+        } else {
+            self.widths[b.0]
+        }
+    }
+}
+
+/// Maps `buf[..bytes]` for reading and waits for it.
+fn map_and_wait(
+    ctx: &GpuContext,
+    buf: &wgpu::Buffer,
+    bytes: u64,
+    done: &Arc<AtomicBool>,
+) -> Result<(), GpuError> {
+    done.store(false, Ordering::SeqCst);
+    let flag = Arc::clone(done);
+    buf.slice(0..bytes)
+        .map_async(wgpu::MapMode::Read, move |r| {
+            flag.store(r.is_ok(), Ordering::SeqCst);
+        });
+    ctx.device
+        .poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: None,
+        })
+        .map_err(|e| GpuError::Device(e.to_string()))?;
+    if !done.load(Ordering::SeqCst) {
+        return Err(GpuError::Device("reading the results back failed".into()));
+    }
+    Ok(())
+}
+
+fn device_error(e: impl std::fmt::Display) -> GpuError {
+    GpuError::Device(e.to_string())
+}
+
+/// Little-endian words of `bytes` (a multiple of 4 long).
+fn words_of(bytes: &[u8], out: &mut Vec<u32>) {
+    out.extend(
+        bytes
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    );
+}
+
+impl GpuVector {
+    pub(super) fn upload(ctx: &GpuContext, v: &Vector) -> Self {
+        let buf = ctx.storage_buffer(&v.name, (v.len() * 4) as u64);
+        if !v.is_empty() {
+            ctx.queue.write_buffer(&buf, 0, as_bytes(&v.data));
+        }
+        let group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(&v.name),
+            layout: &ctx.kernels.aux_layout,
+            entries: &[wgpu::BindGroupEntry {
+                binding: 0,
+                resource: buf.as_entire_binding(),
+            }],
+        });
+        Self { group }
+    }
+}
+
+impl GpuMatrix {
+    /// Uploads `m` in its stored type: Q8_0 as its quantized bytes plus f32 block scales,
+    /// F16 and F32 as they are.
+    pub(super) fn upload(ctx: &GpuContext, m: &Matrix) -> Result<Self, GpuError> {
+        let kind = weight_kind(m.dtype).ok_or_else(|| {
+            GpuError::Device(format!("{}: type {} has no GPU kernel", m.name, m.dtype))
+        })?;
+        // Rows are uploaded as whole words.
+        if m.dtype == GgmlType::F16 && !m.cols.is_multiple_of(2) {
+            return Err(GpuError::Device(format!(
+                "{}: an F16 matrix needs an even number of columns, not {}",
+                m.name, m.cols
+            )));
+        }
+        let raw = raw_kind(m.dtype);
+        let widen = matches!(m.dtype, GgmlType::Q4_0 | GgmlType::Q5_0);
+        let dev_row_bytes = match m.dtype {
+            _ if raw.is_some() => m.row_bytes(),
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => m.cols,
+            GgmlType::F16 => m.cols * 2,
+            _ => m.cols * 4,
+        } as u64;
+        let per_chunk = ((ctx.max_binding / dev_row_bytes) as usize).clamp(1, m.rows.max(1));
+        let mut chunks = Vec::new();
+        let mut words = Vec::new();
+        let mut scales = Vec::new();
+        let mut bytes = Vec::new();
+        let mut wide = vec![0u8; m.cols / q8_0::BLOCK * q8_0::BLOCK_BYTES];
+        let mut row0 = 0;
+        while row0 < m.rows {
+            let rows = per_chunk.min(m.rows - row0);
+            words.clear();
+            scales.clear();
+            bytes.clear();
+            for r in row0..row0 + rows {
+                let mut row = m.row(r);
+                if widen {
+                    legacy::widen_to_q8_0(m.dtype == GgmlType::Q5_0, row, &mut wide);
+                    row = &wide;
+                }
+                if raw.is_some() {
+                    bytes.extend_from_slice(row);
+                } else if kind == 0 {
+                    for b in row.chunks_exact(q8_0::BLOCK_BYTES) {
+                        scales.push(half::f16::from_le_bytes([b[0], b[1]]).to_f32());
+                        words_of(&b[2..], &mut words);
+                    }
+                } else {
+                    words_of(row, &mut words);
+                }
+            }
+            if raw.is_some() {
+                // Rows of raw blocks need not end on a word; the chunk is padded once.
+                bytes.resize(bytes.len().next_multiple_of(4), 0);
+                words_of(&bytes, &mut words);
+            }
+            let wbuf = ctx.upload_words(&m.name, &words);
+            let sbuf = ctx.storage_buffer(&m.name, (scales.len() * 4) as u64);
+            if !scales.is_empty() {
+                ctx.queue.write_buffer(&sbuf, 0, as_bytes(&scales));
+            }
+            let group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&m.name),
+                layout: &ctx.kernels.weight_layout,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: wbuf.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: sbuf.as_entire_binding(),
+                    },
+                ],
+            });
+            chunks.push(Chunk { row0, rows, group });
+            row0 += rows;
+        }
+        Ok(Self {
+            kind,
+            code: raw.unwrap_or(kind as u32),
+            row_bytes: m.row_bytes() as u32,
+            rows: m.rows,
+            cols: m.cols,
+            chunks,
+        })
+    }
+}
+
+/// Records dispatches into one compute pass. Bind group 0 (the activations) stays set;
+/// group 1 and the parameters are set per dispatch.
+struct Recorder<'a> {
+    pass: wgpu::ComputePass<'static>,
+    k: &'a Kernels,
+    own: Internal,
+    /// Group 1 for the kernels that read no weights.
+    none: &'a wgpu::BindGroup,
+    /// Which activation region the quantized-activation buffer holds now (offset, rows,
+    /// cols), so Q, K and V (and gate and up) quantize their shared input once; cleared by
+    /// every other kernel.
+    quantized: Option<(u32, usize, usize)>,
+}
+
+impl<'a> Recorder<'a> {
+    fn new(
+        enc: &mut wgpu::CommandEncoder,
+        k: &'a Kernels,
+        sc: &GpuScratch,
+        none: &'a wgpu::BindGroup,
+        timer: Option<&Timer>,
+    ) -> Self {
+        let mut pass = enc
+            .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("step"),
+                timestamp_writes: timer.map(|t| wgpu::ComputePassTimestampWrites {
+                    query_set: &t.set,
+                    beginning_of_pass_write_index: Some(0),
+                    end_of_pass_write_index: Some(1),
+                }),
+            })
+            .forget_lifetime();
+        pass.set_bind_group(0, &sc.group, &[]);
+        Self {
+            pass,
+            k,
+            own: sc.own,
+            none,
+            quantized: None,
+        }
+    }
+
+    fn dispatch(
+        &mut self,
+        pipe: &wgpu::ComputePipeline,
+        group: &wgpu::BindGroup,
+        params: &[u32],
+        grid: (u32, u32, u32),
+    ) {
+        // Any other kernel may change what the quantized activations were made from.
+        self.quantized = None;
+        let mut p = [0u32; 12];
+        p[..params.len()].copy_from_slice(params);
+        self.pass.set_pipeline(pipe);
+        self.pass.set_bind_group(1, group, &[]);
+        self.pass.set_immediates(0, as_bytes(&p));
+        self.pass.dispatch_workgroups(grid.0, grid.1, grid.2);
+    }
+
+    /// A grid of `groups` workgroups, laid out as the shaders' `group_index` reads it.
+    fn grid(groups: usize) -> (u32, u32) {
+        let g = groups.max(1) as u32;
+        (g.min(GRID_X), g.div_ceil(GRID_X))
+    }
+
+    /// One invocation per element of `count`.
+    fn dispatch_count<const N: usize>(
+        &mut self,
+        pipe: &wgpu::ComputePipeline,
+        group: &wgpu::BindGroup,
+        params: [u32; N],
+        count: usize,
+    ) {
+        let (x, y) = Self::grid(count.div_ceil(WG as usize));
+        self.dispatch(pipe, group, &params, (x, y, 1));
+    }
+
+    /// `out[t] = W · x[t]` for `n` rows, chunk by chunk; Q8_0 weights take the activations
+    /// quantized to Q8_0 first (as the CPU kernels do).
+    fn matmul(&mut self, w: &GpuMatrix, x: u32, n: usize, out: u32) {
+        let (k, none) = (self.k, self.none);
+        let kept = self.quantized;
+        let x_in = if w.kind == 0 {
+            if kept != Some((x, n, w.cols)) {
+                let blocks = n * w.cols / 32;
+                self.dispatch_count(
+                    &k.quantize_q8,
+                    none,
+                    [x, self.own.xq, self.own.xs, blocks as u32],
+                    blocks,
+                );
+            }
+            self.own.xq
+        } else {
+            x
+        };
+        let rows_per_group = if w.kind == 0 { k.q8_rows as usize } else { 1 };
+        for c in &w.chunks {
+            let (gx, gy) = Self::grid(c.rows.div_ceil(rows_per_group));
+            self.dispatch(
+                match w.kind {
+                    0 => &k.mm_q8,
+                    3 => &k.mm_raw,
+                    _ => &k.mm_float,
+                },
+                &c.group,
+                &[
+                    c.rows as u32,
+                    w.cols as u32,
+                    n as u32,
+                    x_in,
+                    self.own.xs,
+                    out,
+                    w.rows as u32,
+                    c.row0 as u32,
+                    w.code,
+                    w.row_bytes,
+                ],
+                (gx, gy, (n as u32).div_ceil(TN)),
+            );
+        }
+        // The quantized input stays valid for the next product unless this one overwrote
+        // its source.
+        self.quantized = match (w.kind == 0, kept) {
+            (true, _) if out != x => Some((x, n, w.cols)),
+            (false, Some(q)) if out != q.0 => Some(q),
+            _ => None,
+        };
+    }
+}
+
+/// A block of logits rows in progress: rows `first .. first + count` of the wanted list.
+#[derive(Clone, Copy)]
+struct Block {
+    first: usize,
+    count: usize,
+}
+
+/// One step on the GPU: the operations go into a compute pass as they arrive; the pass is
+/// submitted when a block of logits is complete (or when the step ends).
+pub(crate) struct GpuExec<'s, 'a> {
+    gpu: &'s GpuBackend,
+    sc: &'s mut GpuScratch,
+    seqs: &'s mut [SeqStep<'a>],
+    rows: usize,
+    wanted: usize,
+    enc: Option<wgpu::CommandEncoder>,
+    rec: Option<Recorder<'s>>,
+    block: Option<Block>,
+    /// The RoPE table written for this step: (inverse frequencies' address, head size).
+    rope: Option<(usize, usize)>,
+    /// Whether the first submit (every layer's work) has gone.
+    submitted: bool,
+    profiling: bool,
+    started: Instant,
+    error: Option<GpuError>,
+}
+
+/// A matrix's device copy, made at load by [`GpuBackend::upload_matrix`].
+fn device_matrix(m: &Matrix) -> Result<&GpuMatrix, GpuError> {
+    m.prepared
+        .as_ref()
+        .and_then(|p| p.downcast_ref::<GpuMatrix>())
+        .ok_or_else(|| GpuError::Device(format!("{} was not uploaded to the GPU", m.name)))
+}
+
+/// A vector's device copy, made at load by [`GpuBackend::upload_vector`].
+fn device_vector(v: &Vector) -> Result<&wgpu::BindGroup, GpuError> {
+    v.prepared
+        .as_ref()
+        .and_then(|p| p.downcast_ref::<GpuVector>())
+        .map(|g| &g.group)
+        .ok_or_else(|| GpuError::Device(format!("{} was not uploaded to the GPU", v.name)))
+}
+
+impl<'s, 'a> GpuExec<'s, 'a> {
+    pub(crate) fn new(
+        gpu: &'s GpuBackend,
+        sc: &'s mut GpuScratch,
+        seqs: &'s mut [SeqStep<'a>],
+    ) -> Self {
+        let rows: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        let mut error = None;
+        if rows > sc.rows {
+            error = Some(GpuError::Device(format!(
+                "{rows} token rows exceed the {} this scratch holds",
+                sc.rows
+            )));
+        }
+        let ctx = gpu.context();
+        let mut wanted = 0;
+        if error.is_none() {
+            let ids = seqs.iter().flat_map(|s| s.tokens.iter());
+            for (slot, &id) in sc.ids_host.iter_mut().zip(ids) {
+                *slot = id;
+            }
+            for (slot, r) in sc.list_host.iter_mut().zip(wanted_rows(seqs)) {
+                *slot = r as u32;
+                wanted += 1;
+            }
+            ctx.queue
+                .write_buffer(&sc.actq, sc.ids as u64 * 4, as_bytes(&sc.ids_host[..rows]));
+            ctx.queue.write_buffer(
+                &sc.actq,
+                sc.list as u64 * 4,
+                as_bytes(&sc.list_host[..wanted]),
+            );
+        }
+        let profiling = gpu.profiling();
+        let mut ex = Self {
+            gpu,
+            sc,
+            seqs,
+            rows,
+            wanted,
+            enc: None,
+            rec: None,
+            block: None,
+            rope: None,
+            submitted: false,
+            profiling,
+            started: Instant::now(),
+            error,
+        };
+        ex.open_pass();
+        ex
+    }
+
+    /// Starts a command buffer and its compute pass (timed, for the step's first one, when
+    /// profiling).
+    fn open_pass(&mut self) {
+        let ctx: &'s GpuContext = self.gpu.context();
+        let mut enc = ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some(if self.submitted { "logits" } else { "forward" }),
+            });
+        let timer = self
+            .sc
+            .timer
+            .as_ref()
+            .filter(|_| self.profiling && !self.submitted);
+        self.rec = Some(Recorder::new(
+            &mut enc,
+            &ctx.kernels,
+            self.sc,
+            self.gpu.no_weights(),
+            timer,
+        ));
+        self.enc = Some(enc);
+    }
+
+    fn fail(&mut self, e: GpuError) {
+        self.error.get_or_insert(e);
+    }
+
+    /// Records one operation into the open pass.
+    fn record(&mut self, op: Op<'_>) -> Result<(), GpuError> {
+        if self.error.is_some() {
+            return Ok(());
+        }
+        if let Op::Rope {
+            inv_freq, head_dim, ..
+        } = op
+        {
+            self.rope_table(inv_freq, head_dim)?;
+        }
+        let n = self.rows;
+        let k = &self.gpu.context().kernels;
+        let sc = &*self.sc;
+        let Some(rec) = self.rec.as_mut() else {
+            return Err(GpuError::Device(
+                "an operation came after the step's last block of logits".into(),
+            ));
+        };
+        match op {
+            Op::Embed { table, out } => {
+                let e = device_matrix(table)?;
+                let raw = e.kind == 3;
+                for chunk in &e.chunks {
+                    rec.dispatch_count(
+                        if raw { &k.embed_raw } else { &k.embed },
+                        &chunk.group,
+                        [
+                            e.cols as u32,
+                            n as u32,
+                            sc.ids,
+                            sc.at(out),
+                            chunk.row0 as u32,
+                            chunk.rows as u32,
+                            e.code,
+                            e.row_bytes,
+                        ],
+                        // Raw blocks: one invocation per 32 values.
+                        n * e.cols / if raw { 32 } else { 1 },
+                    );
+                }
+            }
+            Op::RmsNorm {
+                src,
+                dst,
+                rows,
+                gain,
+                eps,
+            } => {
+                let group = device_vector(gain)?;
+                let (x, y) = Recorder::grid(rows);
+                rec.dispatch(
+                    &k.rms_norm,
+                    group,
+                    &[sc.at(src), sc.at(dst), gain.len() as u32, 0, eps.to_bits()],
+                    (x, y, 1),
+                );
+            }
+            Op::MatMul { w, x, rows, out } => {
+                rec.matmul(device_matrix(w)?, sc.at(x), rows, sc.at(out));
+            }
+            Op::AddBias { x, rows, bias } => {
+                let group = device_vector(bias)?;
+                let dim = bias.len();
+                rec.dispatch_count(
+                    &k.add_bias,
+                    group,
+                    [sc.at(x), dim as u32, (rows * dim) as u32, 0],
+                    rows * dim,
+                );
+            }
+            Op::Rope {
+                x,
+                n_heads,
+                head_dim,
+                ..
+            } => {
+                let none = rec.none;
+                rec.dispatch_count(
+                    &k.rope,
+                    none,
+                    [
+                        sc.at(x),
+                        n_heads as u32,
+                        head_dim as u32,
+                        n as u32,
+                        sc.own.tab,
+                    ],
+                    n * n_heads * head_dim / 2,
+                );
+            }
+            Op::StoreKv { layer, k: kb, v } => {
+                let kv_dim = sc.width(kb) as u32;
+                let mut r0 = 0u32;
+                for s in self.seqs.iter() {
+                    let kv = s.kv.gpu().ok_or_else(|| {
+                        GpuError::Device("a host KV cache reached the GPU executor".into())
+                    })?;
+                    let (_, kvh, hd) = s.kv.shape();
+                    let m = s.tokens.len() as u32;
+                    rec.dispatch_count(
+                        &k.kv_store,
+                        kv.group(layer),
+                        [
+                            sc.at(kb) + r0 * kv_dim,
+                            sc.at(v) + r0 * kv_dim,
+                            m,
+                            s.kv.len() as u32,
+                            kvh as u32,
+                            hd as u32,
+                            kv.capacity() as u32,
+                        ],
+                        (m * kv_dim) as usize,
+                    );
+                    r0 += m;
+                }
+            }
+            Op::Attention {
+                layer,
+                q,
+                out,
+                n_heads,
+                scale,
+            } => {
+                let mut r0 = 0u32;
+                for s in self.seqs.iter() {
+                    let kv = s.kv.gpu().ok_or_else(|| {
+                        GpuError::Device("a host KV cache reached the GPU executor".into())
+                    })?;
+                    let (_, kvh, hd) = s.kv.shape();
+                    if hd > MAX_HEAD_DIM {
+                        return Err(GpuError::Device(format!(
+                            "head size {hd} is over the attention kernel's {MAX_HEAD_DIM}"
+                        )));
+                    }
+                    let q_dim = (n_heads * hd) as u32;
+                    let m = s.tokens.len() as u32;
+                    rec.dispatch(
+                        &k.attention,
+                        kv.group(layer),
+                        &[
+                            sc.at(q) + r0 * q_dim,
+                            sc.at(out) + r0 * q_dim,
+                            s.kv.len() as u32,
+                            n_heads as u32,
+                            kvh as u32,
+                            hd as u32,
+                            kv.capacity() as u32,
+                            scale.to_bits(),
+                            q_dim,
+                        ],
+                        (n_heads as u32, m, 1),
+                    );
+                    r0 += m;
+                }
+            }
+            Op::SiluMul { gate, up, rows } => {
+                let count = rows * sc.width(gate);
+                let none = rec.none;
+                rec.dispatch_count(
+                    &k.silu_mul,
+                    none,
+                    [sc.at(gate), sc.at(up), count as u32],
+                    count,
+                );
+            }
+            Op::Add { x, y, rows } => {
+                let count = rows * sc.width(x);
+                let none = rec.none;
+                rec.dispatch_count(&k.add, none, [sc.at(x), sc.at(y), count as u32], count);
+            }
+            Op::GatherWanted {
+                src,
+                dst,
+                first,
+                count,
+            } => {
+                let w = sc.width(src);
+                let none = rec.none;
+                rec.dispatch_count(
+                    &k.gather_rows,
+                    none,
+                    [
+                        sc.at(src),
+                        sc.at(dst),
+                        w as u32,
+                        sc.list + first as u32,
+                        count as u32,
+                    ],
+                    count * w,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the RoPE table for the step's rows (made on the host like the CPU kernels
+    /// make theirs, so both rotate by the same angles); one table per step.
+    fn rope_table(&mut self, inv_freq: &[f32], head_dim: usize) -> Result<(), GpuError> {
+        let key = (inv_freq.as_ptr() as usize, head_dim);
+        if let Some(had) = self.rope {
+            if had != key {
+                return Err(GpuError::Device(
+                    "one step uses one RoPE table: two frequency sets were asked for".into(),
+                ));
+            }
+            return Ok(());
+        }
+        let half = head_dim / 2;
+        if head_dim != self.sc.head_dim || inv_freq.len() < half {
+            return Err(GpuError::Device(format!(
+                "RoPE over heads of {head_dim} values, but the scratch holds tables of {}",
+                self.sc.head_dim
+            )));
+        }
+        let mut r = 0;
+        for s in self.seqs.iter() {
+            let pos0 = s.kv.len();
+            for t in 0..s.tokens.len() {
+                let row = &mut self.sc.tab_host[r * head_dim..(r + 1) * head_dim];
+                for (i, &f) in inv_freq.iter().enumerate().take(half) {
+                    let (cos, sin) = rope_angle(pos0 + t, f);
+                    row[i] = cos;
+                    row[half + i] = sin;
+                }
+                r += 1;
+            }
+        }
+        let ctx = self.gpu.context();
+        ctx.queue.write_buffer(
+            &self.sc.act,
+            self.sc.own.tab as u64 * 4,
+            as_bytes(&self.sc.tab_host[..self.rows * head_dim]),
+        );
+        self.rope = Some(key);
+        Ok(())
+    }
+
+    /// Ends the open pass, copies `count` rows of logits back, submits, waits, and hands
+    /// each row to the sequence that asked for it (rows `first .. first + count` of the
+    /// wanted list).
+    fn submit(&mut self, first: usize, count: usize) -> Result<(), GpuError> {
+        let (Some(rec), Some(mut enc)) = (self.rec.take(), self.enc.take()) else {
+            return Ok(());
+        };
+        drop(rec);
+        let ctx = self.gpu.context();
+        let sc = &*self.sc;
+        let timer = sc
+            .timer
+            .as_ref()
+            .filter(|_| self.profiling && !self.submitted);
+        if let Some(t) = timer {
+            enc.resolve_query_set(&t.set, 0..2, &t.resolve, 0);
+            enc.copy_buffer_to_buffer(&t.resolve, 0, &t.read, 0, 16);
+        }
+        let encoded = Instant::now();
+        let vocab = sc.vocab;
+        let bytes = (count * vocab * 4) as u64;
+        if count > 0 {
+            enc.copy_buffer_to_buffer(&sc.act, sc.logits as u64 * 4, &sc.readback, 0, bytes);
+        }
+        ctx.queue.submit([enc.finish()]);
+        if count == 0 {
+            ctx.device
+                .poll(wgpu::PollType::Wait {
+                    submission_index: None,
+                    timeout: None,
+                })
+                .map_err(device_error)?;
+        } else {
+            map_and_wait(ctx, &sc.readback, bytes, &sc.mapped)?;
+            {
+                let data = sc
+                    .readback
+                    .slice(0..bytes)
+                    .get_mapped_range()
+                    .map_err(device_error)?;
+                let mut idx = 0;
+                for s in self.seqs.iter_mut() {
+                    let rows = s.logits.rows(s.tokens.len());
+                    let out = s.logits.buffer();
+                    for row in 0..rows {
+                        if (first..first + count).contains(&idx) {
+                            let src =
+                                &data[(idx - first) * vocab * 4..(idx - first + 1) * vocab * 4];
+                            for (o, b) in out[row * vocab..(row + 1) * vocab]
+                                .iter_mut()
+                                .zip(src.chunks_exact(4))
+                            {
+                                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                            }
+                        }
+                        idx += 1;
+                    }
+                }
+            }
+            sc.readback.unmap();
+        }
+        if let Some(e) = ctx.take_error() {
+            return Err(GpuError::Device(e));
+        }
+        if let Some(t) = timer {
+            let done = Instant::now();
+            let gpu_time = read_timer(ctx, t, sc)?;
+            self.gpu.add_step_times(StepTimes {
+                steps: 1,
+                encode: encoded - self.started,
+                submit_to_results: done - encoded,
+                gpu: gpu_time,
+            });
+        } else if self.profiling && !self.submitted {
+            self.gpu.add_step_times(StepTimes {
+                steps: 1,
+                encode: encoded - self.started,
+                submit_to_results: encoded.elapsed(),
+                gpu: Duration::ZERO,
+            });
+        }
+        self.submitted = true;
+        Ok(())
+    }
+
+    /// Submits whatever is still recorded and reports the step's first error.
+    pub(crate) fn finish(mut self) -> Result<(), GpuError> {
+        if self.error.is_none() {
+            let (first, count) = match self.block.take() {
+                Some(b) => (b.first, b.count),
+                None => (0, 0),
+            };
+            if let Err(e) = self.submit(first, count) {
+                self.fail(e);
+            }
+        }
+        match self.error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The GPU time between the two timestamps of the last step.
+fn read_timer(ctx: &GpuContext, t: &Timer, sc: &GpuScratch) -> Result<Duration, GpuError> {
+    map_and_wait(ctx, &t.read, 16, &sc.mapped)?;
+    let ticks = {
+        let data = t
+            .read
+            .slice(0..16)
+            .get_mapped_range()
+            .map_err(device_error)?;
+        let stamp = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&data[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(b)
+        };
+        stamp(1).saturating_sub(stamp(0))
+    };
+    t.read.unmap();
+    let ns = ticks as f64 * f64::from(ctx.queue.get_timestamp_period());
+    Ok(Duration::from_nanos(ns as u64))
+}
+
+impl Executor for GpuExec<'_, '_> {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn run(&mut self, op: Op<'_>) {
+        if let Err(e) = self.record(op) {
+            self.fail(e);
+        }
+    }
+
+    fn logit_block(&mut self, first: usize) -> Option<usize> {
+        if let Some(b) = self.block.take() {
+            if let Err(e) = self.submit(b.first, b.count) {
+                self.fail(e);
+            }
+        }
+        if self.error.is_some() || first >= self.wanted {
+            return None;
+        }
+        if self.rec.is_none() {
+            self.open_pass();
+        }
+        let count = (self.wanted - first).min(self.sc.logit_rows);
+        self.block = Some(Block { first, count });
+        Some(count)
+    }
+}

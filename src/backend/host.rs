@@ -1,0 +1,286 @@
+//! The host executor: runs each [`Op`] of a step at once with a [`Backend`]'s kernels, on
+//! activation buffers in host memory ([`HostScratch`]).
+
+use super::exec::{wanted_rows, Buf, Executor, Op, ScratchSpec, SeqStep, LOGITS};
+use super::{AttentionShape, Backend};
+
+/// Host activation buffers for forward passes of up to `rows` token rows, sized once.
+pub struct HostScratch {
+    spec: ScratchSpec,
+    bufs: Vec<Vec<f32>>,
+    /// Logits of several sequences' rows, gathered into one product.
+    logits: Vec<f32>,
+}
+
+impl HostScratch {
+    pub fn new(spec: &ScratchSpec) -> Self {
+        let rows = spec.rows.max(1);
+        Self {
+            spec: ScratchSpec {
+                rows,
+                ..spec.clone()
+            },
+            bufs: spec.widths.iter().map(|w| vec![0.0; rows * w]).collect(),
+            logits: vec![0.0; spec.logit_rows * spec.vocab],
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.spec.rows
+    }
+}
+
+/// Where the rows of the current logits block go.
+#[derive(Clone, Copy)]
+enum Target {
+    /// The scratch's logits, copied to their sequences when the block ends.
+    Gathered { first: usize, count: usize },
+    /// Straight into sequence `index`'s own buffer.
+    Seq(usize),
+}
+
+/// One step on the host: the kernels, the buffers and the step's sequences.
+pub(crate) struct HostExec<'s, 'a> {
+    be: &'s dyn Backend,
+    sc: &'s mut HostScratch,
+    seqs: &'s mut [SeqStep<'a>],
+    rows: usize,
+    target: Option<Target>,
+}
+
+/// `(&bufs[read], &mut bufs[write])` for two different buffers.
+fn read_write(bufs: &mut [Vec<f32>], read: usize, write: usize) -> (&[f32], &mut [f32]) {
+    assert_ne!(read, write, "an operation reads and writes the same buffer");
+    if read < write {
+        let (a, b) = bufs.split_at_mut(write);
+        (&a[read], &mut b[0])
+    } else {
+        let (a, b) = bufs.split_at_mut(read);
+        (&b[0], &mut a[write])
+    }
+}
+
+impl<'s, 'a> HostExec<'s, 'a> {
+    pub(crate) fn new(
+        be: &'s dyn Backend,
+        sc: &'s mut HostScratch,
+        seqs: &'s mut [SeqStep<'a>],
+    ) -> Self {
+        let rows = seqs.iter().map(|s| s.tokens.len()).sum();
+        Self {
+            be,
+            sc,
+            seqs,
+            rows,
+            target: None,
+        }
+    }
+
+    fn width(&self, b: Buf) -> usize {
+        if b == LOGITS {
+            self.sc.spec.vocab
+        } else {
+            self.sc.spec.widths[b.0]
+        }
+    }
+
+    /// Reads `x`'s first `x_len` values and writes `out`'s first `out_len` (the logits
+    /// block's destination when `out` is [`LOGITS`]).
+    fn io(&mut self, x: Buf, x_len: usize, out: Buf, out_len: usize) -> (&[f32], &mut [f32]) {
+        if out == LOGITS {
+            let src = &self.sc.bufs[x.0][..x_len];
+            let dst = match self.target {
+                Some(Target::Seq(i)) => self.seqs[i].logits.buffer(),
+                _ => &mut self.sc.logits[..],
+            };
+            return (src, &mut dst[..out_len]);
+        }
+        let (src, dst) = read_write(&mut self.sc.bufs, x.0, out.0);
+        (&src[..x_len], &mut dst[..out_len])
+    }
+
+    /// Copies a finished gathered block to the sequences that asked for its rows.
+    fn deliver(&mut self, first: usize, count: usize) {
+        let vocab = self.sc.spec.vocab;
+        let mut idx = 0;
+        for s in self.seqs.iter_mut() {
+            let rows = s.logits.rows(s.tokens.len());
+            let out = s.logits.buffer();
+            for r in 0..rows {
+                if (first..first + count).contains(&idx) {
+                    let from = (idx - first) * vocab;
+                    out[r * vocab..(r + 1) * vocab]
+                        .copy_from_slice(&self.sc.logits[from..from + vocab]);
+                }
+                idx += 1;
+            }
+        }
+    }
+}
+
+impl Executor for HostExec<'_, '_> {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn run(&mut self, op: Op<'_>) {
+        let be = self.be;
+        match op {
+            Op::Embed { table, out } => {
+                let h = table.cols;
+                let buf = &mut self.sc.bufs[out.0];
+                let ids = self.seqs.iter().flat_map(|s| s.tokens.iter());
+                for (t, &id) in ids.enumerate() {
+                    be.get_row(table, id as usize, &mut buf[t * h..(t + 1) * h]);
+                }
+            }
+            Op::RmsNorm {
+                src,
+                dst,
+                rows,
+                gain,
+                eps,
+            } => {
+                let len = rows * gain.len();
+                if src == dst {
+                    be.rms_norm(&mut self.sc.bufs[dst.0][..len], gain, eps);
+                } else {
+                    let (s, d) = self.io(src, len, dst, len);
+                    d.copy_from_slice(s);
+                    be.rms_norm(d, gain, eps);
+                }
+            }
+            Op::MatMul { w, x, rows, out } => {
+                let (x, out) = self.io(x, rows * w.cols, out, rows * w.rows);
+                be.matmul(w, x, rows, out);
+            }
+            Op::AddBias { x, rows, bias } => {
+                be.add_bias(&mut self.sc.bufs[x.0][..rows * bias.len()], bias);
+            }
+            Op::Rope {
+                x,
+                n_heads,
+                head_dim,
+                inv_freq,
+            } => {
+                let w = n_heads * head_dim;
+                let buf = &mut self.sc.bufs[x.0];
+                let mut r0 = 0;
+                for s in self.seqs.iter() {
+                    let m = s.tokens.len();
+                    // The cache's length moves only after the last layer: it is the
+                    // position of the sequence's first new token in every layer.
+                    let pos0 = s.kv.len();
+                    be.rope(
+                        &mut buf[r0 * w..(r0 + m) * w],
+                        n_heads,
+                        head_dim,
+                        pos0,
+                        inv_freq,
+                    );
+                    r0 += m;
+                }
+            }
+            Op::StoreKv { layer, k, v } => {
+                let w = self.width(k);
+                let (kb, vb) = (&self.sc.bufs[k.0], &self.sc.bufs[v.0]);
+                let mut r0 = 0;
+                for s in self.seqs.iter_mut() {
+                    let m = s.tokens.len();
+                    let pos0 = s.kv.len();
+                    let rows = r0 * w..(r0 + m) * w;
+                    s.kv.store(layer, pos0, &kb[rows.clone()], &vb[rows]);
+                    r0 += m;
+                }
+            }
+            Op::Attention {
+                layer,
+                q,
+                out,
+                n_heads,
+                scale,
+            } => {
+                let (qb, ob) = read_write(&mut self.sc.bufs, q.0, out.0);
+                let mut r0 = 0;
+                for s in self.seqs.iter() {
+                    let m = s.tokens.len();
+                    let (_, n_kv_heads, head_dim) = s.kv.shape();
+                    let w = n_heads * head_dim;
+                    let shape = AttentionShape {
+                        n_tokens: m,
+                        pos0: s.kv.len(),
+                        n_heads,
+                        n_kv_heads,
+                        head_dim,
+                        capacity: s.kv.capacity(),
+                        scale,
+                    };
+                    let (kc, vc) = s.kv.layer(layer);
+                    let rows = r0 * w..(r0 + m) * w;
+                    be.attention(&shape, &qb[rows.clone()], kc, vc, &mut ob[rows]);
+                    r0 += m;
+                }
+            }
+            Op::SiluMul { gate, up, rows } => {
+                let len = rows * self.width(gate);
+                let (u, g) = read_write(&mut self.sc.bufs, up.0, gate.0);
+                be.silu_mul(&mut g[..len], &u[..len]);
+            }
+            Op::Add { x, y, rows } => {
+                let len = rows * self.width(x);
+                let (y, x) = read_write(&mut self.sc.bufs, y.0, x.0);
+                be.add(&mut x[..len], &y[..len]);
+            }
+            Op::GatherWanted {
+                src,
+                dst,
+                first,
+                count,
+            } => {
+                let w = self.width(src);
+                let (s, d) = read_write(&mut self.sc.bufs, src.0, dst.0);
+                for (i, from) in wanted_rows(self.seqs).skip(first).take(count).enumerate() {
+                    d[i * w..(i + 1) * w].copy_from_slice(&s[from * w..(from + 1) * w]);
+                }
+            }
+        }
+    }
+
+    fn logit_block(&mut self, first: usize) -> Option<usize> {
+        if let Some(Target::Gathered { first, count }) = self.target.take() {
+            self.deliver(first, count);
+        }
+        let total: usize = self
+            .seqs
+            .iter()
+            .map(|s| s.logits.rows(s.tokens.len()))
+            .sum();
+        if first >= total {
+            return None;
+        }
+        let wanting = self
+            .seqs
+            .iter()
+            .filter(|s| s.logits.rows(s.tokens.len()) > 0)
+            .count();
+        // Rows from several sequences share one product (the output matrix is the largest)
+        // when the scratch has room for them; otherwise each sequence's rows go straight to
+        // its buffer.
+        if wanting > 1 && total - first <= self.sc.spec.logit_rows {
+            let count = total - first;
+            self.target = Some(Target::Gathered { first, count });
+            return Some(count);
+        }
+        let mut at = 0;
+        for (i, s) in self.seqs.iter().enumerate() {
+            let rows = s.logits.rows(s.tokens.len());
+            if first < at + rows {
+                // Blocks here are whole sequences, so `first` is where sequence `i` starts.
+                self.target = Some(Target::Seq(i));
+                return Some(at + rows - first);
+            }
+            at += rows;
+        }
+        None
+    }
+}
