@@ -89,6 +89,17 @@ pub(crate) fn wanted_rows<'s, 'a>(
     })
 }
 
+/// Each sequence of the step with the step row its first new token sits at.
+pub(crate) fn with_first_rows<'s, 'a>(
+    seqs: &'s [SeqStep<'a>],
+) -> impl Iterator<Item = (usize, &'s SeqStep<'a>)> + use<'s, 'a> {
+    seqs.iter().scan(0, |r0, s| {
+        let first = *r0;
+        *r0 += s.tokens.len();
+        Some((first, s))
+    })
+}
+
 /// One operation of a forward pass over the step's `rows` token rows (a buffer's row `t`
 /// belongs to the step's `t`-th token, sequences in order).
 #[derive(Clone, Copy)]

@@ -1,7 +1,7 @@
 //! The host executor: runs each [`Op`] of a step at once with a [`Backend`]'s kernels, on
 //! activation buffers in host memory ([`HostScratch`]).
 
-use super::exec::{wanted_rows, Buf, Executor, Op, ScratchSpec, SeqStep, LOGITS};
+use super::exec::{wanted_rows, with_first_rows, Buf, Executor, Op, ScratchSpec, SeqStep, LOGITS};
 use super::{AttentionShape, Backend};
 
 /// Host activation buffers for forward passes of up to `rows` token rows, sized once.
@@ -201,8 +201,7 @@ impl Executor for HostExec<'_, '_> {
                 scale,
             } => {
                 let (qb, ob) = read_write(&mut self.sc.bufs, q.0, out.0);
-                let mut r0 = 0;
-                for s in self.seqs.iter() {
+                for (r0, s) in with_first_rows(self.seqs) {
                     let m = s.tokens.len();
                     let (_, n_kv_heads, head_dim) = s.kv.shape();
                     let w = n_heads * head_dim;
@@ -218,7 +217,6 @@ impl Executor for HostExec<'_, '_> {
                     let (kc, vc) = s.kv.layer(layer);
                     let rows = r0 * w..(r0 + m) * w;
                     be.attention(&shape, &qb[rows.clone()], kc, vc, &mut ob[rows]);
-                    r0 += m;
                 }
             }
             Op::SiluMul { gate, up, rows } => {

@@ -143,29 +143,9 @@ impl Backend for ScalarBackend {
                 let base = (t * s.n_heads + h) * hd;
                 let qh = &q[base..base + hd];
                 let acc = &mut out[base..base + hd];
-                acc.fill(0.0);
                 let k = &k_cache[kvh * s.capacity * hd..];
                 let v = &v_cache[kvh * s.capacity * hd..];
-                // Online softmax: one pass over the cache, rescaling when the max grows.
-                let mut max = f32::NEG_INFINITY;
-                let mut denom = 0.0f32;
-                for j in 0..kv_len {
-                    let kj = &k[j * hd..(j + 1) * hd];
-                    let score = qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * s.scale;
-                    if score > max {
-                        let c = (max - score).exp();
-                        denom *= c;
-                        acc.iter_mut().for_each(|a| *a *= c);
-                        max = score;
-                    }
-                    let p = (score - max).exp();
-                    denom += p;
-                    for (a, &vv) in acc.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
-                        *a += p * vv;
-                    }
-                }
-                let inv = 1.0 / denom;
-                acc.iter_mut().for_each(|a| *a *= inv);
+                attend_head(qh, k, v, hd, kv_len, s.scale, acc);
             }
         }
     }
@@ -181,4 +161,38 @@ impl Backend for ScalarBackend {
             *a += b;
         }
     }
+}
+
+/// One query head's attention over the first `kv_len` keys and values (rows of `hd`), into
+/// `acc`: the online softmax, one pass over the cache, rescaling when the max grows. The
+/// reference every attention kernel's per-row arithmetic follows.
+pub fn attend_head(
+    qh: &[f32],
+    k: &[f32],
+    v: &[f32],
+    hd: usize,
+    kv_len: usize,
+    scale: f32,
+    acc: &mut [f32],
+) {
+    acc.fill(0.0);
+    let mut max = f32::NEG_INFINITY;
+    let mut denom = 0.0f32;
+    for j in 0..kv_len {
+        let kj = &k[j * hd..(j + 1) * hd];
+        let score = qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
+        if score > max {
+            let c = (max - score).exp();
+            denom *= c;
+            acc.iter_mut().for_each(|a| *a *= c);
+            max = score;
+        }
+        let p = (score - max).exp();
+        denom += p;
+        for (a, &vv) in acc.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+            *a += p * vv;
+        }
+    }
+    let inv = 1.0 / denom;
+    acc.iter_mut().for_each(|a| *a *= inv);
 }

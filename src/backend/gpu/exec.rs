@@ -3,8 +3,10 @@
 //! [`GpuMatrix`] and [`GpuVector`] are the weights' device copies, made at load;
 //! [`GpuScratch`] one engine's (or one sequence's) activation buffers.
 
-use super::{as_bytes, raw_kind, weight_kind, GpuBackend, GpuContext, GpuError, Kernels};
-use crate::backend::exec::{wanted_rows, Buf, Executor, Op, ScratchSpec, SeqStep, LOGITS};
+use super::{as_bytes, raw_kind, weight_kind, GpuBackend, GpuContext, GpuError, GpuKv, Kernels};
+use crate::backend::exec::{
+    wanted_rows, with_first_rows, Buf, Executor, Op, ScratchSpec, SeqStep, LOGITS,
+};
 use crate::backend::rope_angle;
 use crate::tensor::{legacy, q8_0};
 use crate::tensor::{GgmlType, Matrix, Vector};
@@ -550,6 +552,21 @@ fn device_matrix(m: &Matrix) -> Result<&GpuMatrix, GpuError> {
         .ok_or_else(|| GpuError::Device(format!("{} was not uploaded to the GPU", m.name)))
 }
 
+/// A sequence's device cache, its KV heads and head size.
+fn device_cache<'k>(s: &'k SeqStep<'_>) -> Result<(&'k GpuKv, u32, u32), GpuError> {
+    let kv = s
+        .kv
+        .gpu()
+        .ok_or_else(|| GpuError::Device("a host KV cache reached the GPU executor".into()))?;
+    let (_, kvh, hd) = s.kv.shape();
+    if hd > MAX_HEAD_DIM {
+        return Err(GpuError::Device(format!(
+            "head size {hd} is over the attention kernel's {MAX_HEAD_DIM}"
+        )));
+    }
+    Ok((kv, kvh as u32, hd as u32))
+}
+
 /// A vector's device copy, made at load by [`GpuBackend::upload_vector`].
 fn device_vector(v: &Vector) -> Result<&wgpu::BindGroup, GpuError> {
     v.prepared
@@ -733,13 +750,9 @@ impl<'s, 'a> GpuExec<'s, 'a> {
             }
             Op::StoreKv { layer, k: kb, v } => {
                 let kv_dim = sc.width(kb) as u32;
-                let mut r0 = 0u32;
-                for s in self.seqs.iter() {
-                    let kv = s.kv.gpu().ok_or_else(|| {
-                        GpuError::Device("a host KV cache reached the GPU executor".into())
-                    })?;
-                    let (_, kvh, hd) = s.kv.shape();
-                    let m = s.tokens.len() as u32;
+                for (r0, s) in with_first_rows(self.seqs) {
+                    let (kv, kvh, hd) = device_cache(s)?;
+                    let (r0, m) = (r0 as u32, s.tokens.len() as u32);
                     rec.dispatch_count(
                         &k.kv_store,
                         kv.group(layer),
@@ -748,13 +761,12 @@ impl<'s, 'a> GpuExec<'s, 'a> {
                             sc.at(v) + r0 * kv_dim,
                             m,
                             s.kv.len() as u32,
-                            kvh as u32,
-                            hd as u32,
+                            kvh,
+                            hd,
                             kv.capacity() as u32,
                         ],
                         (m * kv_dim) as usize,
                     );
-                    r0 += m;
                 }
             }
             Op::Attention {
@@ -764,19 +776,10 @@ impl<'s, 'a> GpuExec<'s, 'a> {
                 n_heads,
                 scale,
             } => {
-                let mut r0 = 0u32;
-                for s in self.seqs.iter() {
-                    let kv = s.kv.gpu().ok_or_else(|| {
-                        GpuError::Device("a host KV cache reached the GPU executor".into())
-                    })?;
-                    let (_, kvh, hd) = s.kv.shape();
-                    if hd > MAX_HEAD_DIM {
-                        return Err(GpuError::Device(format!(
-                            "head size {hd} is over the attention kernel's {MAX_HEAD_DIM}"
-                        )));
-                    }
-                    let q_dim = (n_heads * hd) as u32;
-                    let m = s.tokens.len() as u32;
+                for (r0, s) in with_first_rows(self.seqs) {
+                    let (kv, kvh, hd) = device_cache(s)?;
+                    let q_dim = n_heads as u32 * hd;
+                    let (r0, m) = (r0 as u32, s.tokens.len() as u32);
                     rec.dispatch(
                         &k.attention,
                         kv.group(layer),
@@ -785,15 +788,14 @@ impl<'s, 'a> GpuExec<'s, 'a> {
                             sc.at(out) + r0 * q_dim,
                             s.kv.len() as u32,
                             n_heads as u32,
-                            kvh as u32,
-                            hd as u32,
+                            kvh,
+                            hd,
                             kv.capacity() as u32,
                             scale.to_bits(),
                             q_dim,
                         ],
                         (n_heads as u32, m, 1),
                     );
-                    r0 += m;
                 }
             }
             Op::SiluMul { gate, up, rows } => {
@@ -855,17 +857,16 @@ impl<'s, 'a> GpuExec<'s, 'a> {
                 self.sc.head_dim
             )));
         }
-        let mut r = 0;
-        for s in self.seqs.iter() {
+        for (r0, s) in with_first_rows(self.seqs) {
             let pos0 = s.kv.len();
             for t in 0..s.tokens.len() {
+                let r = r0 + t;
                 let row = &mut self.sc.tab_host[r * head_dim..(r + 1) * head_dim];
                 for (i, &f) in inv_freq.iter().enumerate().take(half) {
                     let (cos, sin) = rope_angle(pos0 + t, f);
                     row[i] = cos;
                     row[half + i] = sin;
                 }
-                r += 1;
             }
         }
         let ctx = self.gpu.context();

@@ -154,20 +154,6 @@ pub unsafe fn gemm_q8_sdot(
     ldo: usize,
 ) {
     for g in g0..g1 {
-        let mut t = 0;
-        while t + 4 <= n {
-            // SAFETY: forwarded from our own contract; tokens t..t + 4 exist.
-            unsafe { group_sdot::<4>(w, g, a, t, out, ldo) };
-            t += 4;
-        }
-        // SAFETY: forwarded from our own contract; fewer than four tokens are left.
-        unsafe {
-            match n - t {
-                3 => group_sdot::<3>(w, g, a, t, out, ldo),
-                2 => group_sdot::<2>(w, g, a, t, out, ldo),
-                1 => group_sdot::<1>(w, g, a, t, out, ldo),
-                _ => {}
-            }
-        }
+        for_token_tiles!(n, t, [4, 3, 2, 1], group_sdot(w, g, a, t, out, ldo));
     }
 }

@@ -20,6 +20,25 @@
 //! different order, and SiLU and softmax use a vector exponential (within 2 ulp), so those
 //! differ from `scalar` by a few ulp per operation.
 
+/// The token tiling every Q8_0 group kernel shares: `$kernel::<N>$args` over tokens `0..$n`
+/// in tiles of the listed sizes, largest first (each size runs while it fits, so with
+/// `8, 4, 3, 2, 1` a remainder below four is one tile of its own size). `$t` names the first
+/// token of the tile, for `$args` to pass on. Expands to unsafe calls: the caller's own
+/// contract must cover them.
+#[allow(unused_macros)]
+macro_rules! for_token_tiles {
+    ($n:expr, $t:ident, [$($tile:literal),+], $kernel:ident $args:tt) => {{
+        let mut $t = 0;
+        $(
+            while $t + $tile <= $n {
+                // SAFETY: forwarded from the caller's contract; tokens t..t + tile exist.
+                unsafe { $kernel::<$tile> $args };
+                $t += $tile;
+            }
+        )+
+    }};
+}
+
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
 #[cfg(target_arch = "aarch64")]

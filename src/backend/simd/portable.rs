@@ -120,26 +120,7 @@ pub fn attend_group(
 ) {
     let hd = s.head_dim;
     for (qh, acc) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
-        acc.fill(0.0);
-        let mut max = f32::NEG_INFINITY;
-        let mut denom = 0.0f32;
-        for j in 0..kv_len {
-            let kj = &k[j * hd..(j + 1) * hd];
-            let score = qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * s.scale;
-            if score > max {
-                let c = (max - score).exp();
-                denom *= c;
-                acc.iter_mut().for_each(|a| *a *= c);
-                max = score;
-            }
-            let p = (score - max).exp();
-            denom += p;
-            for (a, &vv) in acc.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
-                *a += p * vv;
-            }
-        }
-        let inv = 1.0 / denom;
-        acc.iter_mut().for_each(|a| *a *= inv);
+        crate::backend::scalar::attend_head(qh, k, v, hd, kv_len, s.scale, acc);
     }
 }
 

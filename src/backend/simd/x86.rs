@@ -234,21 +234,7 @@ pub unsafe fn gemm_q8_avx2(
     ldo: usize,
 ) {
     for g in g0..g1 {
-        let mut t = 0;
-        while t + 4 <= n {
-            // SAFETY: forwarded from our own contract; tokens t..t + 4 exist.
-            unsafe { group_avx2::<4>(w, g, a, t, out, ldo) };
-            t += 4;
-        }
-        // SAFETY: forwarded from our own contract; fewer than four tokens are left.
-        unsafe {
-            match n - t {
-                3 => group_avx2::<3>(w, g, a, t, out, ldo),
-                2 => group_avx2::<2>(w, g, a, t, out, ldo),
-                1 => group_avx2::<1>(w, g, a, t, out, ldo),
-                _ => {}
-            }
-        }
+        for_token_tiles!(n, t, [4, 3, 2, 1], group_avx2(w, g, a, t, out, ldo));
     }
 }
 
@@ -343,26 +329,7 @@ pub unsafe fn gemm_q8_vnni(
     ldo: usize,
 ) {
     for g in g0..g1 {
-        let mut t = 0;
-        while t + 8 <= n {
-            // SAFETY: forwarded from our own contract; tokens t..t + 8 exist.
-            unsafe { group_vnni::<8>(w, g, a, t, out, ldo) };
-            t += 8;
-        }
-        while t + 4 <= n {
-            // SAFETY: forwarded from our own contract; tokens t..t + 4 exist.
-            unsafe { group_vnni::<4>(w, g, a, t, out, ldo) };
-            t += 4;
-        }
-        // SAFETY: forwarded from our own contract; fewer than four tokens are left.
-        unsafe {
-            match n - t {
-                3 => group_vnni::<3>(w, g, a, t, out, ldo),
-                2 => group_vnni::<2>(w, g, a, t, out, ldo),
-                1 => group_vnni::<1>(w, g, a, t, out, ldo),
-                _ => {}
-            }
-        }
+        for_token_tiles!(n, t, [8, 4, 3, 2, 1], group_vnni(w, g, a, t, out, ldo));
     }
 }
 
