@@ -10,8 +10,8 @@ mod common;
 
 use inferno::backend::simd::{Isa, Kernels, SimdBackend};
 use inferno::backend::{
-    create_backend, AttentionShape, Backend, BackendOptions, Device, ParallelBackend, PoolBackend,
-    ScalarBackend,
+    create_backend, AttentionShape, Backend, BackendOptions, Device, KvRows, ParallelBackend,
+    PoolBackend, ScalarBackend,
 };
 use inferno::gguf::{GgufFile, TensorBytes};
 use inferno::model::{Logits, Model};
@@ -249,6 +249,49 @@ fn attention_inputs(
     (shape, q, k, v)
 }
 
+/// A cache's rows (of `hd` values) stored as each KV cache type they can take: F32, F16,
+/// and Q8_0 where `hd` is a multiple of 32.
+struct Stored {
+    f32: Vec<f32>,
+    f16: Vec<half::f16>,
+    q8_0: Option<Vec<u8>>,
+}
+
+impl Stored {
+    fn new(x: &[f32], hd: usize) -> Self {
+        let q8_0 = hd.is_multiple_of(32).then(|| {
+            let rb = hd / 32 * q8_0::BLOCK_BYTES;
+            let mut out = vec![0u8; x.len() / hd * rb];
+            for (row, o) in x.chunks_exact(hd).zip(out.chunks_exact_mut(rb)) {
+                q8_0::quantize(row, o);
+            }
+            out
+        });
+        Self {
+            f32: x.to_vec(),
+            f16: x.iter().map(|&v| half::f16::from_f32(v)).collect(),
+            q8_0,
+        }
+    }
+
+    fn each(&self) -> Vec<KvRows<'_>> {
+        let mut out = vec![KvRows::F32(&self.f32), KvRows::F16(&self.f16)];
+        out.extend(self.q8_0.as_deref().map(KvRows::Q8_0));
+        out
+    }
+}
+
+/// Key and value types to test together: each type for both, and each mixed pair.
+fn type_pairs<'a>(k: &'a Stored, v: &'a Stored) -> Vec<(KvRows<'a>, KvRows<'a>)> {
+    let mut out = Vec::new();
+    for kr in k.each() {
+        for vr in v.each() {
+            out.push((kr, vr));
+        }
+    }
+    out
+}
+
 #[test]
 fn attention_matches_scalar_within_softmax_error() {
     let mut r = rng(5);
@@ -270,18 +313,24 @@ fn attention_matches_scalar_within_softmax_error() {
                 pos0,
                 pos0 + n_tokens + 3,
             );
-            let mut want = vec![0.0; q.len()];
-            scalar.attention(&shape, &q, &k, &v, &mut want);
-            for isa in Isa::available() {
-                let mut got = vec![f32::NAN; q.len()];
-                simd(isa).attention(&shape, &q, &k, &v, &mut got);
-                // Outputs are convex combinations of values in [-1, 1]; reordered dot
-                // products and the 2-ulp exponential move the weights by ~1e-6 relative.
-                for (a, b) in got.iter().zip(&want) {
-                    assert!(
-                        (a - b).abs() < 2e-5,
-                        "{isa:?} hd {hd} n {n_tokens}: {a} vs {b}"
-                    );
+            let (ks, vs) = (Stored::new(&k, hd), Stored::new(&v, hd));
+            for (kr, vr) in type_pairs(&ks, &vs) {
+                let mut want = vec![0.0; q.len()];
+                scalar.attention(&shape, &q, kr, vr, &mut want);
+                for isa in Isa::available() {
+                    let mut got = vec![f32::NAN; q.len()];
+                    simd(isa).attention(&shape, &q, kr, vr, &mut got);
+                    // Both read the same stored values; outputs are convex combinations of
+                    // values of about unit size; reordered dot products and the 2-ulp
+                    // exponential move the weights by ~1e-6 relative.
+                    for (a, b) in got.iter().zip(&want) {
+                        assert!(
+                            (a - b).abs() < 2e-5,
+                            "{isa:?} {:?}/{:?} hd {hd} n {n_tokens}: {a} vs {b}",
+                            kr.kind(),
+                            vr.kind()
+                        );
+                    }
                 }
             }
         }
@@ -304,15 +353,19 @@ fn a_prompts_attention_in_one_call_equals_its_tokens_one_by_one_bit_for_bit() {
             ..whole
         };
         let row = n_heads * hd;
-        for isa in Isa::available() {
+        let (ks, vs) = (Stored::new(&k, hd), Stored::new(&v, hd));
+        for ((kr, vr), isa) in type_pairs(&ks, &vs)
+            .into_iter()
+            .flat_map(|p| Isa::available().into_iter().map(move |i| (p, i)))
+        {
             let one = simd(isa);
             let mut want = vec![f32::NAN; q.len()];
             for t in 0..n_tokens {
                 one.attention(
                     &shape(1, pos0 + t),
                     &q[t * row..(t + 1) * row],
-                    &k,
-                    &v,
+                    kr,
+                    vr,
                     &mut want[t * row..(t + 1) * row],
                 );
             }
@@ -323,11 +376,13 @@ fn a_prompts_attention_in_one_call_equals_its_tokens_one_by_one_bit_for_bit() {
             ];
             for be in &pools {
                 let mut got = vec![f32::NAN; q.len()];
-                be.attention(&shape(n_tokens, pos0), &q, &k, &v, &mut got);
+                be.attention(&shape(n_tokens, pos0), &q, kr, vr, &mut got);
                 assert_eq!(
                     bits(&got),
                     bits(&want),
-                    "{isa:?} heads {n_heads}/{n_kv} hd {hd}"
+                    "{isa:?} {:?}/{:?} heads {n_heads}/{n_kv} hd {hd}",
+                    kr.kind(),
+                    vr.kind()
                 );
             }
         }

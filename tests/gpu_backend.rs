@@ -14,7 +14,7 @@ mod common;
 mod service_support;
 
 use inferno::backend::gpu::GpuBackend;
-use inferno::backend::{create_backend, BackendOptions, Device};
+use inferno::backend::{create_backend, BackendOptions, Device, KvType};
 use inferno::gguf::GgufFile;
 use inferno::model::synth::{self, SynthSpec};
 use inferno::model::{Logits, Model, SeqStep};
@@ -160,15 +160,18 @@ fn run_forced(model: &Model, decode: &[u32]) -> Vec<f32> {
 #[test]
 fn gpu_logits_match_transformers_like_the_cpu() {
     // The fixture's references: HF transformers (float32) on each model; the gpu gets
-    // the same argmax at every position as scalar does.
+    // the same argmax at every position as scalar does. F32 caches on both sides: the
+    // cache types are compared on their own below.
     let Some(gpu) = gpu() else { return };
     let manifest = common::manifest();
     for m in manifest["models"].as_array().expect("models") {
         for dtype in ["f32", "f16", "q8_0"] {
             let file = m["gguf"][dtype].as_str().expect("file");
             let g = GgufFile::open(common::models_dir().join(file)).expect(file);
-            let model = Model::load(&g, gpu.clone()).expect("loads");
-            let scalar = Model::load(&g, cpu("scalar")).expect("loads");
+            let mut model = Model::load(&g, gpu.clone()).expect("loads");
+            let mut scalar = Model::load(&g, cpu("scalar")).expect("loads");
+            model.set_kv_types((KvType::F32, KvType::F32)).unwrap();
+            scalar.set_kv_types((KvType::F32, KvType::F32)).unwrap();
             let vocab = model.config.vocab;
             for seq in m["sequences"].as_array().expect("sequences") {
                 let ids = common::ids(&seq["ids"]);
@@ -263,8 +266,20 @@ fn a_batched_gpu_pass_gives_each_sequence_its_logits_alone_bit_for_bit() {
 #[test]
 fn a_kv_prefix_copied_on_the_device_continues_like_the_original() {
     let Some(gpu) = gpu() else { return };
-    let (_, g) = synth_models().remove(0);
-    let model = Model::load(&g, gpu).expect("loads");
+    let (_, g) = fixture_models()
+        .into_iter()
+        .find(|(name, _)| name.starts_with("tiny-gqa-tied.f32"))
+        .expect("a fixture with heads of 32 values");
+    for kv in [KvType::F32, KvType::F16, KvType::Q8_0] {
+        let mut model = Model::load(&g, gpu.clone()).expect("loads");
+        model
+            .set_kv_types((kv, kv))
+            .expect("q8_0 takes heads of 32");
+        prefix_copy_continues(&model);
+    }
+}
+
+fn prefix_copy_continues(model: &Model) {
     let vocab = model.config.vocab;
     let prompt: Vec<u32> = (0..20u32).map(|i| (i * 13 + 1) % vocab as u32).collect();
     let mut a = model.new_state(40, 32);
@@ -283,15 +298,53 @@ fn a_kv_prefix_copied_on_the_device_continues_like_the_original() {
     model
         .forward(&mut b, &prompt[12..], Logits::Last(&mut lb))
         .unwrap();
+    let types = model.kv_types();
     assert!(
         bits(&la) == bits(&lb),
-        "the copied prefix changed the logits"
+        "{types:?}: the copied prefix changed the logits"
     );
     assert!(
         bits(&la) == bits(&l),
-        "truncating and rerunning changed the logits"
+        "{types:?}: truncating and rerunning changed the logits"
     );
     assert!(b.kv.on_device(), "the cache lives on the device");
+    assert_eq!(b.kv.types(), types);
+}
+
+/// F16 and Q8_0 caches on the device hold what the host's hold: the same stored rounding
+/// of keys and values. The GPU's keys and values already differ from the CPU's by summation
+/// order (~1e-6), which can move a value across an f16 or 8-bit rounding boundary, so the
+/// logits agree to the cache type's own resolution: 2e-4 of the logit range for F16 (one
+/// f16 step, 2^-11, in a few values), 5e-2 for Q8_0 (one quant step in a block).
+#[test]
+fn kv_cache_types_on_the_gpu_stay_close_to_scalar() {
+    let Some(gpu) = gpu() else { return };
+    for (name, g) in fixture_models() {
+        for (kv, tol) in [(KvType::F16, 2e-4f32), (KvType::Q8_0, 5e-2)] {
+            let mut on_gpu = Model::load(&g, gpu.clone()).expect("loads");
+            let mut scalar = Model::load(&g, cpu("scalar")).expect("loads");
+            if on_gpu.set_kv_types((kv, kv)).is_err() {
+                assert!(on_gpu.config.head_dim % 32 != 0 && kv == KvType::Q8_0);
+                continue;
+            }
+            scalar.set_kv_types((kv, kv)).unwrap();
+            let (want, tokens) = common::greedy_run(&scalar, 12);
+            let got = run_forced(&on_gpu, &tokens);
+            let vocab = scalar.config.vocab;
+            let quantized = scalar.weights.main_dtype() == GgmlType::Q8_0;
+            // Q8_0 weights bring their own activation-rounding ties (see above).
+            let tol = if quantized { tol.max(5e-2) } else { tol };
+            let mut worst = 0.0f32;
+            for (a, b) in got.chunks(vocab).zip(want.chunks(vocab)) {
+                worst = worst.max(common::rel_err(a, b));
+            }
+            eprintln!("{name} {kv} cache: worst relative logit error {worst:e}");
+            assert!(
+                worst < tol,
+                "{name} {kv} cache: gpu vs scalar {worst} >= {tol}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -509,11 +562,13 @@ fn every_block_type_computes_its_stored_values() {
         // are dequantized in the shader and multiplied with f32 activations: the same
         // arithmetic as scalar on the dequantized F32 file, up to summation order.
         let widened = matches!(dtype, GgmlType::Q4_0 | GgmlType::Q5_0);
-        let reference = if widened {
+        let mut reference = if widened {
             Model::load(&quant, cpu("scalar")).unwrap()
         } else {
             Model::load(&deq, cpu("scalar")).unwrap()
         };
+        // The same cache type on both sides: the block type is what is compared.
+        reference.set_kv_types(on_gpu.kv_types()).unwrap();
         let (want, _) = common::greedy_run(&reference, 4);
         let tol = if widened { 2e-2 } else { 1e-4 };
         let mut worst = 0.0f32;

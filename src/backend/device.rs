@@ -5,13 +5,15 @@
 use super::exec::{Executor, ScratchSpec, SeqStep, Traced};
 use super::gpu::{GpuBackend, GpuError, GpuExec, GpuScratch};
 use super::host::{HostExec, HostScratch};
-use super::kv_cache::KvCache;
+use super::kv_cache::{KvCache, KvType};
 use super::Backend;
 use crate::tensor::{GgmlType, Matrix, Vector};
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
+    #[error("head size {head_dim} is not supported (1 to {max})")]
+    HeadDim { head_dim: usize, max: usize },
     #[error("the scratch buffers were made for another device")]
     ForeignScratch,
     #[error("a KV cache in {found} memory reached a step on the {device} device")]
@@ -19,6 +21,8 @@ pub enum DeviceError {
         found: &'static str,
         device: &'static str,
     },
+    #[error(transparent)]
+    KvType(#[from] super::kv_cache::KvTypeError),
     #[error(transparent)]
     Gpu(#[from] GpuError),
 }
@@ -153,29 +157,54 @@ impl Device {
     /// Whether attention heads of this size can run here.
     pub fn check_head_dim(&self, head_dim: usize) -> Result<(), DeviceError> {
         match &self.target {
+            Target::Host(_) if head_dim > super::scalar::MAX_HEAD_DIM || head_dim == 0 => {
+                Err(DeviceError::HeadDim {
+                    head_dim,
+                    max: super::scalar::MAX_HEAD_DIM,
+                })
+            }
             Target::Host(_) => Ok(()),
             Target::Gpu(g) => Ok(g.check_head_dim(head_dim)?),
         }
     }
 
+    /// Whether KV caches of these key and value types with heads of `head_dim` values can
+    /// be made here.
+    pub fn check_kv_types(
+        &self,
+        types: (KvType, KvType),
+        head_dim: usize,
+    ) -> Result<(), DeviceError> {
+        types.0.check_head_dim(head_dim)?;
+        types.1.check_head_dim(head_dim)?;
+        Ok(())
+    }
+
     /// An empty KV cache of up to `capacity` positions (fewer where one layer's buffer
-    /// cannot hold that many on the GPU).
+    /// cannot hold that many on the GPU), storing keys and values as `types` (checked with
+    /// [`Self::check_kv_types`]).
     pub fn new_kv_cache(
         &self,
         n_layers: usize,
         n_kv_heads: usize,
         head_dim: usize,
         capacity: usize,
+        types: (KvType, KvType),
     ) -> KvCache {
         match &self.target {
-            Target::Host(_) => KvCache::new(n_layers, n_kv_heads, head_dim, capacity.max(1)),
+            Target::Host(_) => {
+                KvCache::with_types(n_layers, n_kv_heads, head_dim, capacity.max(1), types)
+            }
             Target::Gpu(g) => {
-                let capacity = capacity.min(g.max_kv_capacity(n_kv_heads, head_dim)).max(1);
+                let capacity = capacity
+                    .min(g.max_kv_capacity(n_kv_heads, head_dim, types))
+                    .max(1);
                 KvCache::on_gpu(
-                    g.new_kv(n_layers, n_kv_heads, head_dim, capacity),
+                    g.new_kv(n_layers, n_kv_heads, head_dim, capacity, types),
                     n_layers,
                     n_kv_heads,
                     head_dim,
+                    types,
                 )
             }
         }

@@ -1,11 +1,192 @@
 //! The key/value cache of one sequence: allocated once for a fixed number of positions, it
 //! knows how many of them hold the sequence's history so far. It lives where the executor
 //! that fills it runs: host memory, or device memory on the `gpu` backend.
+//!
+//! Keys and values are each stored as one of the [`KvType`]s: F32 (exact), F16 (half the
+//! bytes) or Q8_0 (blocks of 32 values with one f16 scale: 34 bytes per 32 values). New
+//! rows are converted when they are stored; attention reads the stored type directly
+//! ([`KvRows`]), with no widened copy of the cache.
 
 use super::gpu::GpuKv;
+use crate::tensor::q8_0;
+use half::f16;
 
-/// Per layer, keys and values laid out `[n_kv_heads][capacity][head_dim]` in f32, so one
-/// head's history is contiguous for the attention kernel.
+/// The element type of a KV cache's keys or values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvType {
+    F32,
+    F16,
+    Q8_0,
+}
+
+/// Every KV cache type by its name (llama.cpp's `--cache-type-k` spellings).
+pub const KV_TYPE_NAMES: &[&str] = &["f32", "f16", "q8_0"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum KvTypeError {
+    #[error("unknown KV cache type {0:?} (supported: f32, f16, q8_0)")]
+    Unknown(String),
+    #[error("a q8_0 KV cache needs a head size that is a multiple of 32, not {0}")]
+    HeadSize(usize),
+}
+
+impl KvType {
+    pub fn parse(name: &str) -> Result<Self, KvTypeError> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvType::F32),
+            "f16" => Ok(KvType::F16),
+            "q8_0" => Ok(KvType::Q8_0),
+            other => Err(KvTypeError::Unknown(other.to_string())),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
+    /// Bytes one row of `n` values takes.
+    pub fn row_bytes(self, n: usize) -> usize {
+        match self {
+            KvType::F32 => n * 4,
+            KvType::F16 => n * 2,
+            KvType::Q8_0 => n / q8_0::BLOCK * q8_0::BLOCK_BYTES,
+        }
+    }
+
+    /// Whether rows of `head_dim` values can be stored in this type.
+    pub fn check_head_dim(self, head_dim: usize) -> Result<(), KvTypeError> {
+        match self {
+            KvType::Q8_0 if !head_dim.is_multiple_of(q8_0::BLOCK) => {
+                Err(KvTypeError::HeadSize(head_dim))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Keys or values of a KV cache as stored, row after row (`head_dim` values a row).
+#[derive(Clone, Copy, Debug)]
+pub enum KvRows<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    /// Q8_0 blocks, `head_dim / 32` blocks a row.
+    Q8_0(&'a [u8]),
+}
+
+impl<'a> KvRows<'a> {
+    pub fn kind(&self) -> KvType {
+        match self {
+            KvRows::F32(_) => KvType::F32,
+            KvRows::F16(_) => KvType::F16,
+            KvRows::Q8_0(_) => KvType::Q8_0,
+        }
+    }
+
+    /// Rows `r0..r1` of `hd` values each.
+    pub fn rows(self, r0: usize, r1: usize, hd: usize) -> KvRows<'a> {
+        match self {
+            KvRows::F32(s) => KvRows::F32(&s[r0 * hd..r1 * hd]),
+            KvRows::F16(s) => KvRows::F16(&s[r0 * hd..r1 * hd]),
+            KvRows::Q8_0(s) => {
+                let rb = KvType::Q8_0.row_bytes(hd);
+                KvRows::Q8_0(&s[r0 * rb..r1 * rb])
+            }
+        }
+    }
+
+    /// Row `r` as f32: the stored slice itself for F32, else widened into `buf` (exactly:
+    /// F16 values and Q8_0's `q · scale` are what every kernel reads).
+    pub fn row<'b>(&self, r: usize, hd: usize, buf: &'b mut [f32]) -> &'b [f32]
+    where
+        'a: 'b,
+    {
+        match *self {
+            KvRows::F32(s) => &s[r * hd..(r + 1) * hd],
+            KvRows::F16(s) => {
+                for (o, v) in buf[..hd].iter_mut().zip(&s[r * hd..(r + 1) * hd]) {
+                    *o = v.to_f32();
+                }
+                &buf[..hd]
+            }
+            KvRows::Q8_0(s) => {
+                let rb = KvType::Q8_0.row_bytes(hd);
+                q8_0::dequantize(&s[r * rb..(r + 1) * rb], &mut buf[..hd]);
+                &buf[..hd]
+            }
+        }
+    }
+}
+
+/// One layer's keys or values in host memory, `[n_kv_heads][capacity]` rows.
+enum HostRows {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    Q8_0(Vec<u8>),
+}
+
+impl HostRows {
+    fn new(kind: KvType, rows: usize, hd: usize) -> Self {
+        match kind {
+            KvType::F32 => HostRows::F32(vec![0.0; rows * hd]),
+            KvType::F16 => HostRows::F16(vec![f16::ZERO; rows * hd]),
+            KvType::Q8_0 => HostRows::Q8_0(vec![0; rows * kind.row_bytes(hd)]),
+        }
+    }
+
+    fn view(&self) -> KvRows<'_> {
+        match self {
+            HostRows::F32(v) => KvRows::F32(v),
+            HostRows::F16(v) => KvRows::F16(v),
+            HostRows::Q8_0(v) => KvRows::Q8_0(v),
+        }
+    }
+
+    /// Stores `x` (`hd` values) as row `r`, converting to the stored type.
+    fn put(&mut self, r: usize, hd: usize, x: &[f32]) {
+        match self {
+            HostRows::F32(v) => v[r * hd..(r + 1) * hd].copy_from_slice(x),
+            HostRows::F16(v) => {
+                for (o, &x) in v[r * hd..(r + 1) * hd].iter_mut().zip(x) {
+                    *o = f16::from_f32(x);
+                }
+            }
+            HostRows::Q8_0(v) => {
+                let rb = KvType::Q8_0.row_bytes(hd);
+                q8_0::quantize(x, &mut v[r * rb..(r + 1) * rb]);
+            }
+        }
+    }
+
+    /// Copies rows `src_r0 .. src_r0 + n` of `src` (same type) to rows `dst_r0 ..`.
+    fn copy_rows(&mut self, dst_r0: usize, src: &HostRows, src_r0: usize, n: usize, hd: usize) {
+        fn copy<T: Copy>(d: &mut [T], s: &[T], d0: usize, s0: usize, len: usize) {
+            d[d0..d0 + len].copy_from_slice(&s[s0..s0 + len]);
+        }
+        match (self, src) {
+            (HostRows::F32(d), HostRows::F32(s)) => copy(d, s, dst_r0 * hd, src_r0 * hd, n * hd),
+            (HostRows::F16(d), HostRows::F16(s)) => copy(d, s, dst_r0 * hd, src_r0 * hd, n * hd),
+            (HostRows::Q8_0(d), HostRows::Q8_0(s)) => {
+                let rb = KvType::Q8_0.row_bytes(hd);
+                copy(d, s, dst_r0 * rb, src_r0 * rb, n * rb)
+            }
+            // Different types were ruled out by `same_shape`.
+            _ => {}
+        }
+    }
+}
+
+/// Per layer, keys and values laid out `[n_kv_heads][capacity][head_dim]`, so one head's
+/// history is contiguous for the attention kernel.
 pub struct KvCache {
     capacity: usize,
     /// Positions `0..len` hold valid keys and values.
@@ -13,38 +194,71 @@ pub struct KvCache {
     n_layers: usize,
     n_kv_heads: usize,
     head_dim: usize,
+    types: (KvType, KvType),
     store: Store,
 }
 
 enum Store {
-    Host { k: Vec<Vec<f32>>, v: Vec<Vec<f32>> },
+    Host { k: Vec<HostRows>, v: Vec<HostRows> },
     Gpu(GpuKv),
 }
 
 impl KvCache {
+    /// An F32 cache in host memory.
     pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize, capacity: usize) -> Self {
-        let per_layer = n_kv_heads * capacity * head_dim;
+        Self::with_types(
+            n_layers,
+            n_kv_heads,
+            head_dim,
+            capacity,
+            (KvType::F32, KvType::F32),
+        )
+    }
+
+    /// A host cache storing keys as `types.0` and values as `types.1` (checked against the
+    /// head size by the caller: [`KvType::check_head_dim`]).
+    pub fn with_types(
+        n_layers: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        capacity: usize,
+        types: (KvType, KvType),
+    ) -> Self {
+        let rows = n_kv_heads * capacity;
+        let layers = |t: KvType| {
+            (0..n_layers)
+                .map(|_| HostRows::new(t, rows, head_dim))
+                .collect()
+        };
         Self {
             capacity,
             len: 0,
             n_layers,
             n_kv_heads,
             head_dim,
+            types,
             store: Store::Host {
-                k: (0..n_layers).map(|_| vec![0.0; per_layer]).collect(),
-                v: (0..n_layers).map(|_| vec![0.0; per_layer]).collect(),
+                k: layers(types.0),
+                v: layers(types.1),
             },
         }
     }
 
     /// A cache whose keys and values live in device memory.
-    pub(crate) fn on_gpu(kv: GpuKv, n_layers: usize, n_kv_heads: usize, head_dim: usize) -> Self {
+    pub(crate) fn on_gpu(
+        kv: GpuKv,
+        n_layers: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        types: (KvType, KvType),
+    ) -> Self {
         Self {
             capacity: kv.capacity(),
             len: 0,
             n_layers,
             n_kv_heads,
             head_dim,
+            types,
             store: Store::Gpu(kv),
         }
     }
@@ -60,6 +274,11 @@ impl KvCache {
             Store::Gpu(kv) => Some(kv),
             Store::Host { .. } => None,
         }
+    }
+
+    /// The stored types of keys and values.
+    pub fn types(&self) -> (KvType, KvType) {
+        self.types
     }
 
     /// Positions the cache can hold.
@@ -101,10 +320,12 @@ impl KvCache {
         (self.n_layers, self.n_kv_heads, self.head_dim)
     }
 
-    /// Whether `other` has the same layers and heads and lives in the same memory (so
+    /// Whether `other` has the same layers, heads and types and lives in the same memory (so
     /// positions can be copied across).
     pub fn same_shape(&self, other: &KvCache) -> bool {
-        self.shape() == other.shape() && self.on_device() == other.on_device()
+        self.shape() == other.shape()
+            && self.types == other.types
+            && self.on_device() == other.on_device()
     }
 
     /// Replaces this cache's contents with the first `n` positions of `other` (a shared
@@ -124,9 +345,7 @@ impl KvCache {
                 for (dst, src) in [(k, ok), (v, ov)] {
                     for (dl, sl) in dst.iter_mut().zip(src.iter()) {
                         for h in 0..heads {
-                            let d0 = h * cap * hd;
-                            let s0 = h * other.capacity * hd;
-                            dl[d0..d0 + n * hd].copy_from_slice(&sl[s0..s0 + n * hd]);
+                            dl.copy_rows(h * cap, sl, h * other.capacity, n, hd);
                         }
                     }
                 }
@@ -139,7 +358,7 @@ impl KvCache {
     }
 
     /// Stores `n_tokens` rows of keys and values (`n_tokens × n_kv_heads × head_dim`) at
-    /// positions `pos0 ..`.
+    /// positions `pos0 ..`, converted to the cache's types.
     pub fn store(&mut self, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
         let hd = self.head_dim;
         let (row, cap) = (self.n_kv_heads * hd, self.capacity);
@@ -152,66 +371,118 @@ impl KvCache {
         };
         for (t, (kt, vt)) in k.chunks_exact(row).zip(v.chunks_exact(row)).enumerate() {
             for h in 0..self.n_kv_heads {
-                let dst = (h * cap + pos0 + t) * hd;
-                kl[dst..dst + hd].copy_from_slice(&kt[h * hd..(h + 1) * hd]);
-                vl[dst..dst + hd].copy_from_slice(&vt[h * hd..(h + 1) * hd]);
+                let r = h * cap + pos0 + t;
+                kl.put(r, hd, &kt[h * hd..(h + 1) * hd]);
+                vl.put(r, hd, &vt[h * hd..(h + 1) * hd]);
             }
         }
     }
 
-    /// Layer `layer`'s keys and values in host memory (empty for a device cache, which the
-    /// host kernels never see: a step checks where its caches live before it starts).
-    pub fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
+    /// Layer `layer`'s keys and values in host memory, `[n_kv_heads][capacity]` rows (empty
+    /// for a device cache, which the host kernels never see: a step checks where its caches
+    /// live before it starts).
+    pub fn layer(&self, layer: usize) -> (KvRows<'_>, KvRows<'_>) {
+        let empty = (KvRows::F32(&[]), KvRows::F32(&[]));
         let Store::Host { k, v } = &self.store else {
-            return (&[], &[]);
+            return empty;
         };
         match (k.get(layer), v.get(layer)) {
-            (Some(k), Some(v)) => (k, v),
-            _ => (&[], &[]),
+            (Some(k), Some(v)) => (k.view(), v.view()),
+            _ => empty,
         }
     }
 
     pub fn bytes(&self) -> usize {
-        Self::bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim) * self.capacity
+        Self::bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim, self.types)
+            * self.capacity
     }
 
-    /// Bytes one position takes in a cache of this shape (keys and values, every layer).
-    pub fn bytes_per_token(n_layers: usize, n_kv_heads: usize, head_dim: usize) -> usize {
-        2 * n_layers * n_kv_heads * head_dim * std::mem::size_of::<f32>()
+    /// Bytes one position takes in a cache of this shape and these types (keys and
+    /// values, every layer).
+    pub fn bytes_per_token(
+        n_layers: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        types: (KvType, KvType),
+    ) -> usize {
+        n_layers * n_kv_heads * (types.0.row_bytes(head_dim) + types.1.row_bytes(head_dim))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::KvCache;
+    use super::{KvCache, KvRows, KvType};
+
+    fn row(kv: KvRows<'_>, r: usize, hd: usize) -> Vec<f32> {
+        let mut buf = vec![0.0; hd];
+        kv.row(r, hd, &mut buf).to_vec()
+    }
 
     #[test]
     fn prefix_copy_moves_every_head_across_capacities() {
-        let (layers, heads, hd) = (2, 2, 3);
-        let mut a = KvCache::new(layers, heads, hd, 4);
-        for l in 0..layers {
-            let k: Vec<f32> = (0..4 * heads * hd).map(|i| (l * 100 + i) as f32).collect();
-            let v: Vec<f32> = k.iter().map(|x| -x).collect();
-            a.store(l, 0, &k, &v);
-        }
-        a.advance(4);
-        let mut b = KvCache::new(layers, heads, hd, 9);
-        assert_eq!(b.copy_prefix_from(&a, 3), 3);
-        assert_eq!(b.len(), 3);
-        for l in 0..layers {
-            let (ak, av) = a.layer(l);
-            let (bk, bv) = b.layer(l);
-            for h in 0..heads {
-                for p in 0..3 {
-                    let ai = (h * 4 + p) * hd;
-                    let bi = (h * 9 + p) * hd;
-                    assert_eq!(ak[ai..ai + hd], bk[bi..bi + hd]);
-                    assert_eq!(av[ai..ai + hd], bv[bi..bi + hd]);
+        let (layers, heads, hd) = (2, 2, 32);
+        for types in [
+            (KvType::F32, KvType::F32),
+            (KvType::F16, KvType::Q8_0),
+            (KvType::Q8_0, KvType::F16),
+        ] {
+            let mut a = KvCache::with_types(layers, heads, hd, 4, types);
+            for l in 0..layers {
+                let k: Vec<f32> = (0..4 * heads * hd).map(|i| (l * 100 + i) as f32).collect();
+                let v: Vec<f32> = k.iter().map(|x| -x).collect();
+                a.store(l, 0, &k, &v);
+            }
+            a.advance(4);
+            let mut b = KvCache::with_types(layers, heads, hd, 9, types);
+            assert_eq!(b.copy_prefix_from(&a, 3), 3);
+            assert_eq!(b.len(), 3);
+            for l in 0..layers {
+                let (ak, av) = a.layer(l);
+                let (bk, bv) = b.layer(l);
+                for h in 0..heads {
+                    for p in 0..3 {
+                        assert_eq!(row(ak, h * 4 + p, hd), row(bk, h * 9 + p, hd));
+                        assert_eq!(row(av, h * 4 + p, hd), row(bv, h * 9 + p, hd));
+                    }
                 }
             }
+            // Never more than the source holds; never across types.
+            a.truncate(2);
+            assert_eq!(b.copy_prefix_from(&a, 3), 2);
+            let mut other = KvCache::with_types(layers, heads, hd, 9, (types.1, types.0));
+            if types.0 != types.1 {
+                assert_eq!(other.copy_prefix_from(&a, 2), 0);
+            }
         }
-        // Never more than the source holds.
-        a.truncate(2);
-        assert_eq!(b.copy_prefix_from(&a, 3), 2);
+    }
+
+    #[test]
+    fn stored_rows_read_back_as_their_type_rounds_them() {
+        let hd = 64;
+        let x: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        for (t, tol) in [
+            (KvType::F32, 0.0),
+            (KvType::F16, 2e-3),
+            (KvType::Q8_0, 3.0 / 127.0),
+        ] {
+            let mut kv = KvCache::with_types(1, 1, hd, 2, (t, t));
+            kv.store(0, 1, &x, &x);
+            let (k, _) = kv.layer(0);
+            assert_eq!(k.kind(), t);
+            let got = row(k, 1, hd);
+            let err = got
+                .iter()
+                .zip(&x)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(err <= tol, "{t}: {err}");
+            if t != KvType::F32 {
+                assert!(err > 0.0, "{t} rounds");
+            }
+        }
+        assert_eq!(KvType::Q8_0.row_bytes(64), 68);
+        assert!(KvType::Q8_0.check_head_dim(48).is_err());
+        assert_eq!(KvType::parse("Q8_0").unwrap(), KvType::Q8_0);
+        assert!(KvType::parse("q4_0").is_err());
     }
 }

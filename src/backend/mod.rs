@@ -23,7 +23,7 @@ pub mod threadpool;
 pub use device::{Device, DeviceError, Scratch};
 pub use exec::{Buf, Executor, Logits, Op, ScratchSpec, SeqStep, LOGITS};
 pub use factory::{create_backend, BackendOptions, BACKEND_NAMES};
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvRows, KvType, KV_TYPE_NAMES};
 pub use parallel::ParallelBackend;
 pub use pool::PoolBackend;
 pub use scalar::ScalarBackend;
@@ -91,8 +91,8 @@ pub trait Backend: Send + Sync {
         &self,
         shape: &AttentionShape,
         q: &[f32],
-        k_cache: &[f32],
-        v_cache: &[f32],
+        k_cache: KvRows<'_>,
+        v_cache: KvRows<'_>,
         out: &mut [f32],
     );
 
@@ -137,8 +137,8 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
         &self,
         shape: &AttentionShape,
         q: &[f32],
-        k_cache: &[f32],
-        v_cache: &[f32],
+        k_cache: KvRows<'_>,
+        v_cache: KvRows<'_>,
         out: &mut [f32],
     ) {
         (**self).attention(shape, q, k_cache, v_cache, out)

@@ -10,7 +10,7 @@ use super::scalar::with_quant_scratch;
 use super::simd::quants::QuantMatmul;
 use super::simd::{with_act_scratch, Kernels, OutPtr, PackedQ8, SimdBackend};
 use super::threadpool::default_threads;
-use super::{AttentionShape, Backend, ScalarBackend};
+use super::{AttentionShape, Backend, KvRows, ScalarBackend};
 use crate::tensor::{q8_0, GgmlType, Matrix};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -190,8 +190,8 @@ impl Backend for ParallelBackend {
         &self,
         shape: &AttentionShape,
         q: &[f32],
-        k_cache: &[f32],
-        v_cache: &[f32],
+        k_cache: KvRows<'_>,
+        v_cache: KvRows<'_>,
         out: &mut [f32],
     ) {
         if shape.n_tokens < PARALLEL_MIN_TOKENS {

@@ -11,7 +11,7 @@ use super::scalar::with_quant_scratch;
 use super::simd::quants::QuantMatmul;
 use super::simd::{with_act_scratch, Kernels, OutPtr, PackedQ8, SimdBackend, GROUP};
 use super::threadpool::{default_threads, split, ThreadPool};
-use super::{AttentionShape, Backend, ScalarBackend};
+use super::{AttentionShape, Backend, KvRows, ScalarBackend};
 use crate::tensor::{q8_0, GgmlType, Matrix};
 
 /// Products with fewer 16-row groups than this run on the caller alone (dispatch would cost
@@ -234,8 +234,8 @@ impl Backend for PoolBackend {
         &self,
         shape: &AttentionShape,
         q: &[f32],
-        k_cache: &[f32],
-        v_cache: &[f32],
+        k_cache: KvRows<'_>,
+        v_cache: KvRows<'_>,
         out: &mut [f32],
     ) {
         let k = self.k;

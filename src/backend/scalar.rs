@@ -1,6 +1,6 @@
 //! The reference backend: plain loops, one core, defining the numerics of every operation.
 
-use super::{AttentionShape, Backend};
+use super::{AttentionShape, Backend, KvRows};
 use crate::tensor::{self, float, GgmlType, Matrix, QuantDot};
 use std::cell::RefCell;
 
@@ -130,8 +130,8 @@ impl Backend for ScalarBackend {
         &self,
         s: &AttentionShape,
         q: &[f32],
-        k_cache: &[f32],
-        v_cache: &[f32],
+        k_cache: KvRows<'_>,
+        v_cache: KvRows<'_>,
         out: &mut [f32],
     ) {
         let hd = s.head_dim;
@@ -143,8 +143,9 @@ impl Backend for ScalarBackend {
                 let base = (t * s.n_heads + h) * hd;
                 let qh = &q[base..base + hd];
                 let acc = &mut out[base..base + hd];
-                let k = &k_cache[kvh * s.capacity * hd..];
-                let v = &v_cache[kvh * s.capacity * hd..];
+                let r0 = kvh * s.capacity;
+                let k = k_cache.rows(r0, r0 + kv_len, hd);
+                let v = v_cache.rows(r0, r0 + kv_len, hd);
                 attend_head(qh, k, v, hd, kv_len, s.scale, acc);
             }
         }
@@ -163,23 +164,29 @@ impl Backend for ScalarBackend {
     }
 }
 
-/// One query head's attention over the first `kv_len` keys and values (rows of `hd`), into
-/// `acc`: the online softmax, one pass over the cache, rescaling when the max grows. The
-/// reference every attention kernel's per-row arithmetic follows.
+/// The largest head the host attention kernels take (a stored key or value row is widened
+/// on the stack).
+pub const MAX_HEAD_DIM: usize = 512;
+
+/// One query head's attention over the first `kv_len` keys and values (rows of `hd` values
+/// in their stored type), into `acc`: the online softmax, one pass over the cache,
+/// rescaling when the max grows. The reference every attention kernel's per-row arithmetic
+/// follows.
 pub fn attend_head(
     qh: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: KvRows<'_>,
+    v: KvRows<'_>,
     hd: usize,
     kv_len: usize,
     scale: f32,
     acc: &mut [f32],
 ) {
     acc.fill(0.0);
+    let (mut kbuf, mut vbuf) = ([0.0f32; MAX_HEAD_DIM], [0.0f32; MAX_HEAD_DIM]);
     let mut max = f32::NEG_INFINITY;
     let mut denom = 0.0f32;
     for j in 0..kv_len {
-        let kj = &k[j * hd..(j + 1) * hd];
+        let kj = k.row(j, hd, &mut kbuf);
         let score = qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
         if score > max {
             let c = (max - score).exp();
@@ -189,7 +196,7 @@ pub fn attend_head(
         }
         let p = (score - max).exp();
         denom += p;
-        for (a, &vv) in acc.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+        for (a, &vv) in acc.iter_mut().zip(v.row(j, hd, &mut vbuf)) {
             *a += p * vv;
         }
     }

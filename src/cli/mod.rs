@@ -6,7 +6,7 @@ pub mod quantize;
 pub mod serve;
 pub mod synth;
 
-use crate::backend::{create_backend, BackendOptions};
+use crate::backend::{create_backend, BackendOptions, KvType};
 use crate::engine::{generate, Flow, GenerateOptions};
 use crate::gguf::GgufFile;
 use crate::model::{Logits, Model};
@@ -80,6 +80,18 @@ pub struct ModelArgs {
     /// Context window in tokens (default: the model's, capped at 4096).
     #[arg(long)]
     pub ctx_size: Option<usize>,
+    /// Type the KV cache stores keys as: f32, f16 or q8_0 (default: f32 for an F32 model,
+    /// else f16).
+    #[arg(long, value_parser = parse_kv_type)]
+    pub cache_type_k: Option<KvType>,
+    /// Type the KV cache stores values as: f32, f16 or q8_0 (default as for keys).
+    #[arg(long, value_parser = parse_kv_type)]
+    pub cache_type_v: Option<KvType>,
+}
+
+/// A KV cache type from its name, for the command line.
+pub fn parse_kv_type(s: &str) -> Result<KvType, String> {
+    KvType::parse(s).map_err(|e| e.to_string())
 }
 
 #[derive(Args, Debug)]
@@ -171,8 +183,13 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
             tracing: true,
         },
     )?;
-    let model = Model::load(&gguf, backend)
+    let mut model = Model::load(&gguf, backend)
         .with_context(|| format!("cannot load model {}", args.model.display()))?;
+    let (k, v) = model.kv_types();
+    model.set_kv_types((
+        args.cache_type_k.unwrap_or(k),
+        args.cache_type_v.unwrap_or(v),
+    ))?;
     let tokenizer = Tokenizer::from_gguf(&gguf)
         .with_context(|| format!("cannot load the tokenizer of {}", args.model.display()))?;
     let chat_template = ChatTemplate::from_gguf(&gguf)?.unwrap_or_else(ChatTemplate::chatml);

@@ -23,9 +23,10 @@
 
 use super::{ModelConfig, ModelError, ModelWeights};
 use crate::backend::{
-    Buf, Device, Executor, KvCache, Logits, Scratch, ScratchSpec, SeqStep, LOGITS,
+    Buf, Device, Executor, KvCache, KvType, Logits, Scratch, ScratchSpec, SeqStep, LOGITS,
 };
 use crate::gguf::GgufFile;
+use crate::tensor::GgmlType;
 
 /// The activation buffers of a pass: the residual stream, the normalized input of a
 /// projection, queries, keys, values, the attention output, and the MLP's gate and up rows.
@@ -43,6 +44,8 @@ pub struct Model {
     pub weights: ModelWeights,
     device: Device,
     inv_freq: Vec<f32>,
+    /// What new KV caches store keys and values as.
+    kv_types: (KvType, KvType),
 }
 
 /// Everything one sequence needs to run on its own: its KV cache and the activation
@@ -89,12 +92,37 @@ impl Model {
         device.check_head_dim(config.head_dim)?;
         let weights = ModelWeights::load(gguf, &config, &device)?;
         let inv_freq = config.rope_inv_freq();
+        let kv_types = Self::default_kv_types(weights.main_dtype());
+        device.check_kv_types(kv_types, config.head_dim)?;
         Ok(Self {
             config,
             weights,
             device,
             inv_freq,
+            kv_types,
         })
+    }
+
+    /// The KV cache types a model of this weight type gets unless told otherwise: F32 for
+    /// F32 weights (so the model stays exact against its reference), F16 for everything
+    /// else (as llama.cpp: half the bytes at a precision the weights do not exceed).
+    pub fn default_kv_types(weights: GgmlType) -> (KvType, KvType) {
+        match weights {
+            GgmlType::F32 => (KvType::F32, KvType::F32),
+            _ => (KvType::F16, KvType::F16),
+        }
+    }
+
+    /// The key and value types of the KV caches made from now on.
+    pub fn kv_types(&self) -> (KvType, KvType) {
+        self.kv_types
+    }
+
+    /// Makes later KV caches store keys as `types.0` and values as `types.1`.
+    pub fn set_kv_types(&mut self, types: (KvType, KvType)) -> Result<(), ModelError> {
+        self.device.check_kv_types(types, self.config.head_dim)?;
+        self.kv_types = types;
+        Ok(())
     }
 
     /// What the model runs on.
@@ -107,14 +135,19 @@ impl Model {
     pub fn new_kv_cache(&self, capacity: usize) -> KvCache {
         let c = &self.config;
         let capacity = capacity.clamp(1, c.context_length);
-        self.device
-            .new_kv_cache(c.n_layers, c.n_kv_heads, c.head_dim, capacity)
+        self.device.new_kv_cache(
+            c.n_layers,
+            c.n_kv_heads,
+            c.head_dim,
+            capacity,
+            self.kv_types,
+        )
     }
 
     /// Bytes of KV cache one position takes.
     pub fn kv_bytes_per_token(&self) -> usize {
         let c = &self.config;
-        KvCache::bytes_per_token(c.n_layers, c.n_kv_heads, c.head_dim)
+        KvCache::bytes_per_token(c.n_layers, c.n_kv_heads, c.head_dim, self.kv_types)
     }
 
     /// Buffers for forward passes of up to `rows` token rows, of which up to `logit_rows`

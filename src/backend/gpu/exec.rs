@@ -554,10 +554,9 @@ fn device_matrix(m: &Matrix) -> Result<&GpuMatrix, GpuError> {
 
 /// A sequence's device cache, its KV heads and head size.
 fn device_cache<'k>(s: &'k SeqStep<'_>) -> Result<(&'k GpuKv, u32, u32), GpuError> {
-    let kv = s
-        .kv
-        .gpu()
-        .ok_or_else(|| GpuError::Device("a host KV cache reached the GPU executor".into()))?;
+    let kv =
+        s.kv.gpu()
+            .ok_or_else(|| GpuError::Device("a host KV cache reached the GPU executor".into()))?;
     let (_, kvh, hd) = s.kv.shape();
     if hd > MAX_HEAD_DIM {
         return Err(GpuError::Device(format!(
@@ -764,6 +763,8 @@ impl<'s, 'a> GpuExec<'s, 'a> {
                             kvh,
                             hd,
                             kv.capacity() as u32,
+                            kv.codes().0,
+                            kv.codes().1,
                         ],
                         (m * kv_dim) as usize,
                     );
@@ -793,6 +794,8 @@ impl<'s, 'a> GpuExec<'s, 'a> {
                             kv.capacity() as u32,
                             scale.to_bits(),
                             q_dim,
+                            kv.codes().0,
+                            kv.codes().1,
                         ],
                         (n_heads as u32, m, 1),
                     );

@@ -1,8 +1,13 @@
-//! A sequence's KV cache in device memory: per layer one key and one value buffer laid out
-//! `[kv_head][capacity][head_dim]` in f32 (as on the host), with the bind group the KV store
-//! and attention kernels use, built once when the cache is made.
+//! A sequence's KV cache in device memory: per layer one key and one value buffer holding
+//! `[kv_head][capacity]` rows of `head_dim` values in the cache's type, with the bind group
+//! the KV store and attention kernels use, built once when the cache is made.
+//!
+//! F32 and F16 rows are stored as on the host (F16 two values a word). Q8_0 keeps the same
+//! values as the host's blocks in a layout without unaligned words: first every row's
+//! quants (four a word), then every block's scale as f32 (the f16 scale, widened).
 
 use super::GpuContext;
+use crate::backend::KvType;
 use std::sync::Arc;
 
 pub struct GpuKv {
@@ -13,12 +18,42 @@ pub struct GpuKv {
     n_kv_heads: usize,
     head_dim: usize,
     capacity: usize,
+    types: (KvType, KvType),
+}
+
+/// The type code the shaders switch on (`KV_*` in attention.wgsl).
+pub(super) fn kv_code(t: KvType) -> u32 {
+    match t {
+        KvType::F32 => 0,
+        KvType::F16 => 1,
+        KvType::Q8_0 => 2,
+    }
+}
+
+/// Words of one layer's buffer for `rows` rows of `hd` values, and the regions a row spans:
+/// `(region start, words a row)`.
+fn layout(t: KvType, rows: usize, hd: usize) -> (usize, Vec<(usize, usize)>) {
+    match t {
+        KvType::F32 => (rows * hd, vec![(0, hd)]),
+        KvType::F16 => (rows * hd / 2, vec![(0, hd / 2)]),
+        KvType::Q8_0 => (
+            rows * hd / 4 + rows * hd / 32,
+            vec![(0, hd / 4), (rows * hd / 4, hd / 32)],
+        ),
+    }
 }
 
 impl GpuKv {
     /// The most positions one layer's buffer can hold on this device.
-    pub fn max_capacity(ctx: &GpuContext, n_kv_heads: usize, head_dim: usize) -> usize {
-        (ctx.max_binding / (n_kv_heads * head_dim * 4) as u64) as usize
+    pub fn max_capacity(
+        ctx: &GpuContext,
+        n_kv_heads: usize,
+        head_dim: usize,
+        types: (KvType, KvType),
+    ) -> usize {
+        let words = |t| layout(t, n_kv_heads, head_dim).0;
+        let per_position = (words(types.0).max(words(types.1)) * 4).max(1);
+        (ctx.max_binding / per_position as u64) as usize
     }
 
     pub fn new(
@@ -27,13 +62,15 @@ impl GpuKv {
         n_kv_heads: usize,
         head_dim: usize,
         capacity: usize,
+        types: (KvType, KvType),
     ) -> Self {
-        let bytes = (n_kv_heads * capacity * head_dim * 4) as u64;
+        let rows = n_kv_heads * capacity;
+        let bytes = |t| (layout(t, rows, head_dim).0 * 4) as u64;
         let k: Vec<_> = (0..n_layers)
-            .map(|_| ctx.storage_buffer("k cache", bytes))
+            .map(|_| ctx.storage_buffer("k cache", bytes(types.0)))
             .collect();
         let v: Vec<_> = (0..n_layers)
-            .map(|_| ctx.storage_buffer("v cache", bytes))
+            .map(|_| ctx.storage_buffer("v cache", bytes(types.1)))
             .collect();
         let groups = k
             .iter()
@@ -63,7 +100,13 @@ impl GpuKv {
             n_kv_heads,
             head_dim,
             capacity,
+            types,
         }
+    }
+
+    /// The key and value type codes, for the kernels.
+    pub(super) fn codes(&self) -> (u32, u32) {
+        (kv_code(self.types.0), kv_code(self.types.1))
     }
 
     pub(super) fn group(&self, layer: usize) -> &wgpu::BindGroup {
@@ -80,23 +123,34 @@ impl GpuKv {
         if n == 0 {
             return;
         }
-        let row = (self.head_dim * 4) as u64;
+        let hd = self.head_dim;
         let mut enc = self
             .ctx
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("kv prefix copy"),
             });
-        for (dst, src) in [(&self.k, &other.k), (&self.v, &other.v)] {
+        let (rows, other_rows) = (
+            self.n_kv_heads * self.capacity,
+            self.n_kv_heads * other.capacity,
+        );
+        for (dst, src, t) in [
+            (&self.k, &other.k, self.types.0),
+            (&self.v, &other.v, self.types.1),
+        ] {
+            let (_, to) = layout(t, rows, hd);
+            let (_, from) = layout(t, other_rows, hd);
             for (d, s) in dst.iter().zip(src) {
-                for h in 0..self.n_kv_heads {
-                    enc.copy_buffer_to_buffer(
-                        s,
-                        (h * other.capacity) as u64 * row,
-                        d,
-                        (h * self.capacity) as u64 * row,
-                        n as u64 * row,
-                    );
+                for (&(d0, words), &(s0, _)) in to.iter().zip(&from) {
+                    for h in 0..self.n_kv_heads {
+                        enc.copy_buffer_to_buffer(
+                            s,
+                            ((s0 + h * other.capacity * words) * 4) as u64,
+                            d,
+                            ((d0 + h * self.capacity * words) * 4) as u64,
+                            (n * words * 4) as u64,
+                        );
+                    }
                 }
             }
         }

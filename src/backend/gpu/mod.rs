@@ -23,6 +23,7 @@ pub use exec::{GpuScratch, StepTimes};
 pub use kv::GpuKv;
 
 use super::exec::ScratchSpec;
+use super::KvType;
 use crate::tensor::{GgmlType, Matrix, Vector};
 use exec::{GpuMatrix, GpuVector, MAX_HEAD_DIM};
 use std::borrow::Cow;
@@ -509,8 +510,13 @@ impl GpuBackend {
     }
 
     /// The most positions a KV cache can hold on this device.
-    pub fn max_kv_capacity(&self, n_kv_heads: usize, head_dim: usize) -> usize {
-        GpuKv::max_capacity(&self.ctx, n_kv_heads, head_dim)
+    pub fn max_kv_capacity(
+        &self,
+        n_kv_heads: usize,
+        head_dim: usize,
+        types: (KvType, KvType),
+    ) -> usize {
+        GpuKv::max_capacity(&self.ctx, n_kv_heads, head_dim, types)
     }
 
     pub fn new_kv(
@@ -519,8 +525,9 @@ impl GpuBackend {
         n_kv_heads: usize,
         head_dim: usize,
         capacity: usize,
+        types: (KvType, KvType),
     ) -> GpuKv {
-        GpuKv::new(&self.ctx, n_layers, n_kv_heads, head_dim, capacity)
+        GpuKv::new(&self.ctx, n_layers, n_kv_heads, head_dim, capacity, types)
     }
 
     pub fn new_scratch(&self, spec: &ScratchSpec) -> GpuScratch {

@@ -50,7 +50,7 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_quants;
 
-use super::{AttentionShape, Backend};
+use super::{AttentionShape, Backend, KvRows};
 use crate::gguf::TensorBytes;
 use crate::tensor::{legacy, q8_0, GgmlType, Matrix};
 use rayon::prelude::*;
@@ -650,8 +650,8 @@ impl Kernels {
         &self,
         s: &AttentionShape,
         q: &[f32],
-        k_cache: &[f32],
-        v_cache: &[f32],
+        k_cache: KvRows<'_>,
+        v_cache: KvRows<'_>,
         out: OutPtr,
         out_len: usize,
         i0: usize,
@@ -668,10 +668,10 @@ impl Kernels {
             let (kvh, b) = (item / blocks, item % blocks);
             let tokens = b * per..((b + 1) * per).min(s.n_tokens);
             let kv_max = s.pos0 + tokens.end;
-            let kb = kvh * s.capacity * hd;
+            let r0 = kvh * s.capacity;
             let (k, v) = (
-                &k_cache[kb..kb + kv_max * hd],
-                &v_cache[kb..kb + kv_max * hd],
+                k_cache.rows(r0, r0 + kv_max, hd),
+                v_cache.rows(r0, r0 + kv_max, hd),
             );
             // Token t's heads of this KV head: `group` rows from `base(t)`.
             let base = |t: usize| (t * s.n_heads + kvh * group) * hd;
@@ -697,14 +697,14 @@ impl Kernels {
                         if n == x86::MAX_ROWS {
                             // SAFETY: the ISA and head size were checked; every row's kv_len
                             // is within `k`/`v`; the rows' outputs are this item's alone.
-                            unsafe { x86::attend_rows(s, &rows[..n], k.as_ptr(), v.as_ptr()) };
+                            unsafe { x86::attend_rows_any(s, &rows[..n], k, v) };
                             n = 0;
                         }
                     }
                 }
                 if n > 0 {
                     // SAFETY: as above.
-                    unsafe { x86::attend_rows(s, &rows[..n], k.as_ptr(), v.as_ptr()) };
+                    unsafe { x86::attend_rows_any(s, &rows[..n], k, v) };
                 }
                 continue;
             }
@@ -716,8 +716,8 @@ impl Kernels {
                 portable::attend_group(
                     s,
                     &q[o..o + group * hd],
-                    &k[..kv_len * hd],
-                    &v[..kv_len * hd],
+                    k.rows(0, kv_len, hd),
+                    v.rows(0, kv_len, hd),
                     kv_len,
                     og,
                 );
@@ -855,8 +855,8 @@ impl<B: Backend> Backend for SimdBackend<B> {
         &self,
         shape: &AttentionShape,
         q: &[f32],
-        k_cache: &[f32],
-        v_cache: &[f32],
+        k_cache: KvRows<'_>,
+        v_cache: KvRows<'_>,
         out: &mut [f32],
     ) {
         let len = out.len();

@@ -3,7 +3,7 @@
 //! follow the scalar backend's arithmetic exactly.
 
 use super::{ActQ8Ref, PackedQ8, GROUP};
-use crate::backend::AttentionShape;
+use crate::backend::{AttentionShape, KvRows};
 use crate::tensor::q8_0;
 use half::f16;
 
@@ -113,8 +113,8 @@ pub fn rope_apply(x: &mut [f32], n_heads: usize, head_dim: usize, cos: &[f32], s
 pub fn attend_group(
     s: &AttentionShape,
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    k: KvRows<'_>,
+    v: KvRows<'_>,
     kv_len: usize,
     out: &mut [f32],
 ) {

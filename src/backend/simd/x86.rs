@@ -9,7 +9,7 @@
 //! `acc += isum as f32 * (d_w * d_x)` with a separate multiply and add, block after block.
 
 use super::{ActQ8Ref, PackedQ8, GROUP};
-use crate::backend::AttentionShape;
+use crate::backend::{AttentionShape, KvRows};
 use crate::tensor::GgmlType;
 use std::arch::x86_64::*;
 
@@ -532,6 +532,70 @@ pub unsafe fn rope_apply(x: &mut [f32], n_heads: usize, head_dim: usize, cos: &[
 /// Keys scored per step of the online softmax: their scores live on the stack, and the
 /// chunk of keys stays in L1 while every query head of the group reads it.
 const CHUNK: usize = 32;
+
+/// How an attention kernel reads 8 consecutive values of a cached key or value row in its
+/// stored type, widened exactly to f32 (the values the scalar reference reads).
+trait KvLoad {
+    /// Bytes of one row of `hd` values.
+    fn row_bytes(hd: usize) -> usize;
+    /// Values `i .. i + 8` of the row at `row` (`i` a multiple of 8).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C must be present; the row holds at least `i + 8` values.
+    unsafe fn load8(row: *const u8, i: usize) -> __m256;
+}
+
+struct F32Rows;
+struct F16Rows;
+struct Q8Rows;
+
+impl KvLoad for F32Rows {
+    #[inline(always)]
+    fn row_bytes(hd: usize) -> usize {
+        hd * 4
+    }
+    #[inline(always)]
+    unsafe fn load8(row: *const u8, i: usize) -> __m256 {
+        // SAFETY: the caller's promise.
+        unsafe { _mm256_loadu_ps(row.cast::<f32>().add(i)) }
+    }
+}
+
+impl KvLoad for F16Rows {
+    #[inline(always)]
+    fn row_bytes(hd: usize) -> usize {
+        hd * 2
+    }
+    #[inline(always)]
+    unsafe fn load8(row: *const u8, i: usize) -> __m256 {
+        // SAFETY: the caller's promise (F16C present; eight halves at `i`).
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(row.add(i * 2).cast::<__m128i>())) }
+    }
+}
+
+impl KvLoad for Q8Rows {
+    #[inline(always)]
+    fn row_bytes(hd: usize) -> usize {
+        hd / 32 * 34
+    }
+    #[inline(always)]
+    unsafe fn load8(row: *const u8, i: usize) -> __m256 {
+        // SAFETY: the caller's promise: block i / 32 of the row exists, and eight quants at
+        // i % 32 lie inside it (i is a multiple of 8).
+        unsafe {
+            let block = row.add(i / 32 * 34);
+            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(u16::from_le_bytes([
+                *block,
+                *block.add(1),
+            ]) as i32)));
+            let q = _mm_loadl_epi64(block.add(2 + i % 32).cast::<__m128i>());
+            _mm256_mul_ps(
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+                _mm256_set1_ps(d),
+            )
+        }
+    }
+}
 /// `q · k_u` for `N` consecutive key rows (`k + u·hd`), each with two 8-lane FMA chains over
 /// alternate 8-value slices and one horizontal sum: the same arithmetic for every `N`.
 ///
@@ -539,8 +603,12 @@ const CHUNK: usize = 32;
 /// AVX2 and FMA must be present; `hd` is a multiple of 8; `q` holds `hd` floats and `k`
 /// holds `N` rows of `hd`.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn score_keys<const N: usize>(q: *const f32, k: *const f32, hd: usize) -> [f32; N] {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn score_keys<K: KvLoad, const N: usize>(
+    q: *const f32,
+    k: *const u8,
+    hd: usize,
+) -> [f32; N] {
     let mut a0 = [_mm256_setzero_ps(); N];
     let mut a1 = [_mm256_setzero_ps(); N];
     let mut i = 0;
@@ -549,35 +617,36 @@ unsafe fn score_keys<const N: usize>(q: *const f32, k: *const f32, hd: usize) ->
         while i + 16 <= hd {
             let (qa, qb) = (_mm256_loadu_ps(q.add(i)), _mm256_loadu_ps(q.add(i + 8)));
             for (u, (c0, c1)) in a0.iter_mut().zip(&mut a1).enumerate() {
-                let kr = k.add(u * hd + i);
-                *c0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(kr), *c0);
-                *c1 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(kr.add(8)), *c1);
+                let kr = k.add(u * K::row_bytes(hd));
+                *c0 = _mm256_fmadd_ps(qa, K::load8(kr, i), *c0);
+                *c1 = _mm256_fmadd_ps(qb, K::load8(kr, i + 8), *c1);
             }
             i += 16;
         }
         if i < hd {
             let qa = _mm256_loadu_ps(q.add(i));
             for (u, c0) in a0.iter_mut().enumerate() {
-                *c0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k.add(u * hd + i)), *c0);
+                *c0 = _mm256_fmadd_ps(qa, K::load8(k.add(u * K::row_bytes(hd)), i), *c0);
             }
         }
     }
     std::array::from_fn(|u| hsum(_mm256_add_ps(a0[u], a1[u])))
 }
 
-/// `out[0..8U] = out·corr + Σ_j p[j]·v_j[0..8U]` in key order (value row j at `v + j·hd`),
-/// with `U` vector accumulators.
+/// `out[0..8U] = out·corr + Σ_j p[j]·v_j[d..d + 8U]` in key order (value row j at
+/// `v + j·row_bytes`), with `U` vector accumulators.
 ///
 /// # Safety
-/// AVX2 and FMA must be present; `out` holds 8U floats; `v` holds `p.len()` rows of `hd`
-/// floats from which 8U are read.
+/// AVX2, FMA and F16C must be present; `out` holds 8U floats; `v` holds `p.len()` rows of
+/// `hd` values from which `d..d + 8U` are read.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn weigh_values<const U: usize>(
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn weigh_values<V: KvLoad, const U: usize>(
     out: *mut f32,
     corr: __m256,
     p: &[f32],
-    v: *const f32,
+    v: *const u8,
+    d: usize,
     hd: usize,
 ) {
     // SAFETY (whole body): the caller's promise.
@@ -586,13 +655,43 @@ unsafe fn weigh_values<const U: usize>(
             std::array::from_fn(|u| _mm256_mul_ps(_mm256_loadu_ps(out.add(u * 8)), corr));
         for (j, &pj) in p.iter().enumerate() {
             let pv = _mm256_set1_ps(pj);
-            let vr = v.add(j * hd);
+            let vr = v.add(j * V::row_bytes(hd));
             for (u, au) in a.iter_mut().enumerate() {
-                *au = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr.add(u * 8)), *au);
+                *au = _mm256_fmadd_ps(pv, V::load8(vr, d + u * 8), *au);
             }
         }
         for (u, au) in a.iter().enumerate() {
             _mm256_storeu_ps(out.add(u * 8), *au);
+        }
+    }
+}
+
+/// [`attend_rows`] for keys and values in their stored types.
+///
+/// # Safety
+/// As for [`attend_rows`], with `k` and `v` holding the rows.
+pub unsafe fn attend_rows_any(s: &AttentionShape, rows: &[AttnRow], k: KvRows<'_>, v: KvRows<'_>) {
+    fn ptr(r: KvRows<'_>) -> *const u8 {
+        match r {
+            KvRows::F32(s) => s.as_ptr().cast(),
+            KvRows::F16(s) => s.as_ptr().cast(),
+            KvRows::Q8_0(s) => s.as_ptr(),
+        }
+    }
+    let (kp, vp) = (ptr(k), ptr(v));
+    use KvRows::{F16, F32, Q8_0};
+    // SAFETY (every arm): the caller's promise, with the loaders of the rows' own types.
+    unsafe {
+        match (k, v) {
+            (F32(_), F32(_)) => attend_rows::<F32Rows, F32Rows>(s, rows, kp, vp),
+            (F32(_), F16(_)) => attend_rows::<F32Rows, F16Rows>(s, rows, kp, vp),
+            (F32(_), Q8_0(_)) => attend_rows::<F32Rows, Q8Rows>(s, rows, kp, vp),
+            (F16(_), F32(_)) => attend_rows::<F16Rows, F32Rows>(s, rows, kp, vp),
+            (F16(_), F16(_)) => attend_rows::<F16Rows, F16Rows>(s, rows, kp, vp),
+            (F16(_), Q8_0(_)) => attend_rows::<F16Rows, Q8Rows>(s, rows, kp, vp),
+            (Q8_0(_), F32(_)) => attend_rows::<Q8Rows, F32Rows>(s, rows, kp, vp),
+            (Q8_0(_), F16(_)) => attend_rows::<Q8Rows, F16Rows>(s, rows, kp, vp),
+            (Q8_0(_), Q8_0(_)) => attend_rows::<Q8Rows, Q8Rows>(s, rows, kp, vp),
         }
     }
 }
@@ -617,11 +716,17 @@ pub struct AttnRow {
 /// query and `kv_len`, so a row gives the same bits whatever rows it is grouped with.
 ///
 /// # Safety
-/// AVX2 and FMA must be present; `head_dim` is a multiple of 8; `k` and `v` point to at
-/// least the largest `kv_len` rows of `head_dim`; each row's `q` and `out` point to
-/// `head_dim` floats, the outputs distinct and written by no one else during the call.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn attend_rows(s: &AttentionShape, rows: &[AttnRow], k: *const f32, v: *const f32) {
+/// AVX2, FMA and F16C must be present; `head_dim` is a multiple of 8 (of 32 for Q8_0 rows);
+/// `k` and `v` point to at least the largest `kv_len` rows of `head_dim` values in the types
+/// `K` and `V` read; each row's `q` and `out` point to `head_dim` floats, the outputs
+/// distinct and written by no one else during the call.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
+    s: &AttentionShape,
+    rows: &[AttnRow],
+    k: *const u8,
+    v: *const u8,
+) {
     let hd = s.head_dim;
     debug_assert!(rows.len() <= MAX_ROWS && hd % 8 == 0);
     let kv_max = rows.iter().map(|r| r.kv_len).max().unwrap_or(0);
@@ -633,6 +738,7 @@ pub unsafe fn attend_rows(s: &AttentionShape, rows: &[AttnRow], k: *const f32, v
         unsafe { std::ptr::write_bytes(r.out, 0, hd) };
     }
     let (kp, vp) = (k, v); // key and value rows of the KV head
+    let (krb, vrb) = (K::row_bytes(hd), V::row_bytes(hd));
     let mut c0 = 0;
     while c0 < kv_max {
         for (h, row) in rows.iter().enumerate() {
@@ -646,7 +752,7 @@ pub unsafe fn attend_rows(s: &AttentionShape, rows: &[AttnRow], k: *const f32, v
             let mut j = 0;
             while j + 4 <= cl {
                 // SAFETY: keys c0+j..c0+j+4 < the row's kv_len.
-                let sc = unsafe { score_keys::<4>(row.q, kp.add((c0 + j) * hd), hd) };
+                let sc = unsafe { score_keys::<K, 4>(row.q, kp.add((c0 + j) * krb), hd) };
                 for (pj, v) in ph[j..j + 4].iter_mut().zip(sc) {
                     *pj = v * s.scale;
                 }
@@ -654,7 +760,8 @@ pub unsafe fn attend_rows(s: &AttentionShape, rows: &[AttnRow], k: *const f32, v
             }
             while j < cl {
                 // SAFETY: key c0+j < the row's kv_len.
-                ph[j] = unsafe { score_keys::<1>(row.q, kp.add((c0 + j) * hd), hd)[0] } * s.scale;
+                let key = kp.add((c0 + j) * krb);
+                ph[j] = unsafe { score_keys::<K, 1>(row.q, key, hd)[0] } * s.scale;
                 j += 1;
             }
             let cmax = ph[..cl].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
@@ -692,19 +799,20 @@ pub unsafe fn attend_rows(s: &AttentionShape, rows: &[AttnRow], k: *const f32, v
                 let orow = row.out;
                 // Eight accumulators where the head has room: eight FMA chains in flight
                 // over the chunk's keys rather than four.
+                let vc = vp.add(c0 * vrb);
                 while d + 64 <= hd {
-                    weigh_values::<8>(orow.add(d), cv, &ph[..cl], vp.add(c0 * hd + d), hd);
+                    weigh_values::<V, 8>(orow.add(d), cv, &ph[..cl], vc, d, hd);
                     d += 64;
                 }
                 while d + 32 <= hd {
-                    weigh_values::<4>(orow.add(d), cv, &ph[..cl], vp.add(c0 * hd + d), hd);
+                    weigh_values::<V, 4>(orow.add(d), cv, &ph[..cl], vc, d, hd);
                     d += 32;
                 }
                 while d < hd {
                     let mut a = _mm256_mul_ps(_mm256_loadu_ps(orow.add(d)), cv);
                     for (j, &pj) in ph.iter().enumerate().take(cl) {
-                        let vr = vp.add((c0 + j) * hd + d);
-                        a = _mm256_fmadd_ps(_mm256_set1_ps(pj), _mm256_loadu_ps(vr), a);
+                        let vr = vc.add(j * vrb);
+                        a = _mm256_fmadd_ps(_mm256_set1_ps(pj), V::load8(vr, d), a);
                     }
                     _mm256_storeu_ps(orow.add(d), a);
                     d += 8;
