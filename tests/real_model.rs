@@ -4,11 +4,16 @@
 //! llama.cpp's first 32 tokens (`tests/fixtures/real_model/expected.json`, made by
 //! `gen_expected.py`).
 //!
+//! With F32 KV caches the tokens must be llama.cpp's exactly. With the default F16 caches
+//! (llama.cpp's default too, but each engine rounds different values: llama.cpp also rounds
+//! the queries and accumulates values in f16) the two may part only at a near tie, where
+//! both engines' two best logits are within [`NEAR_TIE`] of each other; the split is printed.
+//!
 //! The model (~490 MB) is found through `INFERNO_TEST_MODEL` or in the cache that
 //! `scripts/fetch-test-model.sh` fills. When it is absent the test passes with a notice,
 //! except under `CI=true`, where it fails: CI must run it.
 
-use inferno::backend::{create_backend, BackendOptions};
+use inferno::backend::{create_backend, BackendOptions, KvType};
 use inferno::gguf::GgufFile;
 use inferno::model::{Architecture, Logits, Model};
 use inferno::tensor::GgmlType;
@@ -17,6 +22,11 @@ use serde_json::Value;
 use std::path::PathBuf;
 
 const FILE: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+
+/// The top-2 logit gap (in logits, which run to about 20 here) under which the engines'
+/// rounding decides: on this checkpoint the same position's gap moves by 0.08 between the
+/// scalar and pool backends with the same cache, and by 0.12 between F32 and F16 caches.
+const NEAR_TIE: f32 = 0.25;
 
 fn model_path() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("INFERNO_TEST_MODEL") {
@@ -57,7 +67,7 @@ fn greedy_tokens_match_llama_cpp_on_qwen2_5_coder_q4_k_m() {
         .split(',')
         .map(|b| b.trim().to_string())
         .collect();
-    check_real_model(&backends, usize::MAX, usize::MAX);
+    check_real_model(&backends, &[true, false], usize::MAX, usize::MAX);
 }
 
 /// The gpu backend on the first case's first tokens (the whole check is long on a software
@@ -68,11 +78,12 @@ fn the_gpu_backend_starts_like_llama_cpp_on_the_real_checkpoint() {
         eprintln!("SKIPPED: INFERNO_TEST_GPU=0 declares that this machine has no GPU adapter");
         return;
     }
-    check_real_model(&["gpu".to_string()], 1, 10);
+    check_real_model(&["gpu".to_string()], &[false], 1, 10);
 }
 
-/// Runs the first `max_cases` cases on each backend, comparing up to `max_tokens` tokens.
-fn check_real_model(backends: &[String], max_cases: usize, max_tokens: usize) {
+/// Runs the first `max_cases` cases on each backend, with F32 caches (`true` in
+/// `f32_caches`) or the default ones (`false`), comparing up to `max_tokens` tokens.
+fn check_real_model(backends: &[String], f32_caches: &[bool], max_cases: usize, max_tokens: usize) {
     let Some(path) = model_path() else {
         let msg =
             format!("{FILE} not found (set INFERNO_TEST_MODEL or run scripts/fetch-test-model.sh)");
@@ -93,9 +104,17 @@ fn check_real_model(backends: &[String], max_cases: usize, max_tokens: usize) {
 
     let gguf = GgufFile::open(&path).expect("model file opens");
     let mut failures = Vec::new();
-    for backend in backends {
+    let configs = backends
+        .iter()
+        .flat_map(|b| f32_caches.iter().map(move |&f| (b.clone(), f)));
+    for (backend, f32_cache) in configs {
+        let backend = &backend;
         let be = create_backend(backend, &BackendOptions::default()).expect("backend");
-        let model = Model::load(&gguf, be).expect("model loads");
+        let mut model = Model::load(&gguf, be).expect("model loads");
+        if f32_cache {
+            model.set_kv_types((KvType::F32, KvType::F32)).unwrap();
+        }
+        let kv = model.kv_types().0;
         let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
         let template = ChatTemplate::from_gguf(&gguf)
             .expect("chat template parses")
@@ -190,7 +209,7 @@ fn check_real_model(backends: &[String], max_cases: usize, max_tokens: usize) {
             }
             let text = tok.decode(&got, false).expect("decode text");
             println!(
-            "case {k} ({backend}, {:.1} s): {:?}\n  smallest top-2 gap: ours {:.4}, llama.cpp {:.4}",
+            "case {k} ({backend}, {kv} cache, {:.1} s): {:?}\n  smallest top-2 gap: ours {:.4}, llama.cpp {:.4}",
             t0.elapsed().as_secs_f64(),
             text,
             gaps.iter().cloned().fold(f32::INFINITY, f32::min),
@@ -203,15 +222,20 @@ fn check_real_model(backends: &[String], max_cases: usize, max_tokens: usize) {
         );
             if got != want {
                 let at = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-                failures.push(format!(
-                "{backend} case {k}: first difference at token {at}: ours {:?} (gap {:.4}), llama.cpp {:?} \
-                 (its gap {}); ours {text:?}, llama.cpp {:?}",
-                got.get(at),
-                gaps.get(at).copied().unwrap_or(f32::NAN),
-                want.get(at),
-                case["top2_gap"][at],
-                case["text"].as_str().unwrap_or("")
-            ));
+                let ours = gaps.get(at).copied().unwrap_or(f32::NAN);
+                let theirs = case["top2_gap"][at].as_f64().unwrap_or(f64::NAN) as f32;
+                let split = format!(
+                    "{backend} {kv} cache, case {k}: first difference at token {at}: ours {:?} (gap {ours:.4}), \
+                     llama.cpp {:?} (its gap {theirs:.4}); ours {text:?}, llama.cpp {:?}",
+                    got.get(at),
+                    want.get(at),
+                    case["text"].as_str().unwrap_or("")
+                );
+                if !f32_cache && ours <= NEAR_TIE && theirs <= NEAR_TIE {
+                    println!("  parted at a near tie: {split}");
+                } else {
+                    failures.push(split);
+                }
             }
         }
     }
