@@ -79,7 +79,32 @@ async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
         "{m}"
     );
     assert!(m.contains("inferno_queue_wait_seconds_count 4"), "{m}");
+    // Four prompts of "Once upon a time": 16 byte tokens each in the demo vocabulary.
+    assert!(m.contains("\ninferno_prompt_tokens_total 64\n"), "{m}");
+    assert!(m.contains("\ninferno_running_streams 0\n"), "{m}");
+    // The standard process metrics, of this server process (CPU time in whole seconds, as
+    // the Prometheus client counts it: 0 for a young process).
+    #[cfg(target_os = "linux")]
+    for (series, least) in [
+        ("process_cpu_seconds_total", 0.0),
+        ("process_resident_memory_bytes", 1e6),
+        ("process_open_fds", 3.0),
+        ("process_max_fds", 3.0),
+        ("process_start_time_seconds", 1e9),
+    ] {
+        let line = m
+            .lines()
+            .find(|l| l.starts_with(&format!("{series} ")))
+            .unwrap_or_else(|| panic!("no {series}: {m}"));
+        let v: f64 = line[series.len() + 1..].parse().unwrap();
+        assert!(v >= least, "{line}");
+    }
     assert!(http_get(p.metrics, "/nope").starts_with("HTTP/1.1 404"));
+    let h = http_get(p.metrics, "/healthz");
+    assert!(
+        h.starts_with("HTTP/1.1 200 OK") && h.ends_with("ok\n"),
+        "{h}"
+    );
 
     // SIGTERM while a request streams: it finishes, then the process exits 0.
     let mut c = client(p.addr).await;
