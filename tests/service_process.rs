@@ -26,6 +26,14 @@ async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
     let mut p = spawn_serve(&["--drain-timeout", "60s", "--queue-capacity", "4"]);
     wait_serving(p.addr).await;
 
+    // `inferno health`, the container's health check: exit 0 and SERVING.
+    let health = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(["health", "--addr", &format!("http://{}", p.addr)])
+        .output()
+        .unwrap();
+    assert!(health.status.success(), "{health:?}");
+    assert_eq!(String::from_utf8_lossy(&health.stdout), "SERVING\n");
+
     // Idle: model loaded, no requests. A resource check, not a speed check.
     #[cfg(target_os = "linux")]
     {
@@ -132,6 +140,24 @@ async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
     .unwrap()
     .0;
     assert!(status.success(), "exit status {status:?}");
+}
+
+#[test]
+fn health_fails_where_nothing_serves() {
+    // A port that was free a moment ago: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(["health", "--addr", &format!("http://127.0.0.1:{port}")])
+        .args(["--timeout", "5s"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error: cannot connect"), "{err}");
 }
 
 #[test]

@@ -1,6 +1,8 @@
-//! The `inferno` command line: generate, tokenize, logits, info, serve, loadtest, bench and synth.
+//! The `inferno` command line: generate, tokenize, logits, info, serve, health, loadtest,
+//! bench, synth and quantize.
 
 pub mod bench;
+pub mod health;
 pub mod loadtest;
 pub mod quantize;
 pub mod serve;
@@ -56,6 +58,8 @@ pub enum Command {
     Info(InfoArgs),
     /// Serve a model over gRPC (the built-in demo model when no --model is given).
     Serve(serve::ServeArgs),
+    /// Ask a running service's gRPC health whether it is serving (exit 0 only if it is).
+    Health(health::HealthArgs),
     /// Load-test a running service: throughput, time to first token, status counts.
     Loadtest(loadtest::LoadtestArgs),
     /// Time prompt processing and generation, llama-bench style.
@@ -197,6 +201,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Logits(a) => cmd_logits(a),
         Command::Info(a) => cmd_info(a),
         Command::Serve(a) => serve::cmd_serve(a),
+        Command::Health(a) => health::cmd_health(a),
         Command::Loadtest(a) => loadtest::cmd_loadtest(a),
         Command::Bench(a) => bench::cmd_bench(a),
         Command::Synth(a) => synth::cmd_synth(a),
