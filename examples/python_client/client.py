@@ -72,6 +72,8 @@ def main():
         info = stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=metadata, timeout=args.timeout)
         print(f"[{info.name}: {info.architecture}, {info.quantization}, "
               f"context {info.context_length}]", file=sys.stderr)
+        if info.note:
+            print(f"[{info.note}]", file=sys.stderr)
         done = None
         n = 0
         try:

@@ -12,6 +12,10 @@ use crate::tokenizer::{ChatTemplate, Tokenizer};
 use std::path::Path;
 use std::sync::Arc;
 
+/// What `GetModelInfo` says of a built-in synthetic model.
+pub const DEMO_NOTE: &str = "a built-in demo model with random weights: its output is random \
+    text, not language (serve a real model with --model PATH)";
+
 /// Prompt tokens per prefill forward call.
 const PREFILL_BATCH: usize = 512;
 

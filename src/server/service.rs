@@ -506,6 +506,11 @@ impl pb::inference_server::Inference for InferenceService {
                 max_batch: s.max_batch as u32,
                 prefill_chunk: s.prefill_chunk as u32,
                 kv_cache_tokens: s.kv_cache_tokens as u32,
+                note: if d.demo {
+                    super::assets::DEMO_NOTE.to_string()
+                } else {
+                    String::new()
+                },
             })
         });
         self.count("GetModelInfo", r)
