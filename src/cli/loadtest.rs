@@ -39,13 +39,16 @@ pub struct LoadtestArgs {
     /// Deadline of each request.
     #[arg(long, default_value = "120s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// Prompt of every request.
     #[arg(long, default_value = "Once upon a time")]
     pub prompt: String,
+    /// max_tokens of every request.
     #[arg(long, default_value_t = 64)]
     pub max_tokens: u32,
-    /// 0 = greedy.
+    /// Sampling temperature of every request (0 = greedy).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
+    /// Sampling seed of every request.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Keep generating past end-of-generation tokens (every request then has max_tokens).
@@ -62,13 +65,18 @@ pub struct LoadtestArgs {
     /// Model for --baseline (default: the built-in synthetic model --synthetic names).
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
+    /// Built-in synthetic model for --baseline without --model (use the server's
+    /// --synthetic): demo or 0.6b.
     #[arg(long, default_value = "demo")]
     pub synthetic: String,
     /// Backend for --baseline (use the server's).
     #[arg(long, default_value = "pool")]
     pub backend: String,
+    /// Backend threads for --baseline (use the server's); 0 = the machine's physical
+    /// performance cores.
     #[arg(long, env = "INFERNO_THREADS", default_value_t = 0)]
     pub threads: usize,
+    /// text for reading, json for scripts.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }
@@ -161,7 +169,14 @@ pub fn cmd_loadtest(a: LoadtestArgs) -> Result<()> {
     let service_ms_per_token = percentile(&gaps, 50.0);
     let baseline = in_process.map(|mut v| {
         v.sort_by(f64::total_cmp);
-        (percentile(&v, 50.0), mean(&v))
+        (percentile(&v, 50.0), mean(&v), median_noise(&v))
+    });
+    // The overhead is a difference of two medians, each with its sampling noise; a
+    // negative one within that noise means no measurable overhead, and reads as zero.
+    let overhead = baseline.map(|(b, _, b_noise)| {
+        let raw = service_ms_per_token - b;
+        let noise = median_noise(&gaps).hypot(b_noise);
+        (raw.max(0.0), raw, noise)
     });
 
     let secs = wall.as_secs_f64().max(1e-9);
@@ -187,13 +202,15 @@ pub fn cmd_loadtest(a: LoadtestArgs) -> Result<()> {
             "p99": percentile(&stream_gaps, 99.0),
         },
         "server_decode_ms_per_token": server_ms_per_token,
-        "baseline": baseline.map(|(b, b_mean)| serde_json::json!({
+        "baseline": baseline.zip(overhead).map(|((b, b_mean, _), (o, raw, noise))| serde_json::json!({
             "service_inter_token_ms_p50": service_ms_per_token,
             "service_inter_token_ms_mean": gap_mean,
             "in_process_inter_token_ms_p50": b,
             "in_process_inter_token_ms_mean": b_mean,
-            "overhead_ms_per_token": service_ms_per_token - b,
-            "overhead_percent_of_decode_step": (service_ms_per_token - b) / b * 100.0,
+            "overhead_ms_per_token": o,
+            "overhead_percent_of_decode_step": o / b * 100.0,
+            "overhead_raw_ms_per_token": raw,
+            "overhead_noise_ms_per_token": noise,
         })),
     });
     match a.output {
@@ -229,16 +246,27 @@ pub fn cmd_loadtest(a: LoadtestArgs) -> Result<()> {
             );
             println!("prompt tokens reused from the server's prefix cache: {cached_prompt_tokens}");
             println!("server-reported decode: {server_ms_per_token:.3} ms/token");
-            if let Some((b, b_mean)) = baseline {
+            if let Some(((b, b_mean, _), (o, raw, noise))) = baseline.zip(overhead) {
                 println!(
                     "in-process inter-token (same model, interleaved): mean {b_mean:.4} ms  \
                      p50 {b:.4} ms"
                 );
                 println!(
-                    "service overhead (p50 vs p50): {:.4} ms/token ({:.2}% of a decode step)",
-                    service_ms_per_token - b,
-                    (service_ms_per_token - b) / b * 100.0
+                    "service overhead (p50 vs p50): {o:.4} ± {noise:.4} ms/token ({:.2}% of a \
+                     decode step)",
+                    o / b * 100.0
                 );
+                if raw < 0.0 {
+                    println!(
+                        "  (measured {raw:.4} ms: the service's median gap was the shorter; \
+                         {} its noise, so shown as 0)",
+                        if -raw <= 2.0 * noise {
+                            "within"
+                        } else {
+                            "beyond"
+                        }
+                    );
+                }
             }
         }
     }
@@ -459,6 +487,18 @@ async fn run_paired(
     Ok((samples, service_time, in_process))
 }
 
+/// The standard error of the median of `sorted`: 1.2533 σ / √n for roughly normal
+/// samples, with σ estimated robustly as 1.4826 times the median absolute deviation.
+fn median_noise(sorted: &[f64]) -> f64 {
+    if sorted.len() < 2 {
+        return 0.0;
+    }
+    let m = percentile(sorted, 50.0);
+    let mut dev: Vec<f64> = sorted.iter().map(|x| (x - m).abs()).collect();
+    dev.sort_by(f64::total_cmp);
+    1.2533 * 1.4826 * percentile(&dev, 50.0) / (sorted.len() as f64).sqrt()
+}
+
 fn mean(v: &[f64]) -> f64 {
     if v.is_empty() {
         0.0
@@ -469,7 +509,22 @@ fn mean(v: &[f64]) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::percentile;
+    use super::{median_noise, percentile};
+
+    #[test]
+    fn median_noise_shrinks_with_more_samples_and_is_zero_without_spread() {
+        let few: Vec<f64> = (0..16).map(|i| 10.0 + (i % 4) as f64).collect();
+        let many: Vec<f64> = (0..1600).map(|i| 10.0 + (i % 4) as f64).collect();
+        let (mut few, mut many) = (few, many);
+        few.sort_by(f64::total_cmp);
+        many.sort_by(f64::total_cmp);
+        assert!(median_noise(&few) > 0.0);
+        // 100 times the samples: a tenth of the noise.
+        let ratio = median_noise(&few) / median_noise(&many);
+        assert!((ratio - 10.0).abs() < 1e-9, "{ratio}");
+        assert_eq!(median_noise(&[5.0; 10]), 0.0);
+        assert_eq!(median_noise(&[5.0]), 0.0);
+    }
 
     #[test]
     fn nearest_rank_percentiles() {

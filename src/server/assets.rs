@@ -81,7 +81,7 @@ pub fn assets_from_gguf(
 
 /// Threads the backend really runs on: the single-threaded ones use one; the others
 /// resolve 0 to the default the factory used.
-fn backend_threads(backend: &str, asked: usize) -> usize {
+pub fn backend_threads(backend: &str, asked: usize) -> usize {
     match backend.trim() {
         // The GPU backend runs each step on the device from the engine thread alone.
         "scalar" | "simd" | "gpu" | "vulkan" | "metal" => 1,

@@ -269,7 +269,9 @@ fn sampling_params(p: Option<&pb::SamplingParams>) -> SamplingParams {
     }
 }
 
-fn finish_reason(f: Option<FinishReason>) -> pb::FinishReason {
+/// The gRPC enum of an engine finish reason (`None`: the request failed). Its name
+/// (`as_str_name`) is the one spelling every output uses.
+pub fn finish_reason(f: Option<FinishReason>) -> pb::FinishReason {
     match f {
         Some(FinishReason::Eos) => pb::FinishReason::Eos,
         Some(FinishReason::StopSequence) => pb::FinishReason::StopSequence,
