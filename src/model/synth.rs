@@ -334,9 +334,9 @@ pub fn build_with_progress(
         w.add_tensor(name, &[cols as u64, rows as u64], dt, data)
             .map(|_| ())
     };
-    if spec.readable && (spec.tied || h <= PRIOR_DIM) {
+    if spec.readable && (spec.tied || h < PRIOR_DIM + 1) {
         return Err(SynthError::Shape(
-            "a readable model needs an untied LM head and a hidden size above 0".into(),
+            "a readable model needs an untied LM head and a hidden dimension for its prior".into(),
         ));
     }
     // Embedding entries of order one, like trained models after the first norm.
