@@ -114,6 +114,41 @@ async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
         "{h}"
     );
 
+    // --baseline: the overhead is never negative, and carries the raw difference and its
+    // noise.
+    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args([
+            "loadtest",
+            "--addr",
+            &format!("http://{}", p.addr),
+            "--baseline",
+        ])
+        .args(["--requests", "3", "--max-tokens", "8", "--ignore-eos"])
+        .args(["--output", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let b = &report["baseline"];
+    let (o, raw, noise) = (
+        b["overhead_ms_per_token"].as_f64().unwrap(),
+        b["overhead_raw_ms_per_token"].as_f64().unwrap(),
+        b["overhead_noise_ms_per_token"].as_f64().unwrap(),
+    );
+    assert_eq!(o, raw.max(0.0), "{report}");
+    assert!(noise.is_finite() && noise >= 0.0, "{report}");
+    assert!(
+        b["in_process_run_mean_inter_token_ms_p50"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "{report}"
+    );
+
     // SIGTERM while a request streams: it finishes, then the process exits 0.
     let mut c = client(p.addr).await;
     let mut s = c
