@@ -141,7 +141,8 @@ fn generate_tokenize_logits_info_on_a_synthetic_model() {
     assert_eq!(config["head_dim"], spec.head_dim);
     assert_eq!(config["vocab"], vocab);
     assert_eq!(config["context_length"], spec.context_length);
-    assert!(config["rope_theta"].as_f64().unwrap() > 0.0);
+    assert_eq!(config["rope_theta"], 1_000_000.0);
+    assert_eq!(config["rms_eps"], 1e-6);
     assert!(v["config_error"].is_null());
 }
 

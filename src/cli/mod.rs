@@ -467,6 +467,9 @@ pub fn progress_bar(len: u64, message: &'static str) -> indicatif::ProgressBar {
 
 /// A model's hyper-parameters as a JSON object, named as `info` prints them.
 fn config_json(c: &crate::model::ModelConfig) -> serde_json::Value {
+    // JSON numbers are f64: widen an f32 through its shortest decimal, so 1e-6 stays 1e-6
+    // and does not print as 9.99999997e-7.
+    let wide = |x: f32| x.to_string().parse::<f64>().unwrap_or(f64::from(x));
     serde_json::json!({
         "architecture": c.arch.name(),
         "layers": c.n_layers,
@@ -477,8 +480,8 @@ fn config_json(c: &crate::model::ModelConfig) -> serde_json::Value {
         "head_dim": c.head_dim,
         "vocab": c.vocab,
         "context_length": c.context_length,
-        "rope_theta": c.rope_theta,
-        "rms_eps": c.rms_eps,
+        "rope_theta": wide(c.rope_theta),
+        "rms_eps": wide(c.rms_eps),
     })
 }
 
