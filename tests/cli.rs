@@ -306,3 +306,29 @@ fn logs_carry_no_colour_codes_off_a_terminal() {
         "ANSI escape in piped logs: {err:?}"
     );
 }
+
+#[test]
+fn long_commands_draw_no_progress_off_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("demo.gguf");
+    let o = inferno(&["synth", "--preset", "demo", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Only the summary: no bar, no carriage returns or escapes.
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+    assert!(err.starts_with("wrote "), "{err:?}");
+    assert!(!err.contains('\r') && !err.contains('\u{1b}'), "{err:?}");
+    let m = out.to_str().unwrap();
+    let o = inferno(&[
+        "bench", "-m", m, "-p", "8", "-n", "2", "-r", "1", "-d", "0,4",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "", "bench wrote to stderr");
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(table.lines().count(), 2 + 4, "{table}");
+    // A small model's size keeps its digits.
+    assert!(
+        table.contains(" MiB |") && !table.contains("0.00 GiB"),
+        "{table}"
+    );
+}

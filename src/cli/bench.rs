@@ -277,7 +277,16 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     // One step per timed or warm-up run of every test.
     let runs = (a.backend.len() * a.threads.len() * tests.len() * (a.repetitions + 1)) as u64;
     let bar = super::progress_bar(runs, "loading");
-    bar.enable_steady_tick(std::time::Duration::from_millis(250));
+    // A tick keeps the elapsed time moving through a long depth fill; none off a terminal,
+    // where nothing is drawn.
+    let tick = |on: bool| {
+        if on && !bar.is_hidden() {
+            bar.enable_steady_tick(std::time::Duration::from_millis(250));
+        } else {
+            bar.disable_steady_tick();
+        }
+    };
+    tick(true);
     for backend_name in &a.backend {
         for &threads in &a.threads {
             let backend = create_backend(
@@ -445,9 +454,9 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
             if a.idle_check > 0.0 {
                 // The model (and its thread pool) is still alive here, only idle; so is the
                 // bar, whose ticks would count.
-                bar.disable_steady_tick();
+                tick(false);
                 let idle = idle_cpu_percent(a.idle_check);
-                bar.enable_steady_tick(std::time::Duration::from_millis(250));
+                tick(true);
                 bar.suspend(|| match idle {
                     Some(p) => eprintln!(
                         "idle: {backend_name} x{shown_threads} used {p:.2}% of one core over {:.1} s, after 1 s without work",
