@@ -21,6 +21,23 @@ fn cpu_ticks(pid: u32) -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
+/// `inferno loadtest` against `addr` with `args`, every request to max_tokens: its JSON
+/// report.
+fn loadtest(addr: std::net::SocketAddr, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(["loadtest", "--addr", &format!("http://{addr}")])
+        .args(args)
+        .args(["--ignore-eos", "--output", "json", "--duration", "120s"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
     let mut p = spawn_serve(&["--drain-timeout", "60s", "--queue-capacity", "4"]);
@@ -51,18 +68,10 @@ async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
     }
 
     // The load generator against the real server.
-    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args(["loadtest", "--addr", &format!("http://{}", p.addr)])
-        .args(["--concurrency", "2", "--requests", "4", "--max-tokens", "4"])
-        .args(["--ignore-eos", "--output", "json", "--duration", "120s"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let report = loadtest(
+        p.addr,
+        &["--concurrency", "2", "--requests", "4", "--max-tokens", "4"],
     );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["by_status"]["OK"], 4, "{report}");
     assert_eq!(report["completion_tokens"], 16, "{report}");
     assert!(
@@ -116,23 +125,10 @@ async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
 
     // --baseline: the overhead is never negative, and carries the raw difference and its
     // noise.
-    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args([
-            "loadtest",
-            "--addr",
-            &format!("http://{}", p.addr),
-            "--baseline",
-        ])
-        .args(["--requests", "3", "--max-tokens", "8", "--ignore-eos"])
-        .args(["--output", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let report = loadtest(
+        p.addr,
+        &["--baseline", "--requests", "3", "--max-tokens", "8"],
     );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let b = &report["baseline"];
     let (o, raw, noise) = (
         b["overhead_ms_per_token"].as_f64().unwrap(),
