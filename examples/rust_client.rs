@@ -65,6 +65,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "[{}: {}, {}, context {}]",
         info.name, info.architecture, info.quantization, info.context_length
     );
+    if !info.note.is_empty() {
+        eprintln!("[{}]", info.note);
+    }
 
     let mut req = GenerateRequest {
         max_tokens: Some(args.max_tokens),

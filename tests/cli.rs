@@ -67,7 +67,12 @@ fn generate_tokenize_logits_info_on_a_synthetic_model() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["tokens"].as_array().unwrap().len(), 12);
-    assert_eq!(v["finish_reason"], "LENGTH");
+    // One spelling of finish reasons everywhere: the gRPC enum's name.
+    assert_eq!(v["finish_reason"], "FINISH_REASON_LENGTH");
+    assert_eq!(
+        v["finish_reason"],
+        inferno::server::pb::FinishReason::Length.as_str_name()
+    );
     assert!(v["metrics"]["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
 
     // Text mode streams the same greedy text and reports the metrics on stderr.
@@ -94,6 +99,14 @@ fn generate_tokenize_logits_info_on_a_synthetic_model() {
     ] {
         assert!(stderr(&o2).contains(key), "{key} missing");
     }
+    let err2 = stderr(&o2);
+    assert!(
+        err2.contains("finish_reason: FINISH_REASON_LENGTH\n"),
+        "{err2}"
+    );
+    // The backend as the user named it, not the internal decorator's name.
+    assert!(err2.contains("backend: pool ("), "{err2}");
+    assert!(!err2.contains("tracing("), "{err2}");
 
     let o = inferno(&["logits", "--model", m, "--ids", "1,2,3", "--all"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -111,6 +124,26 @@ fn generate_tokenize_logits_info_on_a_synthetic_model() {
         out.contains("architecture: qwen3") && out.contains("blk.0.attn_q.weight"),
         "{out}"
     );
+    assert!(out.contains(&format!("  vocab: {vocab}\n")), "{out}");
+
+    // JSON: the config is an object with the hyper-parameters, not a debug string.
+    let o = inferno(&["info", "--model", m, "--output", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let config = v["config"].as_object().expect("config is an object");
+    let spec = SynthSpec::preset("demo", GgmlType::Q8_0).unwrap();
+    assert_eq!(config["architecture"], "qwen3");
+    assert_eq!(config["layers"], spec.n_layers);
+    assert_eq!(config["hidden"], spec.hidden);
+    assert_eq!(config["ffn"], spec.ffn);
+    assert_eq!(config["heads"], spec.n_heads);
+    assert_eq!(config["kv_heads"], spec.n_kv_heads);
+    assert_eq!(config["head_dim"], spec.head_dim);
+    assert_eq!(config["vocab"], vocab);
+    assert_eq!(config["context_length"], spec.context_length);
+    assert_eq!(config["rope_theta"], 1_000_000.0);
+    assert_eq!(config["rms_eps"], 1e-6);
+    assert!(v["config_error"].is_null());
 }
 
 #[test]
@@ -257,5 +290,45 @@ fn bench_times_batched_decode_of_several_streams() {
     assert_clean_error(
         &inferno(&["bench", "-m", m, "-p", "0", "-n", "2", "-s", "0"]),
         "--streams must be at least 1",
+    );
+}
+
+#[test]
+fn logs_carry_no_colour_codes_off_a_terminal() {
+    // `serve` warns about a non-loopback address before it checks the backend, which then
+    // fails: a logged line, then exit, without binding anything.
+    let o = inferno(&["serve", "--listen", "0.0.0.0:0", "--backend", "no-such"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("listening beyond loopback"), "{err}");
+    assert!(
+        !err.contains('\u{1b}'),
+        "ANSI escape in piped logs: {err:?}"
+    );
+}
+
+#[test]
+fn long_commands_draw_no_progress_off_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("demo.gguf");
+    let o = inferno(&["synth", "--preset", "demo", "--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Only the summary: no bar, no carriage returns or escapes.
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err:?}");
+    assert!(err.starts_with("wrote "), "{err:?}");
+    assert!(!err.contains('\r') && !err.contains('\u{1b}'), "{err:?}");
+    let m = out.to_str().unwrap();
+    let o = inferno(&[
+        "bench", "-m", m, "-p", "8", "-n", "2", "-r", "1", "-d", "0,4",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "", "bench wrote to stderr");
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(table.lines().count(), 2 + 4, "{table}");
+    // A small model's size keeps its digits.
+    assert!(
+        table.contains(" MiB |") && !table.contains("0.00 GiB"),
+        "{table}"
     );
 }

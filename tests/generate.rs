@@ -152,3 +152,53 @@ fn limits_are_errors_or_length() {
     );
     assert!(matches!(err, Err(GenerateError::EmptyPrompt)));
 }
+
+/// The demo model's text looks like a model's: varied printable characters, not one
+/// repeated; sampling changes it, and it does not end itself at once (its end token is all
+/// but impossible, so streams run to max_tokens).
+#[test]
+fn the_demo_model_writes_varied_text_and_sampling_changes_it() {
+    let (model, tok) = demo();
+    let prompt = tok.encode("Once upon a time", false).unwrap();
+    let run = |sampling: SamplingParams| {
+        let mut st = model.new_state(256, 64);
+        let o = GenerateOptions {
+            max_tokens: 48,
+            sampling,
+            ..GenerateOptions::default()
+        };
+        generate(&model, &tok, &mut st, &prompt, &o, |_| Flow::Continue).unwrap()
+    };
+    let greedy = run(SamplingParams::greedy());
+    let sampled = run(SamplingParams {
+        temperature: 1.0,
+        seed: Some(7),
+        ..SamplingParams::default()
+    });
+    for g in [&greedy, &sampled] {
+        assert_eq!(g.finish_reason, FinishReason::Length, "{:?}", g.text);
+        let distinct: std::collections::BTreeSet<u32> = g.tokens.iter().copied().collect();
+        assert!(
+            distinct.len() > 3,
+            "{} distinct tokens: {:?}",
+            distinct.len(),
+            g.text
+        );
+        assert!(
+            g.text
+                .chars()
+                .all(|c| c.is_ascii_graphic() || c == ' ' || c == '\n'),
+            "{:?}",
+            g.text
+        );
+        assert!(g.text.contains(' '), "no words: {:?}", g.text);
+    }
+    assert_ne!(greedy.tokens, sampled.tokens);
+    // Two seeds, two texts.
+    let other = run(SamplingParams {
+        temperature: 1.0,
+        seed: Some(8),
+        ..SamplingParams::default()
+    });
+    assert_ne!(other.tokens, sampled.tokens);
+}

@@ -149,12 +149,17 @@ async fn grpcurl_and_the_python_client_against_the_server() {
         text(&health)
     );
 
+    // The client compiles its stubs in a temporary directory; it leaves nothing behind.
+    let py_tmp = tempfile::tempdir().unwrap();
     let py = Command::new(&python)
         .arg(repo().join("examples/python_client/client.py"))
         .args(["--addr", &addr, "--max-tokens", "8", "--seed", "7", "Hi"])
+        .env("TMPDIR", py_tmp.path())
         .output()
         .unwrap();
     assert!(py.status.success(), "{}", text(&py));
+    let left: Vec<_> = std::fs::read_dir(py_tmp.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
     let err = String::from_utf8_lossy(&py.stderr);
     assert!(err.contains("[demo: qwen3, Q8_0"), "{}", text(&py));
     assert!(
@@ -163,4 +168,34 @@ async fn grpcurl_and_the_python_client_against_the_server() {
         text(&py)
     );
     assert!(err.contains("prompt_tokens=2"), "{}", text(&py));
+
+    // With a token: health itself needs none, but grpcurl first asks reflection for the
+    // method, which does; -reflect-header gives the token to reflection only.
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    let p = spawn_serve(&["--auth-token-file", token_file.to_str().unwrap()]);
+    wait_serving(p.addr).await;
+    let addr = p.addr.to_string();
+    let check = [
+        "-d",
+        r#"{"service": ""}"#,
+        &addr,
+        "grpc.health.v1.Health/Check",
+    ];
+    let bare = grpcurl_run(&check);
+    assert!(!bare.status.success(), "{}", text(&bare));
+    assert!(
+        String::from_utf8_lossy(&bare.stderr).contains("Unauthenticated"),
+        "{}",
+        text(&bare)
+    );
+    let mut with_token = vec!["-reflect-header", "authorization: Bearer s3cret-token"];
+    with_token.extend(check);
+    let health = grpcurl_run(&with_token);
+    assert!(
+        String::from_utf8_lossy(&health.stdout).contains("\"SERVING\""),
+        "{}",
+        text(&health)
+    );
 }

@@ -109,6 +109,7 @@ async fn chat_messages_logprobs_tokenizer_and_model_info() {
         .into_inner();
     assert_eq!(info.architecture, "qwen3");
     assert!(info.demo);
+    assert!(info.note.contains("random weights"), "{}", info.note);
     assert_eq!(info.quantization, "Q8_0");
     // The service's default stack, on the threads it really runs (INFERNO_THREADS or the
     // physical cores).

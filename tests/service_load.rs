@@ -18,6 +18,11 @@ async fn dropping_a_stream_mid_generation_stops_it_and_frees_the_engine() {
     let mut long = c.generate(greedy("long", 3000)).await.unwrap().into_inner();
     next_token(&mut long).await;
     next_token(&mut long).await;
+    // While it streams: counted as running, its prompt counted, and its tokens counted as
+    // they go rather than when it ends.
+    assert_eq!(server.metrics().running_streams(), 1);
+    assert_eq!(server.metrics().prompt_tokens_total(), "long".len() as u64);
+    assert!(server.metrics().tokens_total() >= 2);
     drop(long);
 
     let r = run(&mut c, greedy("short", 8)).await;
@@ -33,6 +38,7 @@ async fn dropping_a_stream_mid_generation_stops_it_and_frees_the_engine() {
         (2..1000).contains(&first),
         "the dropped request generated {first} tokens"
     );
+    assert_eq!(m.running_streams(), 0);
     server.shutdown().await.unwrap();
 }
 

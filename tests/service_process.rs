@@ -21,10 +21,35 @@ fn cpu_ticks(pid: u32) -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
+/// `inferno loadtest` against `addr` with `args`, every request to max_tokens: its JSON
+/// report.
+fn loadtest(addr: std::net::SocketAddr, args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(["loadtest", "--addr", &format!("http://{addr}")])
+        .args(args)
+        .args(["--ignore-eos", "--output", "json", "--duration", "120s"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
     let mut p = spawn_serve(&["--drain-timeout", "60s", "--queue-capacity", "4"]);
     wait_serving(p.addr).await;
+
+    // `inferno health`, the container's health check: exit 0 and SERVING.
+    let health = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(["health", "--addr", &format!("http://{}", p.addr)])
+        .output()
+        .unwrap();
+    assert!(health.status.success(), "{health:?}");
+    assert_eq!(String::from_utf8_lossy(&health.stdout), "SERVING\n");
 
     // Idle: model loaded, no requests. A resource check, not a speed check.
     #[cfg(target_os = "linux")]
@@ -43,18 +68,10 @@ async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
     }
 
     // The load generator against the real server.
-    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args(["loadtest", "--addr", &format!("http://{}", p.addr)])
-        .args(["--concurrency", "2", "--requests", "4", "--max-tokens", "4"])
-        .args(["--ignore-eos", "--output", "json", "--duration", "120s"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let report = loadtest(
+        p.addr,
+        &["--concurrency", "2", "--requests", "4", "--max-tokens", "4"],
     );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["by_status"]["OK"], 4, "{report}");
     assert_eq!(report["completion_tokens"], 16, "{report}");
     assert!(
@@ -79,7 +96,54 @@ async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
         "{m}"
     );
     assert!(m.contains("inferno_queue_wait_seconds_count 4"), "{m}");
+    // Four prompts of "Once upon a time": 16 byte tokens each in the demo vocabulary.
+    assert!(m.contains("\ninferno_prompt_tokens_total 64\n"), "{m}");
+    assert!(m.contains("\ninferno_running_streams 0\n"), "{m}");
+    // The standard process metrics, of this server process (CPU time in whole seconds, as
+    // the Prometheus client counts it: 0 for a young process).
+    #[cfg(target_os = "linux")]
+    for (series, least) in [
+        ("process_cpu_seconds_total", 0.0),
+        ("process_resident_memory_bytes", 1e6),
+        ("process_open_fds", 3.0),
+        ("process_max_fds", 3.0),
+        ("process_start_time_seconds", 1e9),
+    ] {
+        let line = m
+            .lines()
+            .find(|l| l.starts_with(&format!("{series} ")))
+            .unwrap_or_else(|| panic!("no {series}: {m}"));
+        let v: f64 = line[series.len() + 1..].parse().unwrap();
+        assert!(v >= least, "{line}");
+    }
     assert!(http_get(p.metrics, "/nope").starts_with("HTTP/1.1 404"));
+    let h = http_get(p.metrics, "/healthz");
+    assert!(
+        h.starts_with("HTTP/1.1 200 OK") && h.ends_with("ok\n"),
+        "{h}"
+    );
+
+    // --baseline: the overhead is never negative, and carries the raw difference and its
+    // noise.
+    let report = loadtest(
+        p.addr,
+        &["--baseline", "--requests", "3", "--max-tokens", "8"],
+    );
+    let b = &report["baseline"];
+    let (o, raw, noise) = (
+        b["overhead_ms_per_token"].as_f64().unwrap(),
+        b["overhead_raw_ms_per_token"].as_f64().unwrap(),
+        b["overhead_noise_ms_per_token"].as_f64().unwrap(),
+    );
+    assert_eq!(o, raw.max(0.0), "{report}");
+    assert!(noise.is_finite() && noise >= 0.0, "{report}");
+    assert!(
+        b["in_process_run_mean_inter_token_ms_p50"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "{report}"
+    );
 
     // SIGTERM while a request streams: it finishes, then the process exits 0.
     let mut c = client(p.addr).await;
@@ -107,6 +171,24 @@ async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
     .unwrap()
     .0;
     assert!(status.success(), "exit status {status:?}");
+}
+
+#[test]
+fn health_fails_where_nothing_serves() {
+    // A port that was free a moment ago: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(["health", "--addr", &format!("http://127.0.0.1:{port}")])
+        .args(["--timeout", "5s"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("error: cannot connect"), "{err}");
 }
 
 #[test]

@@ -20,23 +20,29 @@ PROTO_FILE = "inferno/v1/inference.proto"
 
 
 def load_stubs():
-    """Compiles the proto into a temporary directory and imports the generated modules."""
-    out = tempfile.mkdtemp(prefix="inferno_stubs_")
+    """Compiles the proto into a temporary directory and imports the generated modules.
+
+    The directory is removed once they are imported: Python keeps imported modules in memory.
+    """
     include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
-    rc = protoc.main(
-        [
-            "grpc_tools.protoc",
-            f"-I{PROTO_ROOT}",
-            f"-I{include}",
-            f"--python_out={out}",
-            f"--grpc_python_out={out}",
-            PROTO_FILE,
-        ]
-    )
-    if rc != 0:
-        sys.exit(f"protoc failed with exit code {rc}")
-    sys.path.insert(0, out)
-    from inferno.v1 import inference_pb2, inference_pb2_grpc  # noqa: E402
+    with tempfile.TemporaryDirectory(prefix="inferno_stubs_") as out:
+        rc = protoc.main(
+            [
+                "grpc_tools.protoc",
+                f"-I{PROTO_ROOT}",
+                f"-I{include}",
+                f"--python_out={out}",
+                f"--grpc_python_out={out}",
+                PROTO_FILE,
+            ]
+        )
+        if rc != 0:
+            sys.exit(f"protoc failed with exit code {rc}")
+        sys.path.insert(0, out)
+        try:
+            from inferno.v1 import inference_pb2, inference_pb2_grpc  # noqa: E402
+        finally:
+            sys.path.remove(out)
 
     return inference_pb2, inference_pb2_grpc
 
@@ -72,6 +78,8 @@ def main():
         info = stub.GetModelInfo(pb.GetModelInfoRequest(), metadata=metadata, timeout=args.timeout)
         print(f"[{info.name}: {info.architecture}, {info.quantization}, "
               f"context {info.context_length}]", file=sys.stderr)
+        if info.note:
+            print(f"[{info.note}]", file=sys.stderr)
         done = None
         n = 0
         try:

@@ -30,7 +30,8 @@ pub struct BenchArgs {
     /// Backends to compare (comma-separated).
     #[arg(long, short = 'b', value_delimiter = ',', default_value = "pool")]
     pub backend: Vec<String>,
-    /// Thread counts (comma-separated; 0 = the machine's default).
+    /// Thread counts (comma-separated; 0 = INFERNO_THREADS if set, else the machine's
+    /// physical performance cores).
     #[arg(long, short = 't', value_delimiter = ',', default_value = "0")]
     pub threads: Vec<usize>,
     /// Prompt lengths to time (comma-separated; 0 skips).
@@ -58,6 +59,7 @@ pub struct BenchArgs {
     /// Prompt tokens per forward pass.
     #[arg(long, default_value_t = 512)]
     pub batch: usize,
+    /// text: a llama-bench style table; json: every result with its samples.
     #[arg(long, short = 'o', value_enum, default_value_t = super::OutputFormat::Text)]
     pub output: super::OutputFormat,
     /// After each backend's tests, leave it without work for 1 s, then report the process's
@@ -251,16 +253,39 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         .unwrap_or(1);
     let text = a.output == super::OutputFormat::Text;
     if text {
+        let (roofline, rule) = if a.roofline {
+            (
+                format!(" {:>18} |", "roofline t/s"),
+                format!(" {:->18} |", ":"),
+            )
+        } else {
+            (String::new(), String::new())
+        };
         println!(
-            "| {:<24} | {:>10} | {:>8} | {:<10} | {:<10} | {:>7} | {:>14} | {:>16} |",
+            "| {:<24} | {:>10} | {:>8} | {:<10} | {:<10} | {:>7} | {:>14} | {:>16} |{roofline}",
             "model", "size", "params", "backend", "simd", "threads", "test", "t/s"
         );
         println!(
-            "| {:-<24} | {:->10} | {:->8} | {:-<10} | {:-<10} | {:->7} | {:->14} | {:->16} |",
+            "| {:-<24} | {:->10} | {:->8} | {:-<10} | {:-<10} | {:->7} | {:->14} | {:->16} |{rule}",
             ":", ":", ":", ":", ":", ":", ":", ":"
         );
     }
+    // Figures that belong beside the table (memory bandwidths), printed under it.
+    let mut notes = Vec::new();
     let mut results = Vec::new();
+    // One step per timed or warm-up run of every test.
+    let runs = (a.backend.len() * a.threads.len() * tests.len() * (a.repetitions + 1)) as u64;
+    let bar = super::progress_bar(runs, "loading");
+    // A tick keeps the elapsed time moving through a long depth fill; none off a terminal,
+    // where nothing is drawn.
+    let tick = |on: bool| {
+        if on && !bar.is_hidden() {
+            bar.enable_steady_tick(std::time::Duration::from_millis(250));
+        } else {
+            bar.disable_steady_tick();
+        }
+    };
+    tick(true);
     for backend_name in &a.backend {
         for &threads in &a.threads {
             let backend = create_backend(
@@ -274,7 +299,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 .with_context(|| format!("cannot load {}", a.model.display()))?;
             let on_gpu = model.device().gpu_backend();
             if let Some(g) = on_gpu {
-                eprintln!("gpu: {}", g.context().describe());
+                bar.suspend(|| eprintln!("gpu: {}", g.context().describe()));
             }
             let shown_threads = model.device().threads();
             let simd = if let Some(g) = on_gpu {
@@ -286,10 +311,10 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
             };
             let bandwidth = if a.roofline {
                 let bw = read_bandwidth(shown_threads);
-                eprintln!(
+                notes.push(format!(
                     "memory read bandwidth, {shown_threads} thread(s): {:.1} GB/s",
                     bw / 1e9
-                );
+                ));
                 Some(bw)
             } else {
                 None
@@ -320,22 +345,6 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 );
             }
             for &(depth, n_prompt, n_gen, streams) in &tests {
-                let run = |r: &mut Runner<'_>| {
-                    if streams > 1 {
-                        r.run_streams(streams, depth, n_gen)
-                    } else {
-                        r.run(depth, n_prompt, n_gen)
-                    }
-                };
-                run(&mut runner)?; // warm-up
-                if let Some(g) = on_gpu {
-                    g.set_profiling(true);
-                }
-                let mut samples = Vec::with_capacity(a.repetitions);
-                for _ in 0..a.repetitions {
-                    samples.push(run(&mut runner)?);
-                }
-                let (avg, sd) = mean_std(&samples);
                 let mut test = if n_prompt > 0 {
                     format!("pp{n_prompt}")
                 } else {
@@ -347,18 +356,31 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 if depth > 0 {
                     test.push_str(&format!(" @ d{depth}"));
                 }
+                bar.set_message(format!("{backend_name} x{shown_threads} {test}"));
+                let run = |r: &mut Runner<'_>| {
+                    let tps = if streams > 1 {
+                        r.run_streams(streams, depth, n_gen)
+                    } else {
+                        r.run(depth, n_prompt, n_gen)
+                    };
+                    bar.inc(1);
+                    tps
+                };
+                run(&mut runner)?; // warm-up
+                if let Some(g) = on_gpu {
+                    g.set_profiling(true);
+                }
+                let mut samples = Vec::with_capacity(a.repetitions);
+                for _ in 0..a.repetitions {
+                    samples.push(run(&mut runner)?);
+                }
+                let (avg, sd) = mean_std(&samples);
                 let roofline = bandwidth.filter(|_| n_gen > 0).map(|bw| {
                     // A batched step reads the weights once and every stream's cache.
                     let mean_ctx = depth as f64 + (n_gen as f64 + 1.0) / 2.0;
                     let s = streams as f64;
                     bw * s / (step_bytes as f64 + kv_bytes_per_pos * mean_ctx * s)
                 });
-                if let Some(r) = roofline {
-                    eprintln!(
-                        "{test}: roofline {r:.1} t/s ({:.0}% reached)",
-                        avg / r * 100.0
-                    );
-                }
                 if let Some(g) = on_gpu {
                     let t = g.step_times();
                     g.set_profiling(false);
@@ -373,26 +395,39 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                     } else {
                         "no GPU timestamps on this adapter".to_string()
                     };
-                    eprintln!(
-                        "{test}: per forward pass ({} passes): encode {:.3} ms, submit to logits {:.3} ms ({gpu})",
-                        t.steps,
-                        per(t.encode),
-                        per(t.submit_to_results),
-                    );
+                    bar.suspend(|| {
+                        eprintln!(
+                            "{test}: per forward pass ({} passes): encode {:.3} ms, submit to logits {:.3} ms ({gpu})",
+                            t.steps,
+                            per(t.encode),
+                            per(t.submit_to_results),
+                        )
+                    });
                 }
                 if text {
-                    println!(
-                        "| {:<24} | {:>6.2} GiB | {:>6.2} B | {:<10} | {:<10} | {:>7} | {:>14} | {:>7.2} ± {:>6.2} |",
-                        truncate(&model_name, 24),
-                        size as f64 / (1u64 << 30) as f64,
-                        params as f64 / 1e9,
-                        backend_name,
-                        simd,
-                        shown_threads,
-                        test,
-                        avg,
-                        sd
-                    );
+                    let roofline = match (a.roofline, roofline) {
+                        (false, _) => String::new(),
+                        // The bound and how much of it this run reached.
+                        (true, Some(r)) => {
+                            format!(" {:>18} |", format!("{r:.1} ({:.0}%)", avg / r * 100.0))
+                        }
+                        (true, None) => format!(" {:>18} |", "-"),
+                    };
+                    // Above the bar, which redraws under the table.
+                    bar.suspend(|| {
+                        println!(
+                            "| {:<24} | {:>10} | {:>8} | {:<10} | {:<10} | {:>7} | {:>14} | {:>7.2} ± {:>6.2} |{roofline}",
+                            truncate(&model_name, 24),
+                            bytes_shown(size),
+                            count_shown(params),
+                            backend_name,
+                            simd,
+                            shown_threads,
+                            test,
+                            avg,
+                            sd
+                        )
+                    });
                 }
                 results.push(BenchResult {
                     model: model_name.clone(),
@@ -411,22 +446,54 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 });
             }
             if a.idle_check > 0.0 {
-                // The model (and its thread pool) is still alive here, only idle.
-                match idle_cpu_percent(a.idle_check) {
+                // The model (and its thread pool) is still alive here, only idle; so is the
+                // bar, whose ticks would count.
+                tick(false);
+                let idle = idle_cpu_percent(a.idle_check);
+                tick(true);
+                bar.suspend(|| match idle {
                     Some(p) => eprintln!(
                         "idle: {backend_name} x{shown_threads} used {p:.2}% of one core over {:.1} s, after 1 s without work",
                         a.idle_check
                     ),
                     None => eprintln!("idle: CPU time is not readable on this system"),
-                }
+                });
             }
             drop(runner);
         }
     }
-    if !text {
+    bar.finish_and_clear();
+    if text {
+        for n in &notes {
+            println!("{n}");
+        }
+    } else {
         println!("{}", serde_json::to_string_pretty(&results)?);
     }
     Ok(())
+}
+
+/// A size in the largest binary unit that keeps it at least 1 (`1.20 GiB`, `5.47 MiB`), so
+/// a small model does not read `0.00 GiB`.
+fn bytes_shown(bytes: u64) -> String {
+    const UNITS: &[(&str, u64)] = &[("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    for &(unit, size) in UNITS {
+        if bytes >= size {
+            return format!("{:.2} {unit}", bytes as f64 / size as f64);
+        }
+    }
+    format!("{bytes} B")
+}
+
+/// A parameter count in billions, millions or thousands (`0.60 B`, `3.42 M`).
+fn count_shown(n: u64) -> String {
+    const UNITS: &[(&str, f64)] = &[("B", 1e9), ("M", 1e6), ("K", 1e3)];
+    for &(unit, size) in UNITS {
+        if n as f64 >= size {
+            return format!("{:.2} {unit}", n as f64 / size);
+        }
+    }
+    n.to_string()
 }
 
 /// Bytes per second `threads` threads read from memory, each summing its own share of a
@@ -487,7 +554,19 @@ fn truncate(s: &str, n: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::mean_std;
+    use super::{bytes_shown, count_shown, mean_std};
+
+    #[test]
+    fn sizes_and_counts_keep_their_digits() {
+        assert_eq!(bytes_shown(639_000_000), "609.40 MiB");
+        assert_eq!(bytes_shown(3 << 30), "3.00 GiB");
+        assert_eq!(bytes_shown(5_000), "4.88 KiB");
+        assert_eq!(bytes_shown(12), "12 B");
+        assert_eq!(count_shown(596_049_920), "596.05 M");
+        assert_eq!(count_shown(1_500_000_000), "1.50 B");
+        assert_eq!(count_shown(3_400), "3.40 K");
+        assert_eq!(count_shown(7), "7");
+    }
 
     #[test]
     fn mean_and_sample_stddev() {

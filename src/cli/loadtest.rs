@@ -4,7 +4,8 @@
 //! latency percentiles, prompt tokens the server reused from its prefix cache, and counts
 //! by status. With
 //! `--baseline` it also runs the same request in-process on the same model and reports the
-//! service's per-token overhead over the bare engine.
+//! service's per-token overhead over the bare engine: the median over requests of each
+//! stream's mean gap between tokens, on both sides, with the noise of that difference.
 
 use super::serve::parse_duration;
 use super::OutputFormat;
@@ -39,13 +40,16 @@ pub struct LoadtestArgs {
     /// Deadline of each request.
     #[arg(long, default_value = "120s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// Prompt of every request.
     #[arg(long, default_value = "Once upon a time")]
     pub prompt: String,
+    /// max_tokens of every request.
     #[arg(long, default_value_t = 64)]
     pub max_tokens: u32,
-    /// 0 = greedy.
+    /// Sampling temperature of every request (0 = greedy).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
+    /// Sampling seed of every request.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Keep generating past end-of-generation tokens (every request then has max_tokens).
@@ -62,13 +66,18 @@ pub struct LoadtestArgs {
     /// Model for --baseline (default: the built-in synthetic model --synthetic names).
     #[arg(long, short = 'm')]
     pub model: Option<PathBuf>,
+    /// Built-in synthetic model for --baseline without --model (use the server's
+    /// --synthetic): demo or 0.6b.
     #[arg(long, default_value = "demo")]
     pub synthetic: String,
     /// Backend for --baseline (use the server's).
     #[arg(long, default_value = "pool")]
     pub backend: String,
+    /// Backend threads for --baseline (use the server's); 0 = the machine's physical
+    /// performance cores.
     #[arg(long, env = "INFERNO_THREADS", default_value_t = 0)]
     pub threads: usize,
+    /// text for reading, json for scripts.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }
@@ -156,12 +165,30 @@ pub fn cmd_loadtest(a: LoadtestArgs) -> Result<()> {
     } else {
         1e3 / (server_tps.iter().sum::<f64>() / server_tps.len() as f64)
     };
-    // The median gap between tokens on both sides: robust to the odd preemption on a busy
-    // machine, which would swamp a mean.
     let service_ms_per_token = percentile(&gaps, 50.0);
-    let baseline = in_process.map(|mut v| {
-        v.sort_by(f64::total_cmp);
-        (percentile(&v, 50.0), mean(&v))
+    // Per token, each side's cost is the median over requests of a stream's mean gap:
+    // robust to the odd preemption on a busy machine (which would swamp a mean over all
+    // gaps), and to HTTP/2 delivering several tokens in one read (which makes many single
+    // gaps near 0, so that their median falls below the engine's own step).
+    let baseline = in_process.map(|runs| {
+        let mut all: Vec<f64> = runs.iter().flatten().copied().collect();
+        all.sort_by(f64::total_cmp);
+        let mut run_means: Vec<f64> = runs.iter().map(|g| mean(g)).collect();
+        run_means.sort_by(f64::total_cmp);
+        Baselined {
+            gap_p50: percentile(&all, 50.0),
+            gap_mean: mean(&all),
+            per_token: percentile(&run_means, 50.0),
+            noise: median_noise(&run_means),
+        }
+    });
+    // The overhead is a difference of two medians, each with its sampling noise; a
+    // negative one means no measurable overhead, and reads as zero.
+    let service_stream_ms = percentile(&stream_gaps, 50.0);
+    let overhead = baseline.as_ref().map(|b| {
+        let raw = service_stream_ms - b.per_token;
+        let noise = median_noise(&stream_gaps).hypot(b.noise);
+        (raw.max(0.0), raw, noise)
     });
 
     let secs = wall.as_secs_f64().max(1e-9);
@@ -187,13 +214,17 @@ pub fn cmd_loadtest(a: LoadtestArgs) -> Result<()> {
             "p99": percentile(&stream_gaps, 99.0),
         },
         "server_decode_ms_per_token": server_ms_per_token,
-        "baseline": baseline.map(|(b, b_mean)| serde_json::json!({
+        "baseline": baseline.as_ref().zip(overhead).map(|(b, (o, raw, noise))| serde_json::json!({
             "service_inter_token_ms_p50": service_ms_per_token,
             "service_inter_token_ms_mean": gap_mean,
-            "in_process_inter_token_ms_p50": b,
-            "in_process_inter_token_ms_mean": b_mean,
-            "overhead_ms_per_token": service_ms_per_token - b,
-            "overhead_percent_of_decode_step": (service_ms_per_token - b) / b * 100.0,
+            "in_process_inter_token_ms_p50": b.gap_p50,
+            "in_process_inter_token_ms_mean": b.gap_mean,
+            "service_stream_mean_inter_token_ms_p50": service_stream_ms,
+            "in_process_run_mean_inter_token_ms_p50": b.per_token,
+            "overhead_ms_per_token": o,
+            "overhead_percent_of_decode_step": o / b.per_token * 100.0,
+            "overhead_raw_ms_per_token": raw,
+            "overhead_noise_ms_per_token": noise,
         })),
     });
     match a.output {
@@ -229,16 +260,32 @@ pub fn cmd_loadtest(a: LoadtestArgs) -> Result<()> {
             );
             println!("prompt tokens reused from the server's prefix cache: {cached_prompt_tokens}");
             println!("server-reported decode: {server_ms_per_token:.3} ms/token");
-            if let Some((b, b_mean)) = baseline {
+            if let Some((b, (o, raw, noise))) = baseline.as_ref().zip(overhead) {
                 println!(
-                    "in-process inter-token (same model, interleaved): mean {b_mean:.4} ms  \
-                     p50 {b:.4} ms"
+                    "in-process inter-token (same model, interleaved): mean {:.4} ms  \
+                     p50 {:.4} ms",
+                    b.gap_mean, b.gap_p50
                 );
                 println!(
-                    "service overhead (p50 vs p50): {:.4} ms/token ({:.2}% of a decode step)",
-                    service_ms_per_token - b,
-                    (service_ms_per_token - b) / b * 100.0
+                    "per token (median over requests of each stream's mean gap): service \
+                     {service_stream_ms:.4} ms, in-process {:.4} ms",
+                    b.per_token
                 );
+                println!(
+                    "service overhead: {o:.4} ± {noise:.4} ms/token ({:.2}% of a decode step)",
+                    o / b.per_token * 100.0
+                );
+                if raw < 0.0 {
+                    println!(
+                        "  (measured {raw:.4} ms: the service was the faster, {} its noise; \
+                         shown as 0)",
+                        if -raw <= 2.0 * noise {
+                            "within"
+                        } else {
+                            "beyond"
+                        }
+                    );
+                }
             }
         }
     }
@@ -427,13 +474,16 @@ impl Baseline {
     }
 }
 
+/// Longer than the thread pool's spin window before its workers park.
+const QUIET: Duration = Duration::from_millis(20);
+
 /// One stream at a time, alternating a service request with an in-process run, so both see
 /// the same machine conditions.
 async fn run_paired(
     a: &LoadtestArgs,
     token: Option<String>,
     base: &mut Baseline,
-) -> Result<(Vec<Sample>, Duration, Vec<f64>)> {
+) -> Result<(Vec<Sample>, Duration, Vec<Vec<f64>>)> {
     let channel = connect(a).await?;
     let mut client = InferenceClient::new(channel).max_decoding_message_size(64 * 1024 * 1024);
     let start = Instant::now();
@@ -454,9 +504,35 @@ async fn run_paired(
             .await,
         );
         service_time += t.elapsed();
-        in_process.extend(base.run()?);
+        // Let the side that just ran go quiet first: idle pool workers spin a moment
+        // before they park, and would compete with the other side for the cores.
+        tokio::time::sleep(QUIET).await;
+        in_process.push(base.run()?);
+        tokio::time::sleep(QUIET).await;
     }
     Ok((samples, service_time, in_process))
+}
+
+/// The in-process side of `--baseline`, in ms per token.
+struct Baselined {
+    /// Median and mean of all gaps between tokens.
+    gap_p50: f64,
+    gap_mean: f64,
+    /// Median over runs of each run's mean gap, and its noise.
+    per_token: f64,
+    noise: f64,
+}
+
+/// The standard error of the median of `sorted`: 1.2533 σ / √n for roughly normal
+/// samples, with σ estimated robustly as 1.4826 times the median absolute deviation.
+fn median_noise(sorted: &[f64]) -> f64 {
+    if sorted.len() < 2 {
+        return 0.0;
+    }
+    let m = percentile(sorted, 50.0);
+    let mut dev: Vec<f64> = sorted.iter().map(|x| (x - m).abs()).collect();
+    dev.sort_by(f64::total_cmp);
+    1.2533 * 1.4826 * percentile(&dev, 50.0) / (sorted.len() as f64).sqrt()
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -469,7 +545,22 @@ fn mean(v: &[f64]) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::percentile;
+    use super::{median_noise, percentile};
+
+    #[test]
+    fn median_noise_shrinks_with_more_samples_and_is_zero_without_spread() {
+        let few: Vec<f64> = (0..16).map(|i| 10.0 + (i % 4) as f64).collect();
+        let many: Vec<f64> = (0..1600).map(|i| 10.0 + (i % 4) as f64).collect();
+        let (mut few, mut many) = (few, many);
+        few.sort_by(f64::total_cmp);
+        many.sort_by(f64::total_cmp);
+        assert!(median_noise(&few) > 0.0);
+        // 100 times the samples: a tenth of the noise.
+        let ratio = median_noise(&few) / median_noise(&many);
+        assert!((ratio - 10.0).abs() < 1e-9, "{ratio}");
+        assert_eq!(median_noise(&[5.0; 10]), 0.0);
+        assert_eq!(median_noise(&[5.0]), 0.0);
+    }
 
     #[test]
     fn nearest_rank_percentiles() {

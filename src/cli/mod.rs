@@ -1,6 +1,8 @@
-//! The `inferno` command line: generate, tokenize, logits, info, serve, loadtest, bench and synth.
+//! The `inferno` command line: generate, tokenize, logits, info, serve, health, loadtest,
+//! bench, synth and quantize.
 
 pub mod bench;
+pub mod health;
 pub mod loadtest;
 pub mod quantize;
 pub mod serve;
@@ -14,7 +16,7 @@ use crate::sampling::SamplingParams;
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 #[derive(Parser, Debug)]
@@ -55,6 +57,8 @@ pub enum Command {
     Info(InfoArgs),
     /// Serve a model over gRPC (the built-in demo model when no --model is given).
     Serve(serve::ServeArgs),
+    /// Ask a running service's gRPC health whether it is serving (exit 0 only if it is).
+    Health(health::HealthArgs),
     /// Load-test a running service: throughput, time to first token, status counts.
     Loadtest(loadtest::LoadtestArgs),
     /// Time prompt processing and generation, llama-bench style.
@@ -74,7 +78,7 @@ pub struct ModelArgs {
     /// gpu (alias vulkan, or metal on macOS: the whole forward pass on the GPU).
     #[arg(long, default_value = "pool")]
     pub backend: String,
-    /// Worker threads (default: INFERNO_THREADS or the machine's performance cores).
+    /// Worker threads; 0 = the machine's physical performance cores.
     #[arg(long, env = "INFERNO_THREADS", default_value_t = 0)]
     pub threads: usize,
     /// Context window in tokens (default: the model's, capped at 4096).
@@ -98,18 +102,29 @@ pub fn parse_kv_type(s: &str) -> Result<KvType, String> {
 pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Most tokens to generate (fewer when an end token or a stop string comes first).
     #[arg(long, short = 'n', default_value_t = 128)]
     pub max_tokens: usize,
+    /// Sampling temperature: 0 always takes the most likely token (greedy); higher is more
+    /// random.
     #[arg(long, default_value_t = 0.8)]
     pub temperature: f32,
+    /// Sample only among the k most likely tokens (0 = off).
     #[arg(long, default_value_t = 40)]
     pub top_k: usize,
+    /// Sample only among the most likely tokens whose probabilities add up to this
+    /// (1 = off).
     #[arg(long, default_value_t = 0.95)]
     pub top_p: f32,
+    /// Drop tokens less likely than this fraction of the most likely one (0 = off).
     #[arg(long, default_value_t = 0.05)]
     pub min_p: f32,
+    /// Divide the scores of recently generated tokens by this, to discourage repeats
+    /// (1 = off).
     #[arg(long, default_value_t = 1.0)]
     pub repeat_penalty: f32,
+    /// Seed of the sampler, for a repeatable run (default: a random one, printed with
+    /// --output json).
     #[arg(long)]
     pub seed: Option<u64>,
     /// Render the prompt as a user message with the model's chat template.
@@ -127,18 +142,23 @@ pub struct GenerateArgs {
     /// Stop when the text contains this string (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
+    /// text: stream the text to stdout and the metrics to stderr; json: print one JSON
+    /// object at the end.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
+    /// The prompt (with --chat: the user's message).
     pub prompt: String,
 }
 
 #[derive(Args, Debug)]
 pub struct TokenizeArgs {
+    /// GGUF model whose tokenizer to use.
     #[arg(long, short = 'm')]
     pub model: PathBuf,
     /// Treat special-token text such as <|im_start|> as plain text.
     #[arg(long)]
     pub no_parse_special: bool,
+    /// The text to encode.
     pub text: String,
 }
 
@@ -156,8 +176,10 @@ pub struct LogitsArgs {
 
 #[derive(Args, Debug)]
 pub struct InfoArgs {
+    /// GGUF model file to describe.
     #[arg(long, short = 'm')]
     pub model: PathBuf,
+    /// text for reading, json for scripts.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }
@@ -213,6 +235,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Logits(a) => cmd_logits(a),
         Command::Info(a) => cmd_info(a),
         Command::Serve(a) => serve::cmd_serve(a),
+        Command::Health(a) => health::cmd_health(a),
         Command::Loadtest(a) => loadtest::cmd_loadtest(a),
         Command::Bench(a) => bench::cmd_bench(a),
         Command::Synth(a) => synth::cmd_synth(a),
@@ -280,13 +303,18 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         Flow::Continue
     })?;
     let m = &g.metrics;
+    let finish_reason = crate::server::service::finish_reason(Some(g.finish_reason)).as_str_name();
     match a.output {
         OutputFormat::Text => {
             let _ = writeln!(stdout);
             drop(stdout);
             eprintln!();
-            eprintln!("backend: {}", l.model.device().name());
-            eprintln!("finish_reason: {:?}", g.finish_reason);
+            eprintln!(
+                "backend: {} ({} threads)",
+                l.model.device().name(),
+                l.model.device().threads()
+            );
+            eprintln!("finish_reason: {finish_reason}");
             eprintln!("metrics:");
             eprintln!("  prompt_tokens: {}", m.prompt_tokens);
             eprintln!("  completion_tokens: {}", m.completion_tokens);
@@ -308,7 +336,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             let v = serde_json::json!({
                 "text": g.text,
                 "tokens": g.tokens,
-                "finish_reason": g.finish_reason,
+                "finish_reason": finish_reason,
                 "seed": g.seed,
                 "metrics": g.metrics,
             });
@@ -376,7 +404,8 @@ fn cmd_info(a: InfoArgs) -> Result<()> {
             "file": a.model.display().to_string(),
             "version": gguf.version(),
             "architecture": arch,
-            "config": config.map(|c| format!("{c:?}")),
+            "config": config.map(config_json),
+            "config_error": config_result.as_ref().err().map(|e| e.to_string()),
             "tokenizer": tokenizer_model,
             "chat_template": has_template,
             "tensors": tensors,
@@ -396,6 +425,7 @@ fn cmd_info(a: InfoArgs) -> Result<()> {
                 "  heads: {} (kv {}) x head_dim {}",
                 c.n_heads, c.n_kv_heads, c.head_dim
             );
+            println!("  vocab: {}", c.vocab);
             println!("  context_length: {}", c.context_length);
             println!("  rope_theta: {}", c.rope_theta);
             println!("  rms_eps: {:e}", c.rms_eps);
@@ -434,6 +464,42 @@ fn cmd_info(a: InfoArgs) -> Result<()> {
     Ok(())
 }
 
+/// A progress bar on stderr for long work, drawn only when stderr is a terminal (hidden,
+/// so silent, in logs and pipes).
+pub fn progress_bar(len: u64, message: &'static str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(len),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{msg:>14} [{bar:40}] {pos}/{len} ({elapsed})")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(message);
+    bar
+}
+
+/// A model's hyper-parameters as a JSON object, named as `info` prints them.
+fn config_json(c: &crate::model::ModelConfig) -> serde_json::Value {
+    // JSON numbers are f64: widen an f32 through its shortest decimal, so 1e-6 stays 1e-6
+    // and does not print as 9.99999997e-7.
+    let wide = |x: f32| x.to_string().parse::<f64>().unwrap_or(f64::from(x));
+    serde_json::json!({
+        "architecture": c.arch.name(),
+        "layers": c.n_layers,
+        "hidden": c.hidden,
+        "ffn": c.ffn,
+        "heads": c.n_heads,
+        "kv_heads": c.n_kv_heads,
+        "head_dim": c.head_dim,
+        "vocab": c.vocab,
+        "context_length": c.context_length,
+        "rope_theta": wide(c.rope_theta),
+        "rms_eps": wide(c.rms_eps),
+    })
+}
+
 /// Logs to stderr; `RUST_LOG` filters (default: warnings, and info from inferno; the
 /// Vulkan loader's and driver's own chatter that wgpu relays is left out, since the gpu
 /// backend turns what matters into its own errors).
@@ -441,11 +507,72 @@ pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("warn,inferno=info,wgpu_hal=off"));
+    // Colours only on a terminal: a log file or a test's captured output gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Pretty => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every subcommand and every flag or positional argument of every command says what it
+    /// is for in `--help`.
+    #[test]
+    fn every_command_and_argument_has_a_help_text() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                // clap's own --help and --version.
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                if help.trim().is_empty() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_name() == "help" {
+                    continue;
+                }
+                let sub_path = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() {
+                    missing.push(sub_path.clone());
+                }
+                walk(sub, &sub_path, missing);
+            }
+        }
+        let cmd = Cli::command();
+        let mut missing = Vec::new();
+        walk(&cmd, "inferno", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+        // The tree really was walked: a nested flag is reached.
+        let generate = cmd.find_subcommand("generate").expect("generate");
+        assert!(generate.get_arguments().any(|a| a.get_id() == "top_k"));
+    }
+
+    #[test]
+    fn threads_help_says_what_zero_means() {
+        let cmd = Cli::command();
+        for name in ["generate", "serve", "loadtest", "logits"] {
+            let sub = cmd.find_subcommand(name).expect(name);
+            let threads = sub
+                .get_arguments()
+                .find(|a| a.get_id() == "threads")
+                .unwrap_or_else(|| panic!("{name} has --threads"));
+            let help = threads
+                .get_help()
+                .map(|h| h.to_string())
+                .unwrap_or_default();
+            assert!(help.contains("0 = "), "{name}: {help}");
+        }
+    }
 }

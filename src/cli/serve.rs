@@ -26,7 +26,7 @@ pub struct ServeArgs {
     /// Compute backend: scalar, simd, parallel, pool, or gpu (alias vulkan; metal on macOS).
     #[arg(long, default_value = "pool")]
     pub backend: String,
-    /// Backend worker threads (default: INFERNO_THREADS or the machine's performance cores).
+    /// Backend worker threads; 0 = the machine's physical performance cores.
     #[arg(long, env = "INFERNO_THREADS", default_value_t = 0)]
     pub threads: usize,
     /// Context window in tokens (default: the model's, capped at 4096).

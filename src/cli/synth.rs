@@ -40,12 +40,18 @@ pub fn cmd_synth(a: SynthArgs) -> Result<()> {
         );
     };
     spec.seed = a.seed;
-    let w = synth::build(&spec)?;
+    let bar = super::progress_bar(spec.n_layers as u64 + 2, "synthesizing");
+    let w = synth::build_with_progress(&spec, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.set_message("writing");
     if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
     w.write_to(&a.out)
         .with_context(|| format!("cannot write {}", a.out.display()))?;
+    bar.finish_and_clear();
     let bytes = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);
     eprintln!(
         "wrote {} ({}, {} layers, hidden {}, {} parameters, {}, {} bytes)",

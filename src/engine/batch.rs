@@ -277,6 +277,7 @@ fn start<'t>(
     seq.set_cached_prompt_tokens(granted.reused);
     span.record("cached_prompt_tokens", granted.reused);
     obs.prompt_tokens_reused(granted.reused);
+    obs.started(job.prompt.len());
     let lp_buf = if job.logprobs > 0 {
         vec![0.0f32; model.config.vocab]
     } else {
@@ -607,6 +608,7 @@ fn conclude(shared: &Shared, pool: &mut KvPool, a: Active<'_>, end: End) {
     let completion = seq.completion_tokens();
     let cached = seq.cached_prompt_tokens();
     obs.tokens_generated(completion);
+    obs.ended();
     let failed = |err: JobError| {
         vec![
             Event::Done(failed_done(&job, cached, completion, queue_wait, started)),

@@ -295,6 +295,10 @@ pub trait Observer: Send + Sync {
     fn kv_usage(&self, _usage: KvUsage) {}
     /// Prompt tokens a starting request reused from the prefix cache.
     fn prompt_tokens_reused(&self, _n: usize) {}
+    /// A request starts running, with this many prompt tokens.
+    fn started(&self, _prompt_tokens: usize) {}
+    /// A running request ended (every `started` is followed by one `ended`).
+    fn ended(&self) {}
 }
 
 /// An observer that ignores everything.

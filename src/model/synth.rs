@@ -3,6 +3,15 @@
 //!
 //! The vocabulary is byte-level (the 256 byte tokens of GPT-2's byte encoding, no merges)
 //! plus the Qwen special tokens, padded to the preset's vocabulary size.
+//!
+//! Random weights alone make a model that repeats its last token: with a tied LM head the
+//! residual stream, mostly the last token's embedding, scores that token far above all
+//! others. The demo preset is `readable` instead: its own LM head, small enough that
+//! sampling varies, turned away from each token's own embedding (so it rarely repeats
+//! itself), and a prior carried by one residual dimension that no layer writes to: it makes
+//! lowercase letters (at English frequencies), spaces and a little punctuation likely and
+//! every other token, end tokens included, all but impossible. Its text is still random,
+//! only no longer one repeated character.
 
 use crate::gguf::{GgufError, GgufWriter, Value};
 use crate::tensor::{float, q8_0, GgmlType};
@@ -26,6 +35,9 @@ pub struct SynthSpec {
     /// Type of the 2-D weight matrices (norms stay F32).
     pub dtype: GgmlType,
     pub seed: u64,
+    /// Shape the output toward varied printable text (see the module's notes; needs an
+    /// untied LM head).
+    pub readable: bool,
 }
 
 pub const PRESETS: &[&str] = &["0.6b", "demo"];
@@ -57,6 +69,7 @@ impl SynthSpec {
             tied: true,
             dtype,
             seed: 42,
+            readable: false,
         };
         match name {
             "0.6b" => Some(base),
@@ -69,6 +82,8 @@ impl SynthSpec {
                 head_dim: 64,
                 vocab: 256 + SPECIALS.len(),
                 context_length: 4096,
+                tied: false,
+                readable: true,
                 ..base
             }),
             _ => None,
@@ -142,15 +157,9 @@ fn tokenizer_metadata(w: &mut GgufWriter, vocab: usize) {
     );
 }
 
-/// `rows × cols` values from N(0, std²) (Box–Muller), encoded as `dtype`.
-fn random_matrix(
-    rng: &mut ChaCha8Rng,
-    rows: usize,
-    cols: usize,
-    std: f32,
-    dtype: GgmlType,
-) -> Vec<u8> {
-    let mut vals = vec![0.0f32; rows * cols];
+/// `n` values from N(0, std²) (Box–Muller).
+fn normal_values(rng: &mut ChaCha8Rng, n: usize, std: f32) -> Vec<f32> {
+    let mut vals = vec![0.0f32; n];
     for pair in vals.chunks_mut(2) {
         let u1: f32 = rng.random::<f32>().max(1e-7);
         let u2: f32 = rng.random::<f32>();
@@ -161,13 +170,65 @@ fn random_matrix(
             pair[1] = r * t.sin();
         }
     }
-    encode(&vals, dtype)
+    vals
 }
 
 fn encode(vals: &[f32], dtype: GgmlType) -> Vec<u8> {
     // The synthesizer only builds shapes whose rows are whole Q8_0 blocks, and only
     // accepts the types `tensor::encode` writes; anything else falls back to f32.
     crate::tensor::encode(vals, dtype).unwrap_or_else(|_| float::f32_to_le_bytes(vals))
+}
+
+/// Residual dimension that carries a constant (no layer writes to it), through which a
+/// readable model's LM head adds a per-token prior; and that constant in every embedding.
+const PRIOR_DIM: usize = 0;
+const PRIOR_DIM_VALUE: f32 = 12.0;
+/// Entries of a readable model's LM head: small, so the logits spread over a few units and
+/// sampling at temperature 1 varies. (Chosen by eye on the demo's output, as the rest.)
+const READABLE_HEAD_STD: f32 = 0.08;
+/// Scale from a token's log-frequency to its LM-head entry on the prior dimension.
+const PRIOR_SCALE: f32 = 0.1;
+/// How much of its own embedding each LM-head row loses, so that the residual stream
+/// (mostly the last token's embedding) scores that token lower, not higher.
+const SELF_PENALTY: f32 = 0.01;
+
+/// Relative frequency of each byte token in the readable model's output: lowercase letters
+/// as in English text, spaces, a little punctuation; 0 for every other byte.
+fn byte_frequency(b: u8) -> f32 {
+    const LETTERS: [f32; 26] = [
+        8.2, 1.5, 2.8, 4.3, 12.7, 2.2, 2.0, 6.1, 7.0, 0.15, 0.8, 4.0, 2.4, 6.7, 7.5, 1.9, 0.1, 6.0,
+        6.3, 9.1, 2.8, 1.0, 2.4, 0.15, 2.0, 0.07,
+    ];
+    match b {
+        b'a'..=b'z' => LETTERS[(b - b'a') as usize],
+        // Above its share in English text: it competes with every letter's context.
+        b' ' => 60.0,
+        b'.' | b',' => 1.0,
+        b'\n' => 0.3,
+        _ => 0.0,
+    }
+}
+
+/// The readable model's LM head: small random rows less a little of the token's own
+/// embedding `emb`, and on the prior dimension each token's log-frequency (specials,
+/// padding and unlikely bytes far below the rest).
+fn readable_head(
+    rng: &mut ChaCha8Rng,
+    emb: &[f32],
+    vocab: usize,
+    hidden: usize,
+    dtype: GgmlType,
+) -> Vec<u8> {
+    let mut vals = normal_values(rng, vocab * hidden, READABLE_HEAD_STD);
+    for (t, (row, own)) in vals.chunks_mut(hidden).zip(emb.chunks(hidden)).enumerate() {
+        for (v, e) in row.iter_mut().zip(own) {
+            *v -= SELF_PENALTY * e;
+        }
+        let f = u8::try_from(t).map_or(0.0, byte_frequency);
+        let log_f = if f > 0.0 { f.ln() } else { -40.0 };
+        row[PRIOR_DIM] = PRIOR_SCALE * log_f;
+    }
+    encode(&vals, dtype)
 }
 
 /// Norm gains near one, so the model is not a plain identity at the norms.
@@ -192,6 +253,16 @@ pub enum SynthError {
 
 /// Builds the whole GGUF in a writer (weights held in memory until written).
 pub fn build(spec: &SynthSpec) -> Result<GgufWriter, SynthError> {
+    build_with_progress(spec, |_, _| {})
+}
+
+/// [`build`], telling `progress(done, total)` after each part (the embedding, each layer,
+/// the head), since a full-size model takes a while.
+pub fn build_with_progress(
+    spec: &SynthSpec,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<GgufWriter, SynthError> {
+    let parts = spec.n_layers + 2;
     if !matches!(
         spec.dtype,
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0
@@ -251,13 +322,37 @@ pub fn build(spec: &SynthSpec) -> Result<GgufWriter, SynthError> {
     let dt = spec.dtype;
     let mat = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize, rng: &mut ChaCha8Rng| {
         let std = 1.0 / (cols as f32).sqrt();
-        let data = random_matrix(rng, rows, cols, std, dt);
+        let mut vals = normal_values(rng, rows * cols, std);
+        // In a readable model no layer writes the prior dimension: the projections into the
+        // residual stream have that row zero.
+        if spec.readable
+            && (name.ends_with("attn_output.weight") || name.ends_with("ffn_down.weight"))
+        {
+            vals[PRIOR_DIM * cols..(PRIOR_DIM + 1) * cols].fill(0.0);
+        }
+        let data = encode(&vals, dt);
         w.add_tensor(name, &[cols as u64, rows as u64], dt, data)
             .map(|_| ())
     };
+    if spec.readable && (spec.tied || h < PRIOR_DIM + 1) {
+        return Err(SynthError::Shape(
+            "a readable model needs an untied LM head and a hidden dimension for its prior".into(),
+        ));
+    }
     // Embedding entries of order one, like trained models after the first norm.
-    let emb = random_matrix(&mut rng, spec.vocab, h, 1.0, dt);
-    w.add_tensor("token_embd.weight", &[h as u64, spec.vocab as u64], dt, emb)?;
+    let mut emb = normal_values(&mut rng, spec.vocab * h, 1.0);
+    if spec.readable {
+        for row in emb.chunks_mut(h) {
+            row[PRIOR_DIM] = PRIOR_DIM_VALUE;
+        }
+    }
+    w.add_tensor(
+        "token_embd.weight",
+        &[h as u64, spec.vocab as u64],
+        dt,
+        encode(&emb, dt),
+    )?;
+    progress(1, parts);
     for i in 0..spec.n_layers {
         let n = |s: &str| format!("blk.{i}.{s}");
         w.add_tensor(
@@ -292,6 +387,7 @@ pub fn build(spec: &SynthSpec) -> Result<GgufWriter, SynthError> {
         mat(&mut w, &n("ffn_gate.weight"), ffn, h, &mut rng)?;
         mat(&mut w, &n("ffn_up.weight"), ffn, h, &mut rng)?;
         mat(&mut w, &n("ffn_down.weight"), h, ffn, &mut rng)?;
+        progress(i + 2, parts);
     }
     w.add_tensor(
         "output_norm.weight",
@@ -299,9 +395,13 @@ pub fn build(spec: &SynthSpec) -> Result<GgufWriter, SynthError> {
         GgmlType::F32,
         random_gain(&mut rng, h),
     )?;
-    if !spec.tied {
+    if spec.readable {
+        let head = readable_head(&mut rng, &emb, spec.vocab, h, dt);
+        w.add_tensor("output.weight", &[h as u64, spec.vocab as u64], dt, head)?;
+    } else if !spec.tied {
         mat(&mut w, "output.weight", spec.vocab, h, &mut rng)?;
     }
+    progress(parts, parts);
     Ok(w)
 }
 
@@ -324,6 +424,20 @@ mod tests {
         let ids = tok.encode("héllo <|im_end|>", true).unwrap();
         assert_eq!(tok.decode(&ids, false).unwrap(), "héllo <|im_end|>");
         assert!(tok.is_eog(tok.token_id("<|im_end|>").unwrap()));
+    }
+
+    #[test]
+    fn progress_counts_every_part_once_up_to_the_total() {
+        let spec = SynthSpec::preset("demo", GgmlType::Q8_0).unwrap();
+        let mut seen = Vec::new();
+        let with = build_with_progress(&spec, |done, total| seen.push((done, total)))
+            .unwrap()
+            .to_bytes();
+        let want: Vec<(usize, usize)> = (1..=spec.n_layers + 2)
+            .map(|d| (d, spec.n_layers + 2))
+            .collect();
+        assert_eq!(seen, want);
+        assert_eq!(with, build(&spec).unwrap().to_bytes());
     }
 
     #[test]

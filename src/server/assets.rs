@@ -12,6 +12,10 @@ use crate::tokenizer::{ChatTemplate, Tokenizer};
 use std::path::Path;
 use std::sync::Arc;
 
+/// What `GetModelInfo` says of a built-in synthetic model.
+pub const DEMO_NOTE: &str = "a built-in demo model with random weights: its output is random \
+    text, not language (serve a real model with --model PATH)";
+
 /// Prompt tokens per prefill forward call.
 const PREFILL_BATCH: usize = 512;
 
@@ -77,7 +81,7 @@ pub fn assets_from_gguf(
 
 /// Threads the backend really runs on: the single-threaded ones use one; the others
 /// resolve 0 to the default the factory used.
-fn backend_threads(backend: &str, asked: usize) -> usize {
+pub fn backend_threads(backend: &str, asked: usize) -> usize {
     match backend.trim() {
         // The GPU backend runs each step on the device from the engine thread alone.
         "scalar" | "simd" | "gpu" | "vulkan" | "metal" => 1,

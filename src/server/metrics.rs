@@ -1,6 +1,7 @@
 //! Prometheus metrics for the service: counters, gauges and histograms kept with atomics
-//! (requests, tokens, latencies, batch sizes, KV-cache occupancy), rendered in the text
-//! exposition format, and a minimal HTTP endpoint that serves them.
+//! (requests, tokens, running streams, latencies, batch sizes, KV-cache occupancy) and, on
+//! Linux, the standard `process_*` metrics, rendered in the text exposition format; and a
+//! minimal HTTP endpoint that serves them and a `/healthz` probe.
 
 use crate::engine::worker::{Observer, Outcome};
 use crate::engine::KvUsage;
@@ -132,7 +133,10 @@ impl Histogram {
 pub struct Metrics {
     /// Finished requests by (method, gRPC status code name).
     requests: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// Tokens streamed so far, counted one by one as they are sampled.
     tokens: AtomicU64,
+    prompt_tokens: AtomicU64,
+    running: AtomicU64,
     auth_failures: AtomicU64,
     pub queue_wait: Histogram,
     pub time_to_first_token: Histogram,
@@ -143,6 +147,8 @@ pub struct Metrics {
     kv_reserved: AtomicU64,
     kv_cached: AtomicU64,
     kv_budget: AtomicU64,
+    #[cfg(target_os = "linux")]
+    process: prometheus::process_collector::ProcessCollector,
 }
 
 impl Default for Metrics {
@@ -156,6 +162,8 @@ impl Metrics {
         Self {
             requests: Mutex::new(BTreeMap::new()),
             tokens: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            running: AtomicU64::new(0),
             auth_failures: AtomicU64::new(0),
             queue_wait: Histogram::new(),
             time_to_first_token: Histogram::new(),
@@ -165,6 +173,8 @@ impl Metrics {
             kv_reserved: AtomicU64::new(0),
             kv_cached: AtomicU64::new(0),
             kv_budget: AtomicU64::new(0),
+            #[cfg(target_os = "linux")]
+            process: prometheus::process_collector::ProcessCollector::for_self(),
         }
     }
 
@@ -203,6 +213,35 @@ impl Metrics {
         self.tokens.load(Ordering::Relaxed)
     }
 
+    /// Prompt tokens of the requests that started running so far.
+    pub fn prompt_tokens_total(&self) -> u64 {
+        self.prompt_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Requests running now (admitted into the batch and not yet ended).
+    pub fn running_streams(&self) -> u64 {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// `process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_open_fds` and
+    /// the rest of the standard process metrics, as the Prometheus clients name them.
+    #[cfg(target_os = "linux")]
+    fn render_process(&self, out: &mut String) {
+        use prometheus::core::Collector;
+        use prometheus::Encoder;
+        let mut buf = Vec::new();
+        // Encoding only fails on a malformed family, which the collector does not make.
+        if prometheus::TextEncoder::new()
+            .encode(&self.process.collect(), &mut buf)
+            .is_ok()
+        {
+            out.push_str(&String::from_utf8_lossy(&buf));
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn render_process(&self, _out: &mut String) {}
+
     /// The text exposition of every metric.
     pub fn render(&self, queue_depth: usize, queue_capacity: usize) -> String {
         let mut out = String::with_capacity(4096);
@@ -230,9 +269,15 @@ impl Metrics {
              # HELP inferno_queue_capacity Most Generate requests that may wait.\n\
              # TYPE inferno_queue_capacity gauge\n\
              inferno_queue_capacity {queue_capacity}\n\
-             # HELP inferno_generated_tokens_total Tokens generated over all requests.\n\
+             # HELP inferno_generated_tokens_total Tokens generated over all requests, counted as they stream.\n\
              # TYPE inferno_generated_tokens_total counter\n\
              inferno_generated_tokens_total {}\n\
+             # HELP inferno_prompt_tokens_total Prompt tokens of the requests that started running.\n\
+             # TYPE inferno_prompt_tokens_total counter\n\
+             inferno_prompt_tokens_total {}\n\
+             # HELP inferno_running_streams Requests running now: admitted into the batch and not yet ended.\n\
+             # TYPE inferno_running_streams gauge\n\
+             inferno_running_streams {}\n\
              # HELP inferno_auth_failures_total Requests refused for a missing or wrong token.\n\
              # TYPE inferno_auth_failures_total counter\n\
              inferno_auth_failures_total {}\n\
@@ -249,6 +294,8 @@ impl Metrics {
              # TYPE inferno_kv_cache_capacity_tokens gauge\n\
              inferno_kv_cache_capacity_tokens {}\n",
             self.tokens.load(Ordering::Relaxed),
+            self.prompt_tokens.load(Ordering::Relaxed),
+            self.running.load(Ordering::Relaxed),
             self.auth_failures.load(Ordering::Relaxed),
             self.prompt_tokens_reused.load(Ordering::Relaxed),
             self.kv_reserved.load(Ordering::Relaxed),
@@ -275,22 +322,36 @@ impl Metrics {
             "inferno_batch_size",
             "Sequences in each engine step's forward pass.",
         );
+        self.render_process(&mut out);
         out
     }
 }
 
+/// Every streamed token is observed once as it is sampled: the first of a request by its
+/// time to first token, each later one by its decode step. Both count it, so the token
+/// counter moves while streams run (the request's total at its end is not added again).
 impl Observer for Metrics {
     fn queue_wait(&self, wait: Duration) {
         self.queue_wait.observe(wait);
     }
     fn time_to_first_token(&self, ttft: Duration) {
         self.time_to_first_token.observe(ttft);
+        self.tokens.fetch_add(1, Ordering::Relaxed);
     }
     fn decode_step(&self, step: Duration) {
         self.decode_step.observe(step);
+        self.tokens.fetch_add(1, Ordering::Relaxed);
     }
-    fn tokens_generated(&self, n: usize) {
-        self.tokens.fetch_add(n as u64, Ordering::Relaxed);
+    fn started(&self, prompt_tokens: usize) {
+        self.prompt_tokens
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        self.running.fetch_add(1, Ordering::Relaxed);
+    }
+    fn ended(&self) {
+        // Saturating: an `ended` without its `started` must not wrap the gauge.
+        let _ = self
+            .running
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
     fn finished(&self, outcome: Outcome) {
         self.request("Generate", outcome.code_name());
@@ -309,11 +370,20 @@ impl Observer for Metrics {
     }
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown` resolves. Each connection answers
-/// one request and closes.
+/// What the metrics endpoint serves: the exposition text, and whether the service is
+/// ready (the model loaded, not draining) for `/healthz`.
+#[derive(Clone)]
+pub struct Endpoints {
+    pub render: Arc<dyn Fn() -> String + Send + Sync>,
+    pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
+}
+
+/// Serves `GET /metrics` and `GET /healthz` (200 when ready, else 503, for plain-HTTP
+/// probes) on `listener` until `shutdown` resolves. Each connection answers one request
+/// and closes.
 pub async fn serve_metrics(
     listener: TcpListener,
-    render: Arc<dyn Fn() -> String + Send + Sync>,
+    endpoints: Endpoints,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
@@ -322,12 +392,12 @@ pub async fn serve_metrics(
             _ = &mut shutdown => return,
             accepted = listener.accept() => {
                 let Ok((stream, peer)) = accepted else { continue };
-                let render = Arc::clone(&render);
+                let endpoints = endpoints.clone();
                 tokio::spawn(async move {
                     // A slow or silent client must not hold a task forever.
                     let r = tokio::time::timeout(
                         Duration::from_secs(10),
-                        answer(stream, render),
+                        answer(stream, endpoints),
                     )
                     .await;
                     if !matches!(r, Ok(Ok(()))) {
@@ -339,10 +409,7 @@ pub async fn serve_metrics(
     }
 }
 
-async fn answer(
-    mut stream: TcpStream,
-    render: Arc<dyn Fn() -> String + Send + Sync>,
-) -> std::io::Result<()> {
+async fn answer(mut stream: TcpStream, endpoints: Endpoints) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     // Read the request head only; a GET has no body we need.
@@ -364,12 +431,20 @@ async fn answer(
         ("GET", "/metrics") => (
             "200 OK",
             "text/plain; version=0.0.4; charset=utf-8",
-            render(),
+            (endpoints.render)(),
+        ),
+        ("GET", "/healthz") if (endpoints.ready)() => {
+            ("200 OK", "text/plain; charset=utf-8", "ok\n".to_string())
+        }
+        ("GET", "/healthz") => (
+            "503 Service Unavailable",
+            "text/plain; charset=utf-8",
+            "not serving\n".to_string(),
         ),
         ("GET", "/") => (
             "200 OK",
             "text/plain; charset=utf-8",
-            "inferno metrics: see /metrics\n".to_string(),
+            "inferno metrics: see /metrics (and /healthz)\n".to_string(),
         ),
         ("GET", _) => (
             "404 Not Found",
@@ -421,7 +496,36 @@ mod tests {
         assert!(text.contains("inferno_requests_total{method=\"Generate\",code=\"OK\"} 2\n"));
         assert!(text.contains("inferno_requests_total{method=\"Generate\",code=\"CANCELLED\"} 1\n"));
         assert!(text.contains("inferno_queue_depth 3\n"));
-        assert!(text.contains("inferno_generated_tokens_total 5\n"));
+        // Tokens count as they stream; a request's total at its end adds nothing more.
+        assert!(
+            text.contains("inferno_generated_tokens_total 0\n"),
+            "{text}"
+        );
+        m.time_to_first_token(Duration::from_millis(5));
+        m.decode_step(Duration::from_millis(1));
+        m.decode_step(Duration::from_millis(1));
+        assert!(m
+            .render(3, 16)
+            .contains("inferno_generated_tokens_total 3\n"));
+        m.started(7);
+        m.started(5);
+        m.ended();
+        let text = m.render(3, 16);
+        assert!(text.contains("inferno_prompt_tokens_total 12\n"), "{text}");
+        assert!(text.contains("inferno_running_streams 1\n"), "{text}");
+        m.ended();
+        m.ended();
+        assert_eq!(m.running_streams(), 0);
+        #[cfg(target_os = "linux")]
+        for series in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_open_fds ",
+            "process_max_fds ",
+            "process_start_time_seconds ",
+        ] {
+            assert!(text.contains(&format!("\n{series}")), "{series}: {text}");
+        }
         assert_eq!(m.requests("Generate", "OK"), 2);
         m.step(3, 2, 17);
         m.step(8, 8, 0);

@@ -283,9 +283,15 @@ pub async fn start(
     if let Some(l) = metrics_listener {
         let m = Arc::clone(&metrics);
         let e = Arc::clone(&engine);
-        let render: Arc<dyn Fn() -> String + Send + Sync> =
-            Arc::new(move || m.render(e.queue_depth(), e.queue_capacity()));
-        tokio::spawn(metrics::serve_metrics(l, render, async move {
+        let (ready_engine, draining) = (Arc::clone(&engine), drain_tx.subscribe());
+        let endpoints = metrics::Endpoints {
+            render: Arc::new(move || m.render(e.queue_depth(), e.queue_capacity())),
+            // As grpc health's "": the model loaded and not draining.
+            ready: Arc::new(move || {
+                matches!(ready_engine.state(), EngineState::Ready(_)) && !*draining.borrow()
+            }),
+        };
+        tokio::spawn(metrics::serve_metrics(l, endpoints, async move {
             let _ = metrics_stop_rx.await;
         }));
     }

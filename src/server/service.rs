@@ -269,7 +269,9 @@ fn sampling_params(p: Option<&pb::SamplingParams>) -> SamplingParams {
     }
 }
 
-fn finish_reason(f: Option<FinishReason>) -> pb::FinishReason {
+/// The gRPC enum of an engine finish reason (`None`: the request failed). Its name
+/// (`as_str_name`) is the one spelling every output uses.
+pub fn finish_reason(f: Option<FinishReason>) -> pb::FinishReason {
     match f {
         Some(FinishReason::Eos) => pb::FinishReason::Eos,
         Some(FinishReason::StopSequence) => pb::FinishReason::StopSequence,
@@ -506,6 +508,11 @@ impl pb::inference_server::Inference for InferenceService {
                 max_batch: s.max_batch as u32,
                 prefill_chunk: s.prefill_chunk as u32,
                 kv_cache_tokens: s.kv_cache_tokens as u32,
+                note: if d.demo {
+                    super::assets::DEMO_NOTE.to_string()
+                } else {
+                    String::new()
+                },
             })
         });
         self.count("GetModelInfo", r)

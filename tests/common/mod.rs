@@ -90,6 +90,9 @@ pub fn synth_models() -> Vec<(String, GgufFile)> {
     ];
     for (i, (dtype, hidden, heads, kv, hd, ffn)) in shapes.into_iter().enumerate() {
         let mut spec = SynthSpec::preset("demo", dtype).expect("preset");
+        // Plain random weights with a tied head (not the demo's readable output).
+        spec.tied = true;
+        spec.readable = false;
         spec.n_layers = 2;
         spec.hidden = hidden;
         spec.n_heads = heads;

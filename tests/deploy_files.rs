@@ -1,0 +1,250 @@
+//! The deployment files hold together: the Kubernetes pod can read its token, its memory
+//! limit holds the model and the KV budget it is given, every volume it mounts is defined,
+//! and the launchd and systemd units run unprivileged with a system-call filter.
+
+use inferno::model::synth::SynthSpec;
+use inferno::tensor::GgmlType;
+use serde_yaml::Value;
+use std::path::{Path, PathBuf};
+
+fn deploy(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy")
+        .join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(deploy(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Every YAML document of every file under deploy/kubernetes.
+fn kubernetes_documents() -> Vec<Value> {
+    let mut docs = Vec::new();
+    for entry in std::fs::read_dir(deploy("kubernetes")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = <Value as serde::Deserialize>::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(
+                v["kind"].is_string(),
+                "{}: a document without kind",
+                path.display()
+            );
+            docs.push(v);
+        }
+    }
+    docs
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+/// Kubernetes reads its YAML as YAML 1.1, where `0440` is octal, while serde_yaml follows
+/// 1.2 (decimal): take the mode from the file's own text.
+fn default_mode_octal(text: &str) -> u32 {
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("defaultMode:"))
+        .expect("the secret volume sets defaultMode");
+    let digits = line
+        .split(':')
+        .nth(1)
+        .unwrap()
+        .split('#')
+        .next()
+        .unwrap()
+        .trim();
+    assert!(digits.starts_with('0'), "write the mode in octal: {line}");
+    u32::from_str_radix(digits, 8).unwrap()
+}
+
+/// A quantity such as 3Gi or 512Mi, in bytes.
+fn quantity_bytes(q: &str) -> u64 {
+    let (num, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
+    let n: u64 = num.parse().unwrap();
+    n * match unit {
+        "Gi" => 1 << 30,
+        "Mi" => 1 << 20,
+        "G" => 1_000_000_000,
+        "M" => 1_000_000,
+        "" => 1,
+        u => panic!("unit {u}"),
+    }
+}
+
+fn arg<'a>(args: &'a [Value], name: &str) -> Option<&'a str> {
+    args.iter()
+        .filter_map(Value::as_str)
+        .find_map(|a| a.strip_prefix(&format!("--{name}=")))
+        .map(|v| v.split_whitespace().next().unwrap_or(v))
+}
+
+#[test]
+fn the_pod_can_read_its_token() {
+    let docs = kubernetes_documents();
+    let deployment = of_kind(&docs, "Deployment")[0];
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let uid = container["securityContext"]["runAsUser"]
+        .as_u64()
+        .or(pod["securityContext"]["runAsUser"].as_u64())
+        .expect("runAsUser");
+    assert_ne!(uid, 0, "runs as root");
+    let fs_group = pod["securityContext"]["fsGroup"].as_u64();
+    let volumes = pod["volumes"].as_sequence().unwrap();
+    let token = volumes
+        .iter()
+        .find(|v| v["secret"].is_mapping())
+        .expect("a secret volume");
+    let mode = default_mode_octal(&read("kubernetes/deployment.yaml"));
+    // What the kubelet does with a secret: files owned by root; with an fsGroup, their
+    // group becomes it and group read is added (the volume is read-only). The pod's fsGroup
+    // is one of its processes' supplementary groups.
+    let readable = match fs_group {
+        Some(_) => (mode | 0o440) & 0o040 != 0,
+        None => mode & 0o004 != 0,
+    };
+    assert!(
+        readable,
+        "uid {uid} cannot read the token (mode {mode:o}, fsGroup {fs_group:?})"
+    );
+    assert_eq!(
+        mode & 0o007,
+        0,
+        "the token is readable by everyone: {mode:o}"
+    );
+    // The server is told to read the token where the secret is mounted.
+    let mount = container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == token["name"])
+        .expect("the token volume is mounted");
+    let dir = mount["mountPath"].as_str().unwrap();
+    let args = container["args"].as_sequence().unwrap();
+    let file = arg(args, "auth-token-file").expect("--auth-token-file");
+    assert!(file.starts_with(&format!("{dir}/")), "{file} outside {dir}");
+}
+
+#[test]
+fn the_memory_limit_holds_the_model_and_its_kv_budget() {
+    let docs = kubernetes_documents();
+    let deployment = of_kind(&docs, "Deployment")[0];
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let args = container["args"].as_sequence().unwrap();
+    assert!(
+        arg(args, "model").is_some_and(|m| m.contains("Qwen3-0.6B")),
+        "the sizing below is for Qwen3-0.6B"
+    );
+    let kv_tokens: u64 = arg(args, "kv-cache-tokens")
+        .expect("--kv-cache-tokens sized to the memory limit")
+        .parse()
+        .unwrap();
+    let spec = SynthSpec::preset("0.6b", GgmlType::Q8_0).unwrap();
+    let per_position = (spec.n_layers * 2 * spec.n_kv_heads * spec.head_dim * 4) as u64;
+    assert_eq!(per_position, 224 * 1024, "the figure the header quotes");
+    // Q8_0: 34 bytes per 32 weights; loaded twice (the mapped file and the repacked copy),
+    // as measured (about 1.3 GB at rest).
+    let weights = spec.n_params() as u64 * 34 / 32;
+    let need = 2 * weights + kv_tokens * per_position + (256 << 20);
+    let limit = quantity_bytes(
+        container["resources"]["limits"]["memory"]
+            .as_str()
+            .expect("a memory limit"),
+    );
+    assert!(
+        need <= limit,
+        "{need} bytes needed, limit {limit} (lower --kv-cache-tokens or raise the limit)"
+    );
+    let request = quantity_bytes(
+        container["resources"]["requests"]["memory"]
+            .as_str()
+            .unwrap(),
+    );
+    assert_eq!(request, limit, "Guaranteed QoS: requests = limits");
+    // Threads = whole CPUs requested.
+    let threads = arg(args, "threads").unwrap();
+    assert_eq!(
+        container["resources"]["limits"]["cpu"].as_str(),
+        Some(threads)
+    );
+}
+
+#[test]
+fn images_are_pinned_and_every_claim_is_defined() {
+    let docs = kubernetes_documents();
+    let deployment = of_kind(&docs, "Deployment")[0];
+    let pod = &deployment["spec"]["template"]["spec"];
+    for c in pod["containers"].as_sequence().unwrap() {
+        let image = c["image"].as_str().unwrap();
+        assert!(
+            !image.ends_with(":latest") && image.contains(':'),
+            "{image}"
+        );
+        assert!(
+            c["imagePullPolicy"].is_string(),
+            "{image} without imagePullPolicy"
+        );
+    }
+    let claims: Vec<&str> = of_kind(&docs, "PersistentVolumeClaim")
+        .iter()
+        .map(|c| c["metadata"]["name"].as_str().unwrap())
+        .collect();
+    let mut used = 0;
+    for v in pod["volumes"].as_sequence().unwrap() {
+        if let Some(name) = v["persistentVolumeClaim"]["claimName"].as_str() {
+            assert!(claims.contains(&name), "claim {name} is defined nowhere");
+            used += 1;
+        }
+    }
+    assert!(used > 0);
+    // The header speaks of batching, as the server does.
+    let text = read("kubernetes/deployment.yaml");
+    assert!(!text.contains("one sequence at a time"));
+}
+
+#[test]
+fn launchd_and_systemd_run_unprivileged_and_filtered() {
+    let plist = read("launchd/dev.inferno.serve.plist");
+    let user = plist
+        .split("<key>UserName</key>")
+        .nth(1)
+        .and_then(|rest| rest.split("<string>").nth(1))
+        .and_then(|rest| rest.split("</string>").next())
+        .expect("the plist sets UserName");
+    assert!(!user.is_empty() && user != "root", "{user}");
+
+    let unit = read("systemd/inferno.service");
+    let set = |key: &str| {
+        unit.lines()
+            .filter_map(|l| l.strip_prefix(&format!("{key}=")))
+            .collect::<Vec<_>>()
+    };
+    assert!(set("User").iter().any(|u| *u != "root"));
+    assert!(set("SystemCallFilter").contains(&"@system-service"));
+    assert!(set("SystemCallFilter").contains(&"~@privileged"));
+    assert_eq!(set("CapabilityBoundingSet"), [""]);
+    for key in ["NoNewPrivileges", "RestrictNamespaces", "LockPersonality"] {
+        assert_eq!(set(key), ["true"], "{key}");
+    }
+}
+
+#[test]
+fn the_image_checks_its_own_health() {
+    let dockerfile = read("Dockerfile");
+    let check = dockerfile
+        .lines()
+        .skip_while(|l| !l.starts_with("HEALTHCHECK"))
+        .take(2)
+        .collect::<String>();
+    assert!(check.contains("\"health\""), "{check}");
+    assert!(
+        dockerfile.contains("libvulkan1"),
+        "the gpu backend needs the Vulkan loader"
+    );
+}
