@@ -12,7 +12,7 @@
 //! the figure is the aggregate: S × N tokens over the time of the N steps.
 
 use crate::backend::simd::Isa;
-use crate::backend::{create_backend, BackendOptions};
+use crate::engine::loader::{load_model, LoadOptions, LoadedModel};
 use crate::model::{KvCache, Logits, Model, Scratch, SeqStep, State};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -20,7 +20,6 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Args, Debug)]
@@ -264,25 +263,22 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     let mut results = Vec::new();
     for backend_name in &a.backend {
         for &threads in &a.threads {
-            let backend = create_backend(
-                backend_name,
-                &BackendOptions {
-                    threads,
-                    tracing: false,
-                },
-            )?;
-            let model = Model::load(&gguf, Arc::clone(&backend))
-                .with_context(|| format!("cannot load {}", a.model.display()))?;
+            let opts = LoadOptions {
+                backend: backend_name.clone(),
+                threads,
+                // Kernel spans would be measured too.
+                tracing: false,
+                ..LoadOptions::default()
+            };
+            let LoadedModel {
+                model,
+                threads: shown_threads,
+            } = load_model(&gguf, &a.model.display().to_string(), &opts)
+                .map_err(anyhow::Error::msg)?;
             let on_gpu = model.gpu();
             if let Some(g) = on_gpu {
                 eprintln!("gpu: {}", g.context().describe());
             }
-            let shown_threads = match backend_name.as_str() {
-                _ if on_gpu.is_some() => 1,
-                "scalar" | "simd" => 1,
-                _ if threads == 0 => crate::backend::threadpool::default_threads(),
-                _ => threads,
-            };
             let simd = if let Some(g) = on_gpu {
                 g.context().info.name.clone()
             } else if backend_name == "scalar" {

@@ -1,8 +1,8 @@
 //! `inferno serve`: runs the gRPC service on a small tokio runtime, with the model on its
 //! own engine thread, until SIGINT or SIGTERM.
 
-use crate::engine::worker::EngineConfig;
-use crate::server::assets::{file_assets, synthetic_assets, LoadOptions};
+use crate::engine::loader::{file_assets, synthetic_assets, LoadOptions};
+use crate::engine::EngineConfig;
 use crate::server::auth::read_token_file;
 use crate::server::{self, ServerConfig, TlsPem};
 use anyhow::{Context, Result};
@@ -131,7 +131,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         metrics_addr: a.metrics_addr,
         engine: EngineConfig {
             queue_capacity: a.queue_capacity.max(1),
-            max_batch: a.max_batch.max(1),
+            max_seqs: a.max_batch.max(1),
             prefill_chunk: a.prefill_chunk.max(1),
             prefill_chunk_running: a.prefill_chunk_running.max(1),
             kv_cache_tokens: a.kv_cache_tokens.map(|n| n.max(1)),
@@ -147,6 +147,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         backend: a.backend.clone(),
         threads: a.threads,
         ctx_size: a.ctx_size,
+        ..LoadOptions::default()
     };
     // Check the backend now, so a typo (or, for gpu, a missing adapter) fails before
     // anything starts.

@@ -2,8 +2,7 @@
 //! (requests, tokens, latencies, batch sizes, KV-cache occupancy), rendered in the text
 //! exposition format, and a minimal HTTP endpoint that serves them.
 
-use crate::engine::worker::{Observer, Outcome};
-use crate::engine::KvUsage;
+use crate::engine::{KvUsage, Observer, Outcome};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
