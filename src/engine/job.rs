@@ -10,8 +10,9 @@ use tokio::sync::mpsc;
 pub const MAX_LOGPROBS: usize = 20;
 
 /// A request id that, with [`EngineConfig::fault_injection`](super::EngineConfig) on, makes
-/// the engine panic after the request's first token. Only tests turn fault injection on.
-#[doc(hidden)]
+/// the engine panic after the request's first token. Only built with the `fault-injection`
+/// feature, which the tests turn on.
+#[cfg(feature = "fault-injection")]
 pub const FAULT_PANIC_REQUEST_ID: &str = "__inferno_fault_panic__";
 
 /// One generation request.

@@ -21,8 +21,8 @@ pub struct EngineConfig {
     /// KV-cache positions shared by all sequences; `None`: `max_seqs` full contexts, capped
     /// at [`DEFAULT_KV_CACHE_BYTES`] (but at least one context).
     pub kv_cache_tokens: Option<usize>,
-    /// Honour [`FAULT_PANIC_REQUEST_ID`](super::FAULT_PANIC_REQUEST_ID). Tests only.
-    #[doc(hidden)]
+    /// Honour [`FAULT_PANIC_REQUEST_ID`](super::FAULT_PANIC_REQUEST_ID).
+    #[cfg(feature = "fault-injection")]
     pub fault_injection: bool,
 }
 
@@ -34,6 +34,7 @@ impl Default for EngineConfig {
             prefill_chunk: 256,
             prefill_chunk_running: 8,
             kv_cache_tokens: None,
+            #[cfg(feature = "fault-injection")]
             fault_injection: false,
         }
     }

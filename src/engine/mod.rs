@@ -36,6 +36,7 @@ pub use generate::{
     generate, FinishReason, Flow, GenerateError, GenerateOptions, Generation, Metrics, Sequence,
     Step, TokenEvent,
 };
+#[cfg(feature = "fault-injection")]
 pub use job::FAULT_PANIC_REQUEST_ID;
 pub use job::{
     Done, Event, Job, JobError, Logprobs, Outcome, Timings, TokenLogprob, TokenOut, MAX_LOGPROBS,

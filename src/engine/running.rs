@@ -63,6 +63,7 @@ pub(super) struct Running<'t> {
     last_token_at: Option<Instant>,
     tail: String,
     stop_cause: Option<StopCause>,
+    #[cfg(feature = "fault-injection")]
     inject_panic: bool,
 }
 
@@ -150,6 +151,7 @@ impl<'t> Running<'t> {
             last_token_at: None,
             tail: String::new(),
             stop_cause: None,
+            #[cfg(feature = "fault-injection")]
             inject_panic: shared.injects_panic(&job),
             job,
         })
@@ -245,6 +247,7 @@ impl<'t> Running<'t> {
     pub(super) fn sample(&mut self, shared: &Shared) -> Step {
         let obs = shared.observer();
         let room = self.kv.room() > 0;
+        #[cfg(feature = "fault-injection")]
         let inject_panic = self.inject_panic;
         let Self {
             seq,
@@ -269,6 +272,7 @@ impl<'t> Running<'t> {
                 Some(prev) => obs.decode_step(now - prev),
             }
             *last_token_at = Some(now);
+            #[cfg(feature = "fault-injection")]
             if inject_panic && ev.index >= 1 {
                 panic!("injected engine fault");
             }

@@ -19,6 +19,7 @@ pub(super) struct Shared {
     state: watch::Sender<EngineState>,
     observer: Arc<dyn Observer>,
     /// Honour the fault-injection request id.
+    #[cfg(feature = "fault-injection")]
     fault_injection: bool,
     kv_reserved: AtomicUsize,
     kv_cached: AtomicUsize,
@@ -29,7 +30,7 @@ impl Shared {
     pub(super) fn new(
         queue_capacity: usize,
         observer: Arc<dyn Observer>,
-        fault_injection: bool,
+        #[cfg(feature = "fault-injection")] fault_injection: bool,
     ) -> Self {
         let (state, _) = watch::channel(EngineState::Loading);
         Self {
@@ -38,6 +39,7 @@ impl Shared {
             busy: AtomicBool::new(false),
             state,
             observer,
+            #[cfg(feature = "fault-injection")]
             fault_injection,
             kv_reserved: AtomicUsize::new(0),
             kv_cached: AtomicUsize::new(0),
@@ -58,6 +60,7 @@ impl Shared {
     }
 
     /// Whether the job is the one that makes the engine panic (fault injection, tests).
+    #[cfg(feature = "fault-injection")]
     pub(super) fn injects_panic(&self, job: &Job) -> bool {
         self.fault_injection && job.request_id == super::job::FAULT_PANIC_REQUEST_ID
     }

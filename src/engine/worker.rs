@@ -55,6 +55,7 @@ impl Engine {
         let shared = Arc::new(Shared::new(
             config.queue_capacity,
             observer,
+            #[cfg(feature = "fault-injection")]
             config.fault_injection,
         ));
         let thread_shared = Arc::clone(&shared);
