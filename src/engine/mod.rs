@@ -45,5 +45,5 @@ pub use kv_pool::KvUsage;
 pub use limits::{EngineConfig, Limits, DEFAULT_KV_CACHE_BYTES};
 pub use loader::{EngineAssets, LoadOptions, ModelDescription};
 pub use observer::{NoObserver, Observer};
-pub use request::{Built, EngineState, Prompt, RequestError, Served};
+pub use request::{Built, EngineState, Prompt, Request, RequestError, Served};
 pub use worker::{Engine, SubmitError};

@@ -1,19 +1,41 @@
-//! Building a request: its prompt rendered (chat template) and tokenized (BOS, special
-//! tokens), then checked against the context window and the KV budget, with `max_tokens`
-//! resolved. The service builds each Generate call with [`Served::build`]; the command line
-//! uses [`prompt_tokens`] and [`check_context`] for its single sequence.
+//! Building a request: its parameters checked, its prompt rendered (chat template) and
+//! tokenized (BOS, special tokens), then checked against the context window and the KV
+//! budget, with `max_tokens` resolved. The service builds each Generate call with
+//! [`Served::build`]; the command line uses [`prompt_tokens`] and [`check_context`] for its
+//! single sequence.
 //!
 //! Also what request handlers see of the engine: its [`EngineState`] and, once the model
 //! is loaded, [`Served`] (the tokenizer side and the limits, never the model itself).
 
+use super::generate::GenerateOptions;
+use super::job::MAX_LOGPROBS;
 use super::limits::Limits;
 use super::loader::ModelDescription;
 use crate::model::ModelConfig;
+use crate::sampling::{SamplingError, SamplingParams};
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Roles a chat message may have.
 pub const ROLES: &[&str] = &["system", "user", "assistant", "tool"];
+/// Limits on the parts of a request that are not bounded by the context window.
+pub const MAX_STOP_STRINGS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 256;
+
+/// A generation request as a client states it, before it is built.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Prompt,
+    /// `None`: the server's default, shortened to what fits.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    pub time_limit: Option<Duration>,
+    /// Alternatives to report per token (0 = no logprobs).
+    pub logprobs: usize,
+}
 
 /// A request's prompt before tokenization.
 #[derive(Clone, Debug)]
@@ -30,8 +52,18 @@ pub enum Prompt {
 }
 
 /// Why a request cannot be built; each is the client's doing.
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[derive(Debug, PartialEq, thiserror::Error)]
 pub enum RequestError {
+    #[error("max_tokens must be at least 1")]
+    NoMaxTokens,
+    #[error("logprobs is {0} but at most {MAX_LOGPROBS} alternatives may be asked for")]
+    TooManyLogprobs(usize),
+    #[error("{0} stop strings given; at most {MAX_STOP_STRINGS} are allowed")]
+    TooManyStops(usize),
+    #[error("stop strings must be 1 to {MAX_STOP_BYTES} bytes long (got {0} bytes)")]
+    StopLength(usize),
+    #[error("sampling: {0}")]
+    Sampling(#[from] SamplingError),
     #[error("unknown role {role:?} in messages[{index}] (expected one of: {})", ROLES.join(", "))]
     UnknownRole { index: usize, role: String },
     #[error("cannot render the chat template: {0}")]
@@ -127,11 +159,12 @@ pub fn check_context(prompt_len: usize, ctx: usize) -> Result<(), RequestError> 
     Ok(())
 }
 
-/// A request's prompt tokens and the most tokens it may generate.
-#[derive(Clone, Debug, PartialEq)]
+/// A request ready for the queue: its prompt tokens and how to generate.
+#[derive(Clone, Debug)]
 pub struct Built {
     pub prompt: Vec<u32>,
-    pub max_tokens: usize,
+    pub options: GenerateOptions,
+    pub logprobs: usize,
 }
 
 /// What the request handlers may use once the model is loaded: the tokenizer side, the
@@ -147,24 +180,54 @@ pub struct Served {
 }
 
 impl Served {
-    /// Tokenizes a request's prompt and resolves its `max_tokens` (`None`: the default,
-    /// shortened to what fits), refusing what cannot run: a prompt that fills the context
-    /// window or the KV budget, or `max_tokens` that would overflow either. A running
-    /// request reserves its prompt plus `max_tokens` of the shared KV cache.
-    pub fn build(
-        &self,
-        prompt: &Prompt,
-        max_tokens: Option<usize>,
-        default_max_tokens: usize,
-    ) -> Result<Built, RequestError> {
-        let tokens = prompt_tokens(&self.tokenizer, &self.chat_template, prompt)?;
-        let max_tokens =
-            resolve_max_tokens(&self.limits, tokens.len(), max_tokens, default_max_tokens)?;
+    /// Checks a request's parameters, tokenizes its prompt and resolves its `max_tokens`
+    /// (`None`: `default_max_tokens`, shortened to what fits), refusing what cannot run: a
+    /// prompt that fills the context window or the KV budget, or `max_tokens` that would
+    /// overflow either. A running request reserves its prompt plus `max_tokens` of the
+    /// shared KV cache.
+    pub fn build(&self, req: Request, default_max_tokens: usize) -> Result<Built, RequestError> {
+        check_parameters(&req)?;
+        let tokens = prompt_tokens(&self.tokenizer, &self.chat_template, &req.prompt)?;
+        let max_tokens = resolve_max_tokens(
+            &self.limits,
+            tokens.len(),
+            req.max_tokens,
+            default_max_tokens,
+        )?;
         Ok(Built {
             prompt: tokens,
-            max_tokens,
+            options: GenerateOptions {
+                max_tokens,
+                sampling: req.sampling,
+                stop: req.stop,
+                ignore_eos: req.ignore_eos,
+                time_limit: req.time_limit,
+            },
+            logprobs: req.logprobs,
         })
     }
+}
+
+/// The checks on a request's parameters that need no tokenizer.
+fn check_parameters(req: &Request) -> Result<(), RequestError> {
+    if req.max_tokens == Some(0) {
+        return Err(RequestError::NoMaxTokens);
+    }
+    if req.logprobs > MAX_LOGPROBS {
+        return Err(RequestError::TooManyLogprobs(req.logprobs));
+    }
+    if req.stop.len() > MAX_STOP_STRINGS {
+        return Err(RequestError::TooManyStops(req.stop.len()));
+    }
+    if let Some(s) = req
+        .stop
+        .iter()
+        .find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
+    {
+        return Err(RequestError::StopLength(s.len()));
+    }
+    req.sampling.validate()?;
+    Ok(())
 }
 
 /// The KV-budget arithmetic of [`Served::build`].
@@ -216,6 +279,52 @@ mod tests {
             ctx,
             kv_budget,
         }
+    }
+
+    fn request() -> Request {
+        Request {
+            prompt: Prompt::Text {
+                text: "hi".into(),
+                parse_special: true,
+            },
+            max_tokens: None,
+            sampling: SamplingParams::default(),
+            stop: vec!["\n".into()],
+            ignore_eos: false,
+            time_limit: None,
+            logprobs: MAX_LOGPROBS,
+        }
+    }
+
+    #[test]
+    fn parameters_are_checked_before_tokenizing() {
+        assert_eq!(check_parameters(&request()), Ok(()));
+        let bad = |f: fn(&mut Request)| {
+            let mut r = request();
+            f(&mut r);
+            check_parameters(&r).unwrap_err()
+        };
+        assert_eq!(bad(|r| r.max_tokens = Some(0)), RequestError::NoMaxTokens);
+        assert_eq!(
+            bad(|r| r.logprobs = MAX_LOGPROBS + 1),
+            RequestError::TooManyLogprobs(MAX_LOGPROBS + 1)
+        );
+        assert_eq!(
+            bad(|r| r.stop = vec!["x".into(); MAX_STOP_STRINGS + 1]),
+            RequestError::TooManyStops(MAX_STOP_STRINGS + 1)
+        );
+        assert_eq!(
+            bad(|r| r.stop = vec![String::new()]),
+            RequestError::StopLength(0)
+        );
+        assert_eq!(
+            bad(|r| r.stop = vec!["x".repeat(MAX_STOP_BYTES + 1)]),
+            RequestError::StopLength(MAX_STOP_BYTES + 1)
+        );
+        assert!(matches!(
+            bad(|r| r.sampling.top_p = 1.5),
+            RequestError::Sampling(_)
+        ));
     }
 
     #[test]

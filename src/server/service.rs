@@ -1,12 +1,12 @@
-//! The `inferno.v1.Inference` service: validates requests, turns them into engine jobs and
-//! streams the engine's events back as gRPC messages. Handlers never touch the model; they
-//! use the tokenizer side ([`Served`], which also builds each request) and the engine's queue.
+//! The `inferno.v1.Inference` service: converts requests into engine jobs and streams the
+//! engine's events back as gRPC messages. Handlers never touch the model; they use the
+//! tokenizer side ([`Served`], which checks and builds each request) and the engine's queue.
 
 use super::metrics::Metrics;
 use super::pb;
 use crate::engine::{
-    Engine, EngineState, Event, FinishReason, GenerateOptions, Job, JobError, Prompt, Served,
-    SubmitError, TokenLogprob, MAX_LOGPROBS,
+    self, Engine, EngineState, Event, FinishReason, GenerateOptions, Job, JobError, Prompt, Served,
+    SubmitError, TokenLogprob,
 };
 use crate::sampling::SamplingParams;
 use crate::tokenizer::ChatMessage;
@@ -18,9 +18,7 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-/// Limits on the parts of a request that are not bounded by the context window.
-const MAX_STOP_STRINGS: usize = 16;
-const MAX_STOP_BYTES: usize = 256;
+/// The longest request id accepted.
 const MAX_REQUEST_ID_BYTES: usize = 128;
 
 pub struct InferenceService {
@@ -115,7 +113,7 @@ pub(crate) struct Prepared {
     pub logprobs: usize,
 }
 
-/// Checks a request's fields and has the engine build it (tokenization, limits).
+/// Converts a request for the engine, which checks and builds it.
 pub(crate) fn prepare(
     req: pb::GenerateRequest,
     served: &Served,
@@ -134,36 +132,6 @@ pub(crate) fn prepare(
             "request_id is longer than {MAX_REQUEST_ID_BYTES} bytes"
         )));
     }
-    if req.max_tokens == Some(0) {
-        return Err(invalid("max_tokens must be at least 1"));
-    }
-    if req.logprobs as usize > MAX_LOGPROBS {
-        return Err(invalid(format!(
-            "logprobs is {} but at most {MAX_LOGPROBS} alternatives may be asked for",
-            req.logprobs
-        )));
-    }
-    if req.stop.len() > MAX_STOP_STRINGS {
-        return Err(invalid(format!(
-            "{} stop strings given; at most {MAX_STOP_STRINGS} are allowed",
-            req.stop.len()
-        )));
-    }
-    if let Some(s) = req
-        .stop
-        .iter()
-        .find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
-    {
-        return Err(invalid(format!(
-            "stop strings must be 1 to {MAX_STOP_BYTES} bytes long (got {} bytes)",
-            s.len()
-        )));
-    }
-    let sampling = sampling_params(req.sampling.as_ref());
-    sampling
-        .validate()
-        .map_err(|e| invalid(format!("sampling: {e}")))?;
-
     let prompt = if has_messages {
         Prompt::Chat {
             messages: req
@@ -181,8 +149,16 @@ pub(crate) fn prepare(
     };
     let built = served
         .build(
-            &prompt,
-            req.max_tokens.map(|n| n as usize),
+            engine::Request {
+                prompt,
+                max_tokens: req.max_tokens.map(|n| n as usize),
+                sampling: sampling_params(req.sampling.as_ref()),
+                stop: req.stop,
+                ignore_eos: req.ignore_eos,
+                time_limit: (req.time_limit_ms > 0)
+                    .then(|| Duration::from_millis(req.time_limit_ms as u64)),
+                logprobs: req.logprobs as usize,
+            },
             default_max_tokens,
         )
         .map_err(|e| invalid(e.to_string()))?;
@@ -194,15 +170,8 @@ pub(crate) fn prepare(
     Ok(Prepared {
         request_id,
         prompt: built.prompt,
-        options: GenerateOptions {
-            max_tokens: built.max_tokens,
-            sampling,
-            stop: req.stop,
-            ignore_eos: req.ignore_eos,
-            time_limit: (req.time_limit_ms > 0)
-                .then(|| Duration::from_millis(req.time_limit_ms as u64)),
-        },
-        logprobs: req.logprobs as usize,
+        options: built.options,
+        logprobs: built.logprobs,
     })
 }
 
