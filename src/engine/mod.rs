@@ -4,13 +4,13 @@
 //! |---|---|
 //! | [`loader`] | loading a model (file or synthetic, backend, threads, context) for every command |
 //! | [`request`] | building a request: chat template, BOS, tokenization, limits; what handlers see ([`Served`], [`EngineState`]) |
-//! | [`generate`] | one generation: sampling, stop strings, streamed text, metrics ([`Sequence`]), and [`generate()`] for a single sequence |
+//! | [`generate`](mod@generate) | one generation: sampling, stop strings, streamed text, metrics ([`Sequence`]), and [`generate()`] for a single sequence |
 //! | [`job`] | a request as the engine thread serves it and the events it sends back |
 //! | [`limits`] | the engine's configured and resolved limits |
 //! | [`worker`] | the engine thread and its handle ([`Engine`]) |
-//! | [`scheduler`] | each step's decisions: admission, stops, who decodes and who prefills how much |
-//! | [`runner`] | the loop that carries the plan out: the batched forward pass, sampling, ending requests |
-//! | [`running`] | one running request: its rows, its streamed tokens, its final events |
+//! | `scheduler` | each step's decisions: admission, stops, who decodes and who prefills how much |
+//! | `runner` | the loop that carries the plan out: the batched forward pass, sampling, ending requests |
+//! | `running` | one running request: its rows, its streamed tokens, its final events |
 //! | [`kv_pool`] | the KV-cache budget and the prefix cache |
 //! | [`queue`] | the bounded queue of waiting requests |
 //! | [`observer`] | what the engine measures, for metrics |

@@ -1,9 +1,9 @@
 //! The engine thread: one OS thread that loads and owns the model, its backend stack and
 //! every sequence's KV cache, and serves queued generation requests in batches
-//! ([`super::runner`]), streaming each request's tokens back through its own channel.
+//! (the runner), streaming each request's tokens back through its own channel.
 //!
 //! Callers never touch the model. They [`Engine::submit`] a [`Job`] (refused at once when
-//! the bounded queue is full) and read [`Event`](super::Event)s from the job's channel. A
+//! the bounded queue is full) and read [`Event`]s from the job's channel. A
 //! request whose receiver is dropped (the client went away) stops within one engine step,
 //! and one still queued is dropped before its prefill. A panic while serving fails only the
 //! requests it hit; the thread frees their caches and goes on with the others.
