@@ -186,6 +186,8 @@ pub(super) fn plan<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::{Event, GenerateOptions};
+    use tokio::sync::mpsc;
 
     fn limits() -> Limits {
         Limits {
@@ -199,6 +201,41 @@ mod tests {
 
     fn roles(slots: &[Slot]) -> Vec<Role> {
         slots.iter().map(Slot::role).collect()
+    }
+
+    fn job(max_tokens: usize) -> (Job, mpsc::UnboundedReceiver<Event>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let opts = GenerateOptions {
+            max_tokens,
+            ..Default::default()
+        };
+        (Job::new("j".into(), vec![1, 2, 3], opts, tx), rx)
+    }
+
+    #[test]
+    fn admission_and_stops_follow_client_deadline_shutdown_and_budget() {
+        let now = Instant::now();
+        let pool = KvPool::new(100);
+        let l = limits();
+        let (j, rx) = job(10);
+        assert_eq!(admission(&j, false, now, &pool, &l), Verdict::Start);
+        assert_eq!(admission(&j, true, now, &pool, &l), Verdict::Shutdown);
+        assert_eq!(stop_cause(&j, false, now), None);
+        assert_eq!(stop_cause(&j, true, now), Some(StopCause::Shutdown));
+        // 3 + 200 positions, capped at the context (100), fit the budget of 100 exactly.
+        let (big, _rx) = job(200);
+        assert_eq!(admission(&big, false, now, &pool, &l), Verdict::Start);
+        assert_eq!(
+            admission(&big, false, now, &KvPool::new(99), &l),
+            Verdict::Never
+        );
+        let (mut late, _rx) = job(10);
+        late.deadline = Some(now);
+        assert_eq!(admission(&late, false, now, &pool, &l), Verdict::Expired);
+        assert_eq!(stop_cause(&late, false, now), Some(StopCause::Deadline));
+        drop(rx);
+        assert_eq!(admission(&j, true, now, &pool, &l), Verdict::Gone);
+        assert_eq!(stop_cause(&j, true, now), Some(StopCause::ClientGone));
     }
 
     #[test]
