@@ -7,11 +7,11 @@
 mod service_support;
 
 use inferno::backend::{create_backend, BackendOptions};
-use inferno::engine::worker::FAULT_PANIC_REQUEST_ID;
+use inferno::engine::LoadOptions;
+use inferno::engine::FAULT_PANIC_REQUEST_ID;
 use inferno::gguf::GgufFile;
 use inferno::model::synth::{self, SynthSpec};
 use inferno::model::{Logits, Model, SeqStep};
-use inferno::server::assets::LoadOptions;
 use inferno::server::pb;
 use service_support::*;
 use std::time::Duration;

@@ -15,10 +15,10 @@ mod service_support;
 
 use inferno::backend::gpu::GpuBackend;
 use inferno::backend::{create_backend, BackendOptions, Device, KvType};
+use inferno::engine::loader::{synthetic_assets, LoadOptions};
 use inferno::gguf::GgufFile;
 use inferno::model::synth::{self, SynthSpec};
 use inferno::model::{Logits, Model, SeqStep};
-use inferno::server::assets::{synthetic_assets, LoadOptions};
 use inferno::tensor::GgmlType;
 use service_support::*;
 use std::sync::Arc;

@@ -4,10 +4,10 @@
 
 mod service_support;
 
-use inferno::engine::worker::FAULT_PANIC_REQUEST_ID;
+use inferno::engine::loader::{synthetic_assets, LoadOptions};
+use inferno::engine::FAULT_PANIC_REQUEST_ID;
 use inferno::engine::{generate, Flow, GenerateOptions};
 use inferno::sampling::SamplingParams;
-use inferno::server::assets::{synthetic_assets, LoadOptions};
 use inferno::server::pb::{self, FinishReason};
 use service_support::*;
 use std::time::Duration;
@@ -21,7 +21,7 @@ fn reference(prompt: &str, max_tokens: usize) -> (Vec<u32>, String) {
         ids.extend(a.tokenizer.bos_id());
     }
     ids.extend(a.tokenizer.encode(prompt, true).unwrap());
-    let mut state = a.model.new_state(a.ctx_size, 512);
+    let mut state = a.model.new_state(a.ctx_size, a.state_rows);
     let opts = GenerateOptions {
         max_tokens,
         sampling: SamplingParams::greedy(),
@@ -122,7 +122,7 @@ async fn chat_messages_logprobs_tokenizer_and_model_info() {
     assert_eq!(info.queue_capacity, 16);
     assert_eq!(info.max_batch, 8);
     assert_eq!(info.prefill_chunk, 256);
-    // The default KV budget: max_batch full contexts (the demo model's cache is small).
+    // The default KV budget: max_seqs full contexts (the demo model's cache is small).
     assert_eq!(info.kv_cache_tokens, 8 * info.context_length);
     assert!(info.context_length >= 2 && info.context_length <= info.model_context_length);
 
@@ -366,7 +366,7 @@ async fn an_engine_panic_fails_that_request_with_internal_and_serving_goes_on() 
 async fn deadlines_end_running_and_queued_requests() {
     // One sequence slot, so that a running request makes the next one queue.
     let mut cfg = test_config();
-    cfg.engine.max_batch = 1;
+    cfg.engine.max_seqs = 1;
     let server = start_demo(cfg).await;
     let mut c = client(server.addr()).await;
 

@@ -1,7 +1,7 @@
 //! The engine under concurrent clients: a dropped stream frees the engine, a queued request
 //! whose client has gone never starts, and a full queue refuses requests with
 //! RESOURCE_EXHAUSTED while every accepted request gets its complete, unduplicated stream.
-//! The queue tests run the engine with one sequence slot (`max_batch` 1), so that a running
+//! The queue tests run the engine with one sequence slot (`max_seqs` 1), so that a running
 //! request makes the others queue; batching itself is tested in `batching.rs`.
 
 mod service_support;
@@ -46,7 +46,7 @@ async fn dropping_a_stream_mid_generation_stops_it_and_frees_the_engine() {
 async fn a_queued_request_whose_client_left_is_dropped_before_prefill() {
     let mut cfg = test_config();
     cfg.engine.queue_capacity = 1;
-    cfg.engine.max_batch = 1;
+    cfg.engine.max_seqs = 1;
     let server = start_demo(cfg).await;
     let mut c = client(server.addr()).await;
 
@@ -92,7 +92,7 @@ async fn a_queued_request_whose_client_left_is_dropped_before_prefill() {
 async fn a_full_queue_refuses_with_resource_exhausted_and_accepted_streams_are_complete() {
     let mut cfg = test_config();
     cfg.engine.queue_capacity = 2;
-    cfg.engine.max_batch = 1;
+    cfg.engine.max_seqs = 1;
     let server = start_demo(cfg).await;
     let addr = server.addr();
     let mut c = client(addr).await;

@@ -7,10 +7,10 @@
 //! The engine runs on its own thread, so the capturing subscriber is the global default:
 //! this file holds one test.
 
-use inferno::engine::worker::{Engine, EngineConfig, Event, NoObserver};
+use inferno::engine::loader::{synthetic_assets, LoadOptions};
+use inferno::engine::{Engine, EngineConfig, Event, NoObserver};
 use inferno::engine::{GenerateOptions, Job};
 use inferno::sampling::SamplingParams;
-use inferno::server::assets::{synthetic_assets, LoadOptions};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tracing::field::{Field, Visit};

@@ -12,7 +12,7 @@
 //! the figure is the aggregate: S × N tokens over the time of the N steps.
 
 use crate::backend::simd::Isa;
-use crate::backend::{create_backend, BackendOptions};
+use crate::engine::loader::{load_model, LoadOptions, LoadedModel};
 use crate::model::{KvCache, Logits, Model, Scratch, SeqStep, State};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -75,6 +75,13 @@ pub struct BenchArgs {
     /// one batched forward pass over one token of each.
     #[arg(short = 's', long, value_delimiter = ',', default_value = "1")]
     pub streams: Vec<usize>,
+    /// Type the KV cache stores keys as: f32, f16 or q8_0 (default: f32 for an F32 model,
+    /// else f16).
+    #[arg(long, visible_alias = "ctk", value_parser = super::parse_kv_type)]
+    pub cache_type_k: Option<crate::backend::KvType>,
+    /// Type the KV cache stores values as (default as for keys).
+    #[arg(long, visible_alias = "ctv", value_parser = super::parse_kv_type)]
+    pub cache_type_v: Option<crate::backend::KvType>,
 }
 
 /// One row of results.
@@ -288,20 +295,24 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     tick(true);
     for backend_name in &a.backend {
         for &threads in &a.threads {
-            let backend = create_backend(
-                backend_name,
-                &BackendOptions {
-                    threads,
-                    tracing: false,
-                },
-            )?;
-            let model = Model::load(&gguf, backend)
-                .with_context(|| format!("cannot load {}", a.model.display()))?;
+            let opts = LoadOptions {
+                backend: backend_name.clone(),
+                threads,
+                // Kernel spans would be measured too.
+                tracing: false,
+                cache_type_k: a.cache_type_k,
+                cache_type_v: a.cache_type_v,
+                ..LoadOptions::default()
+            };
+            let LoadedModel {
+                model,
+                threads: shown_threads,
+            } = load_model(&gguf, &a.model.display().to_string(), &opts)
+                .map_err(anyhow::Error::msg)?;
             let on_gpu = model.device().gpu_backend();
             if let Some(g) = on_gpu {
                 bar.suspend(|| eprintln!("gpu: {}", g.context().describe()));
             }
-            let shown_threads = model.device().threads();
             let simd = if let Some(g) = on_gpu {
                 g.context().info.name.clone()
             } else if backend_name == "scalar" {
@@ -319,9 +330,8 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
             } else {
                 None
             };
-            let cfg = &model.config;
-            // f32 keys and values of every layer, per position.
-            let kv_bytes_per_pos = (cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 4) as f64;
+            // Keys and values of every layer, per position, in the cache's types.
+            let kv_bytes_per_pos = model.kv_bytes_per_token() as f64;
             let mut runner = Runner {
                 state: model.new_state(capacity.min(model.config.context_length), a.batch),
                 logits: vec![0.0; model.config.vocab],
@@ -331,6 +341,14 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 batch_scratch: None,
                 batch_logits: Vec::new(),
             };
+            let (kt, vt) = model.kv_types();
+            notes.push(format!(
+                "{backend_name}: KV cache {kt}/{vt}, {} per sequence of {} positions; \
+                 resident memory after load {}",
+                bytes_shown(runner.state.kv.bytes() as u64),
+                runner.state.capacity(),
+                resident_bytes().map_or("unknown".into(), bytes_shown),
+            ));
             if max_streams > 1 {
                 let cap = capacity.min(model.config.context_length);
                 runner.batch_scratch =
@@ -575,4 +593,12 @@ mod tests {
         assert!((s - 2.138).abs() < 1e-3);
         assert_eq!(mean_std(&[3.0]), (3.0, 0.0));
     }
+}
+
+/// This process's resident memory (VmRSS), where the system reports it.
+pub fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

@@ -9,9 +9,10 @@
 
 use super::serve::parse_duration;
 use super::OutputFormat;
+use crate::engine::loader::{file_assets, synthetic_assets, LoadOptions};
+use crate::engine::request::{prompt_tokens, Prompt};
 use crate::engine::{generate, Flow, GenerateOptions};
 use crate::sampling::SamplingParams;
-use crate::server::assets::{file_assets, synthetic_assets, LoadOptions};
 use crate::server::pb::{self, inference_client::InferenceClient};
 use crate::server::service::code_name;
 use anyhow::{bail, Context, Result};
@@ -412,19 +413,23 @@ impl Baseline {
             backend: a.backend.clone(),
             threads: a.threads,
             ctx_size: None,
+            ..LoadOptions::default()
         };
         let assets = match &a.model {
             Some(p) => file_assets(p, &load),
             None => synthetic_assets(&a.synthetic, &load),
         }
         .map_err(anyhow::Error::msg)?;
-        let tok = &assets.tokenizer;
-        let mut prompt = Vec::new();
-        if tok.add_bos() {
-            prompt.extend(tok.bos_id());
-        }
-        prompt.extend(tok.encode(&a.prompt, true)?);
-        let state = assets.model.new_state(assets.ctx_size, assets.max_batch);
+        // Built as the service builds a prompt.
+        let prompt = prompt_tokens(
+            &assets.tokenizer,
+            &assets.chat_template,
+            &Prompt::Text {
+                text: a.prompt.clone(),
+                parse_special: true,
+            },
+        )?;
+        let state = assets.model.new_state(assets.ctx_size, assets.state_rows);
         let opts = GenerateOptions {
             max_tokens: a.max_tokens as usize,
             sampling: SamplingParams {

@@ -8,13 +8,15 @@ pub mod quantize;
 pub mod serve;
 pub mod synth;
 
-use crate::backend::{create_backend, BackendOptions, KvType};
+use crate::backend::KvType;
+use crate::engine::loader::{self, EngineAssets, LoadOptions};
+use crate::engine::request::{check_context, prompt_tokens, Prompt};
 use crate::engine::{generate, Flow, GenerateOptions};
 use crate::gguf::GgufFile;
-use crate::model::{Logits, Model};
+use crate::model::Logits;
 use crate::sampling::SamplingParams;
-use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
-use anyhow::{bail, Context, Result};
+use crate::tokenizer::{ChatMessage, Tokenizer};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -184,48 +186,21 @@ pub struct InfoArgs {
     pub output: OutputFormat,
 }
 
-/// Everything loaded from one model file.
-pub struct Loaded {
-    pub model: Model,
-    pub tokenizer: Tokenizer,
-    pub chat_template: ChatTemplate,
-    pub ctx_size: usize,
-}
-
 pub fn open_gguf(path: &Path) -> Result<GgufFile> {
     GgufFile::open(path).with_context(|| format!("cannot load model {}", path.display()))
 }
 
-pub fn load(args: &ModelArgs) -> Result<Loaded> {
-    let gguf = open_gguf(&args.model)?;
-    let backend = create_backend(
-        &args.backend,
-        &BackendOptions {
-            threads: args.threads,
-            tracing: true,
-        },
-    )?;
-    let mut model = Model::load(&gguf, backend)
-        .with_context(|| format!("cannot load model {}", args.model.display()))?;
-    let (k, v) = model.kv_types();
-    model.set_kv_types((
-        args.cache_type_k.unwrap_or(k),
-        args.cache_type_v.unwrap_or(v),
-    ))?;
-    let tokenizer = Tokenizer::from_gguf(&gguf)
-        .with_context(|| format!("cannot load the tokenizer of {}", args.model.display()))?;
-    let chat_template = ChatTemplate::from_gguf(&gguf)?.unwrap_or_else(ChatTemplate::chatml);
-    let ctx_size = args
-        .ctx_size
-        .unwrap_or(4096)
-        .min(model.config.context_length)
-        .max(1);
-    Ok(Loaded {
-        model,
-        tokenizer,
-        chat_template,
-        ctx_size,
-    })
+/// Loads the model file `args` names, as `serve` would.
+pub fn load(args: &ModelArgs) -> Result<EngineAssets> {
+    let opts = LoadOptions {
+        backend: args.backend.clone(),
+        threads: args.threads,
+        ctx_size: args.ctx_size,
+        cache_type_k: args.cache_type_k,
+        cache_type_v: args.cache_type_v,
+        ..LoadOptions::default()
+    };
+    loader::file_assets(&args.model, &opts).map_err(anyhow::Error::msg)
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -255,36 +230,29 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     };
     sampling.validate()?;
     let l = load(&a.model)?;
-    let text = if a.chat {
+    let input = if a.chat {
         let mut messages = Vec::new();
         if let Some(sys) = &a.system {
-            messages.push(ChatMessage {
-                role: "system".into(),
-                content: sys.clone(),
-            });
+            messages.push(ChatMessage::new("system", sys.clone()));
         }
-        messages.push(ChatMessage {
-            role: "user".into(),
-            content: a.prompt.clone(),
-        });
-        l.chat_template
-            .render(&messages, true, a.no_think.then_some(false))?
+        messages.push(ChatMessage::new("user", a.prompt.clone()));
+        Prompt::Chat {
+            messages,
+            enable_thinking: a.no_think.then_some(false),
+        }
     } else {
-        a.prompt.clone()
+        Prompt::Text {
+            text: a.prompt.clone(),
+            parse_special: false,
+        }
     };
-    let mut prompt = Vec::new();
-    if l.tokenizer.add_bos() {
-        prompt.extend(l.tokenizer.bos_id());
-    }
-    prompt.extend(l.tokenizer.encode(&text, a.chat)?);
-    if prompt.len() >= l.ctx_size {
-        bail!(
-            "the prompt has {} tokens but the context holds {} (raise --ctx-size, up to {})",
-            prompt.len(),
-            l.ctx_size,
+    let prompt = prompt_tokens(&l.tokenizer, &l.chat_template, &input)?;
+    check_context(prompt.len(), l.ctx_size).map_err(|e| {
+        anyhow!(
+            "{e} (raise --ctx-size, up to {})",
             l.model.config.context_length
-        );
-    }
+        )
+    })?;
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
         sampling,
@@ -292,7 +260,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         ignore_eos: a.ignore_eos,
         time_limit: None,
     };
-    let mut state = l.model.new_state(l.ctx_size, 512);
+    let mut state = l.model.new_state(l.ctx_size, l.state_rows);
     let stream = a.output == OutputFormat::Text;
     let mut stdout = std::io::stdout().lock();
     let g = generate(&l.model, &l.tokenizer, &mut state, &prompt, &opts, |ev| {
@@ -363,7 +331,7 @@ fn cmd_logits(a: LogitsArgs) -> Result<()> {
         bail!("--ids is empty");
     }
     let ctx = n.max(l.ctx_size).min(l.model.config.context_length);
-    let mut state = l.model.new_state(ctx, 512);
+    let mut state = l.model.new_state(ctx, l.state_rows);
     let rows = if a.all { n } else { 1 };
     let mut out = vec![0.0f32; rows * vocab];
     let logits = if a.all {

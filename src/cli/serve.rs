@@ -1,8 +1,8 @@
 //! `inferno serve`: runs the gRPC service on a small tokio runtime, with the model on its
 //! own engine thread, until SIGINT or SIGTERM.
 
-use crate::engine::worker::EngineConfig;
-use crate::server::assets::{file_assets, synthetic_assets, LoadOptions};
+use crate::engine::loader::{file_assets, synthetic_assets, LoadOptions};
+use crate::engine::EngineConfig;
 use crate::server::auth::read_token_file;
 use crate::server::{self, ServerConfig, TlsPem};
 use anyhow::{Context, Result};
@@ -32,6 +32,13 @@ pub struct ServeArgs {
     /// Context window in tokens (default: the model's, capped at 4096).
     #[arg(long)]
     pub ctx_size: Option<usize>,
+    /// Type the KV cache stores keys as: f32, f16 or q8_0 (default: f32 for an F32 model,
+    /// else f16). `--kv-cache-tokens` budgets are in positions of these types.
+    #[arg(long, value_parser = super::parse_kv_type)]
+    pub cache_type_k: Option<crate::backend::KvType>,
+    /// Type the KV cache stores values as: f32, f16 or q8_0 (default as for keys).
+    #[arg(long, value_parser = super::parse_kv_type)]
+    pub cache_type_v: Option<crate::backend::KvType>,
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
@@ -131,7 +138,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         metrics_addr: a.metrics_addr,
         engine: EngineConfig {
             queue_capacity: a.queue_capacity.max(1),
-            max_batch: a.max_batch.max(1),
+            max_seqs: a.max_batch.max(1),
             prefill_chunk: a.prefill_chunk.max(1),
             prefill_chunk_running: a.prefill_chunk_running.max(1),
             kv_cache_tokens: a.kv_cache_tokens.map(|n| n.max(1)),
@@ -147,6 +154,9 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         backend: a.backend.clone(),
         threads: a.threads,
         ctx_size: a.ctx_size,
+        cache_type_k: a.cache_type_k,
+        cache_type_v: a.cache_type_v,
+        ..LoadOptions::default()
     };
     // Check the backend now, so a typo (or, for gpu, a missing adapter) fails before
     // anything starts.

@@ -1,17 +1,49 @@
-//! Running requests against a loaded model: a single generation ([`generate`]), and the
-//! engine thread that serves queued requests in continuous batches ([`worker`], [`batch`],
-//! [`queue`]) within a KV-cache budget that also keeps prompt prefixes for reuse
-//! ([`kv_pool`]).
+//! Running requests against a loaded model.
+//!
+//! | module | what it owns |
+//! |---|---|
+//! | [`loader`] | loading a model (file or synthetic, backend, threads, context) for every command |
+//! | [`request`] | building a request: chat template, BOS, tokenization, limits; what handlers see ([`Served`], [`EngineState`]) |
+//! | [`generate`](mod@generate) | one generation: sampling, stop strings, streamed text, metrics ([`Sequence`]), and [`generate()`] for a single sequence |
+//! | [`job`] | a request as the engine thread serves it and the events it sends back |
+//! | [`limits`] | the engine's configured and resolved limits |
+//! | [`worker`] | the engine thread and its handle ([`Engine`]) |
+//! | `scheduler` | each step's decisions: admission, stops, who decodes and who prefills how much |
+//! | `runner` | the loop that carries the plan out: the batched forward pass, sampling, ending requests |
+//! | `running` | one running request: its rows, its streamed tokens, its final events |
+//! | [`kv_pool`] | the KV-cache budget and the prefix cache |
+//! | [`queue`] | the bounded queue of waiting requests |
+//! | [`observer`] | what the engine measures, for metrics |
+//!
+//! Dependencies point one way: `worker` → `runner` → `running` → `scheduler`, with the
+//! data types (`job`, `limits`, `request`, `loader`) below them all.
 
-pub mod batch;
 pub mod generate;
+pub mod job;
 pub mod kv_pool;
+pub mod limits;
+pub mod loader;
+pub mod observer;
 pub mod queue;
+pub mod request;
+mod runner;
+mod running;
+mod scheduler;
+mod shared;
 pub mod worker;
 
 pub use generate::{
     generate, FinishReason, Flow, GenerateError, GenerateOptions, Generation, Metrics, Sequence,
     Step, TokenEvent,
 };
+#[cfg(feature = "fault-injection")]
+pub use job::FAULT_PANIC_REQUEST_ID;
+pub use job::{
+    Done, Event, Job, JobError, Logprobs, Outcome, Timings, TokenLogprob, TokenOut, MAX_LOGPROBS,
+};
 pub use kv_pool::KvUsage;
-pub use worker::{Engine, EngineAssets, EngineConfig, EngineState, Event, Job, JobError};
+pub use limits::{EngineConfig, Limits, DEFAULT_KV_CACHE_BYTES};
+pub use loader::{EngineAssets, LoadOptions, ModelDescription, DEMO_NOTE};
+pub use observer::{NoObserver, Observer};
+pub use request::{Built, EngineState, Prompt, Request, RequestError, Served};
+pub use worker::{Engine, SubmitError};

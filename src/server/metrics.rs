@@ -3,8 +3,7 @@
 //! Linux, the standard `process_*` metrics, rendered in the text exposition format; and a
 //! minimal HTTP endpoint that serves them and a `/healthz` probe.
 
-use crate::engine::worker::{Observer, Outcome};
-use crate::engine::KvUsage;
+use crate::engine::{KvUsage, Observer, Outcome};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -2,7 +2,6 @@
 //! `grpc.health.v1` health, server reflection (v1 and v1alpha), the bearer-token check
 //! ([`auth`]), Prometheus metrics ([`metrics`]), optional TLS and graceful shutdown.
 
-pub mod assets;
 pub mod auth;
 pub mod metrics;
 pub mod service;
@@ -17,7 +16,7 @@ pub mod pb {
         include_bytes!(concat!(env!("OUT_DIR"), "/inferno_v1_descriptor.bin"));
 }
 
-use crate::engine::worker::{Engine, EngineAssets, EngineConfig, EngineState, Observer};
+use crate::engine::{Engine, EngineAssets, EngineConfig, EngineState, Observer};
 use auth::BearerAuth;
 use metrics::Metrics;
 use pb::inference_server::InferenceServer;

@@ -1,13 +1,13 @@
-//! The `inferno.v1.Inference` service: validates requests, turns them into engine jobs and
-//! streams the engine's events back as gRPC messages. Handlers never touch the model; they
-//! use the tokenizer side ([`Served`]) and the engine's queue.
+//! The `inferno.v1.Inference` service: converts requests into engine jobs and streams the
+//! engine's events back as gRPC messages. Handlers never touch the model; they use the
+//! tokenizer side ([`Served`], which checks and builds each request) and the engine's queue.
 
 use super::metrics::Metrics;
 use super::pb;
-use crate::engine::worker::{
-    Engine, EngineState, Event, Job, JobError, Served, SubmitError, MAX_LOGPROBS,
+use crate::engine::{
+    self, Engine, EngineState, Event, FinishReason, GenerateOptions, Job, JobError, Prompt, Served,
+    SubmitError, TokenLogprob,
 };
-use crate::engine::{FinishReason, GenerateOptions};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::ChatMessage;
 use std::pin::Pin;
@@ -18,11 +18,7 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-/// Roles a chat message may have.
-const ROLES: &[&str] = &["system", "user", "assistant", "tool"];
-/// Limits on the parts of a request that are not bounded by the context window.
-const MAX_STOP_STRINGS: usize = 16;
-const MAX_STOP_BYTES: usize = 256;
+/// The longest request id accepted.
 const MAX_REQUEST_ID_BYTES: usize = 128;
 
 pub struct InferenceService {
@@ -117,7 +113,7 @@ pub(crate) struct Prepared {
     pub logprobs: usize,
 }
 
-/// Checks a request and tokenizes its prompt.
+/// Converts a request for the engine, which checks and builds it.
 pub(crate) fn prepare(
     req: pb::GenerateRequest,
     served: &Served,
@@ -136,105 +132,36 @@ pub(crate) fn prepare(
             "request_id is longer than {MAX_REQUEST_ID_BYTES} bytes"
         )));
     }
-    if req.max_tokens == Some(0) {
-        return Err(invalid("max_tokens must be at least 1"));
-    }
-    if req.logprobs as usize > MAX_LOGPROBS {
-        return Err(invalid(format!(
-            "logprobs is {} but at most {MAX_LOGPROBS} alternatives may be asked for",
-            req.logprobs
-        )));
-    }
-    if req.stop.len() > MAX_STOP_STRINGS {
-        return Err(invalid(format!(
-            "{} stop strings given; at most {MAX_STOP_STRINGS} are allowed",
-            req.stop.len()
-        )));
-    }
-    if let Some(s) = req
-        .stop
-        .iter()
-        .find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
-    {
-        return Err(invalid(format!(
-            "stop strings must be 1 to {MAX_STOP_BYTES} bytes long (got {} bytes)",
-            s.len()
-        )));
-    }
-    let sampling = sampling_params(req.sampling.as_ref());
-    sampling
-        .validate()
-        .map_err(|e| invalid(format!("sampling: {e}")))?;
-
-    let tok = &served.tokenizer;
-    let text = if has_messages {
-        let mut messages = Vec::with_capacity(req.messages.len());
-        for (i, m) in req.messages.iter().enumerate() {
-            if !ROLES.contains(&m.role.as_str()) {
-                return Err(invalid(format!(
-                    "unknown role {:?} in messages[{i}] (expected one of: {})",
-                    m.role,
-                    ROLES.join(", ")
-                )));
-            }
-            messages.push(ChatMessage::new(m.role.clone(), m.content.clone()));
+    let prompt = if has_messages {
+        Prompt::Chat {
+            messages: req
+                .messages
+                .iter()
+                .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
+                .collect(),
+            enable_thinking: req.enable_thinking,
         }
-        served
-            .chat_template
-            .render(&messages, true, req.enable_thinking)
-            .map_err(|e| invalid(format!("cannot render the chat template: {e}")))?
     } else {
-        req.prompt
-    };
-    let mut prompt = Vec::new();
-    if tok.add_bos() {
-        prompt.extend(tok.bos_id());
-    }
-    prompt.extend(
-        tok.encode(&text, true)
-            .map_err(|e| invalid(format!("cannot tokenize the prompt: {e}")))?,
-    );
-    if prompt.is_empty() {
-        return Err(invalid("the prompt is empty after tokenization"));
-    }
-    let ctx = served.ctx_size;
-    if prompt.len() >= ctx {
-        return Err(invalid(format!(
-            "the prompt has {} tokens but the context window holds {ctx}",
-            prompt.len()
-        )));
-    }
-    // A running request reserves its prompt plus max_tokens in the shared KV cache.
-    let kv = served.kv_cache_tokens;
-    if prompt.len() >= kv {
-        return Err(invalid(format!(
-            "the prompt has {} tokens but the server's KV cache holds {kv} \
-             (--kv-cache-tokens)",
-            prompt.len()
-        )));
-    }
-    let room = ctx.min(kv) - prompt.len();
-    let max_tokens = match req.max_tokens {
-        Some(n) => {
-            let n = n as usize;
-            if prompt.len() + n > ctx {
-                return Err(invalid(format!(
-                    "the prompt ({} tokens) plus max_tokens ({n}) exceeds the context window \
-                     ({ctx} tokens)",
-                    prompt.len()
-                )));
-            }
-            if n > room {
-                return Err(invalid(format!(
-                    "the prompt ({} tokens) plus max_tokens ({n}) exceeds the server's KV \
-                     cache ({kv} tokens, --kv-cache-tokens)",
-                    prompt.len()
-                )));
-            }
-            n
+        Prompt::Text {
+            text: req.prompt,
+            parse_special: true,
         }
-        None => default_max_tokens.min(room),
     };
+    let built = served
+        .build(
+            engine::Request {
+                prompt,
+                max_tokens: req.max_tokens.map(|n| n as usize),
+                sampling: sampling_params(req.sampling.as_ref()),
+                stop: req.stop,
+                ignore_eos: req.ignore_eos,
+                time_limit: (req.time_limit_ms > 0)
+                    .then(|| Duration::from_millis(req.time_limit_ms as u64)),
+                logprobs: req.logprobs as usize,
+            },
+            default_max_tokens,
+        )
+        .map_err(|e| invalid(e.to_string()))?;
     let request_id = if req.request_id.is_empty() {
         format!("{:016x}", rand::random::<u64>())
     } else {
@@ -242,16 +169,9 @@ pub(crate) fn prepare(
     };
     Ok(Prepared {
         request_id,
-        prompt,
-        options: GenerateOptions {
-            max_tokens,
-            sampling,
-            stop: req.stop,
-            ignore_eos: req.ignore_eos,
-            time_limit: (req.time_limit_ms > 0)
-                .then(|| Duration::from_millis(req.time_limit_ms as u64)),
-        },
-        logprobs: req.logprobs as usize,
+        prompt: built.prompt,
+        options: built.options,
+        logprobs: built.logprobs,
     })
 }
 
@@ -348,7 +268,7 @@ impl GenerateStream {
         }
     }
 
-    fn logprob(&self, t: &crate::engine::worker::TokenLogprob) -> pb::TokenLogprob {
+    fn logprob(&self, t: &TokenLogprob) -> pb::TokenLogprob {
         let bytes = self.served.tokenizer.token_bytes(t.id).unwrap_or_default();
         pb::TokenLogprob {
             id: t.id,
@@ -494,7 +414,7 @@ impl pb::inference_server::Inference for InferenceService {
             Response::new(pb::ModelInfo {
                 architecture: c.arch.name().to_string(),
                 name: d.name.clone(),
-                context_length: s.ctx_size as u32,
+                context_length: s.limits.ctx as u32,
                 model_context_length: c.context_length as u32,
                 vocab_size: c.vocab as u32,
                 quantization: s.quantization.clone(),
@@ -505,11 +425,11 @@ impl pb::inference_server::Inference for InferenceService {
                 hidden_size: c.hidden as u32,
                 demo: d.demo,
                 server_version: env!("CARGO_PKG_VERSION").to_string(),
-                max_batch: s.max_batch as u32,
-                prefill_chunk: s.prefill_chunk as u32,
-                kv_cache_tokens: s.kv_cache_tokens as u32,
+                max_batch: s.limits.max_seqs as u32,
+                prefill_chunk: s.limits.prefill_chunk as u32,
+                kv_cache_tokens: s.limits.kv_budget as u32,
                 note: if d.demo {
-                    super::assets::DEMO_NOTE.to_string()
+                    crate::engine::DEMO_NOTE.to_string()
                 } else {
                     String::new()
                 },

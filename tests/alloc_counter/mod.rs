@@ -1,6 +1,8 @@
 //! A global allocator for tests that counts the heap allocations one thread makes while it
 //! runs a closure. Only that thread counts: the harness's other threads (and the backends'
 //! pool workers) may allocate at any time, and tests run in parallel.
+// Each test binary that includes this module uses some of its helpers.
+#![allow(dead_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -46,4 +48,17 @@ pub fn allocations_in(f: impl FnOnce()) -> usize {
     f();
     ON.with(|c| c.set(false));
     COUNT.with(|c| c.get())
+}
+
+/// Starts counting this thread's allocations, for counts between calls rather than around
+/// one closure (see [`take`]).
+pub fn start() {
+    COUNT.with(|c| c.set(0));
+    ON.with(|c| c.set(true));
+}
+
+/// The allocations this thread made since [`start`] or the previous `take`; counting goes
+/// on.
+pub fn take() -> usize {
+    COUNT.with(|c| c.replace(0))
 }

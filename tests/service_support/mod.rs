@@ -2,10 +2,10 @@
 //! demo model, a generated tonic client, and stream collection.
 #![allow(dead_code)]
 
-use inferno::engine::worker::{EngineConfig, EngineState};
+use inferno::engine::loader::{synthetic_assets, LoadOptions};
 use inferno::engine::{generate, Flow, GenerateOptions};
+use inferno::engine::{EngineConfig, EngineState};
 use inferno::sampling::SamplingParams;
-use inferno::server::assets::{synthetic_assets, LoadOptions};
 use inferno::server::pb::generate_response::Event;
 use inferno::server::pb::inference_client::InferenceClient;
 use inferno::server::pb::{self, GenerateDone, GeneratedToken};
@@ -268,7 +268,7 @@ pub fn http_get(addr: SocketAddr, path: &str) -> String {
 /// `opts`.
 pub fn reference_on(opts: &LoadOptions, prompts: &[&str], max_tokens: usize) -> Vec<Vec<u32>> {
     let a = synthetic_assets("demo", opts).unwrap();
-    let mut state = a.model.new_state(a.ctx_size, 512);
+    let mut state = a.model.new_state(a.ctx_size, a.state_rows);
     let opts = GenerateOptions {
         max_tokens,
         sampling: SamplingParams::greedy(),

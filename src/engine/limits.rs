@@ -1,0 +1,123 @@
+//! The engine's limits: as configured ([`EngineConfig`]) and as resolved for the loaded
+//! model ([`Limits`]). Three sizes are kept apart here: sequences generated at once
+//! (`max_seqs`), prompt tokens one step runs for waiting prompts (`prefill_chunk`), and the
+//! token rows of a whole step (`step_rows`, what the batch scratch is sized for).
+
+/// The default KV budget's cap in bytes.
+pub const DEFAULT_KV_CACHE_BYTES: usize = 2 << 30;
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Requests that may wait to be admitted into the batch.
+    pub queue_capacity: usize,
+    /// Sequences generated at once (each engine step runs one token of each).
+    pub max_seqs: usize,
+    /// Most prompt tokens one engine step runs for a waiting prompt, so a long prompt holds
+    /// running streams up by one chunk at a time.
+    pub prefill_chunk: usize,
+    /// The prefill chunk while other streams are decoding: small, so admitting a long
+    /// prompt adds little to their inter-token latency.
+    pub prefill_chunk_running: usize,
+    /// KV-cache positions shared by all sequences; `None`: `max_seqs` full contexts, capped
+    /// at [`DEFAULT_KV_CACHE_BYTES`] (but at least one context).
+    pub kv_cache_tokens: Option<usize>,
+    /// Honour [`FAULT_PANIC_REQUEST_ID`](super::FAULT_PANIC_REQUEST_ID).
+    #[cfg(feature = "fault-injection")]
+    pub fault_injection: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            queue_capacity: 16,
+            max_seqs: 8,
+            prefill_chunk: 256,
+            prefill_chunk_running: 8,
+            kv_cache_tokens: None,
+            #[cfg(feature = "fault-injection")]
+            fault_injection: false,
+        }
+    }
+}
+
+/// The engine's limits, fixed when it starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Sequences generated at once.
+    pub max_seqs: usize,
+    /// Most prompt tokens one step runs for waiting prompts.
+    pub prefill_chunk: usize,
+    /// The prefill chunk while other sequences are decoding (at most `prefill_chunk`).
+    pub prefill_chunk_running: usize,
+    /// Positions one sequence may hold (prompt plus completion).
+    pub ctx: usize,
+    /// KV-cache positions for all sequences.
+    pub kv_budget: usize,
+}
+
+impl Limits {
+    /// The limits of `config` for a model with `ctx` positions per sequence and
+    /// `bytes_per_token` of KV cache per position.
+    pub fn new(config: &EngineConfig, ctx: usize, bytes_per_token: usize) -> Self {
+        let max_seqs = config.max_seqs.max(1);
+        let default_budget = || {
+            let by_memory = DEFAULT_KV_CACHE_BYTES / bytes_per_token.max(1);
+            max_seqs.saturating_mul(ctx).min(by_memory.max(ctx))
+        };
+        Limits {
+            max_seqs,
+            prefill_chunk: config.prefill_chunk.max(1),
+            prefill_chunk_running: config
+                .prefill_chunk_running
+                .clamp(1, config.prefill_chunk.max(1)),
+            ctx,
+            kv_budget: config.kv_cache_tokens.unwrap_or_else(default_budget).max(1),
+        }
+    }
+
+    /// Token rows one engine step runs at most: one decode token of every sequence plus a
+    /// prompt chunk.
+    pub fn step_rows(&self) -> usize {
+        self.max_seqs + self.prefill_chunk
+    }
+
+    /// KV positions a request reserves while it runs: its prompt plus `max_tokens`, capped
+    /// at the context.
+    pub fn reservation(&self, prompt_len: usize, max_tokens: usize) -> usize {
+        (prompt_len + max_tokens).min(self.ctx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_kv_budget_is_max_seqs_contexts_capped_by_memory() {
+        let config = EngineConfig {
+            max_seqs: 4,
+            ..EngineConfig::default()
+        };
+        assert_eq!(Limits::new(&config, 100, 64).kv_budget, 400);
+        // 2 GiB at 1 MiB per position holds 2048 positions, fewer than 4 contexts of 1000.
+        assert_eq!(Limits::new(&config, 1000, 1 << 20).kv_budget, 2048);
+        // But never less than one context.
+        assert_eq!(Limits::new(&config, 4096, 1 << 30).kv_budget, 4096);
+    }
+
+    #[test]
+    fn running_chunk_is_at_most_the_chunk() {
+        let config = EngineConfig {
+            prefill_chunk: 16,
+            prefill_chunk_running: 64,
+            kv_cache_tokens: Some(0),
+            ..EngineConfig::default()
+        };
+        let l = Limits::new(&config, 128, 1);
+        assert_eq!(l.prefill_chunk_running, 16);
+        assert_eq!(l.kv_budget, 1);
+        assert_eq!(l.step_rows(), 8 + 16);
+        assert_eq!(l.reservation(100, 50), 128);
+        assert_eq!(l.reservation(10, 5), 15);
+    }
+}

@@ -1,0 +1,238 @@
+//! Loading a model to run: a GGUF file or a built-in synthetic model, on a named backend
+//! stack, with its tokenizer, chat template and context window. The one loader behind
+//! `serve` (where it runs on the engine thread), `generate`, `logits`, `bench` and
+//! `loadtest`, so they share their defaults.
+
+use crate::backend::{create_backend, BackendOptions, KvType};
+use crate::gguf::GgufFile;
+use crate::model::synth::{self, SynthSpec};
+use crate::model::Model;
+use crate::tensor::GgmlType;
+use crate::tokenizer::{ChatTemplate, Tokenizer};
+use std::path::Path;
+use std::sync::Arc;
+
+/// What `GetModelInfo` says of a built-in synthetic model.
+pub const DEMO_NOTE: &str = "a built-in demo model with random weights: its output is random \
+    text, not language (serve a real model with --model PATH)";
+
+/// The context window when none is asked for, if the model's is larger.
+pub const DEFAULT_CTX: usize = 4096;
+
+/// Token rows of a single-sequence [`crate::model::State`]: the most prompt tokens one of
+/// its forward calls runs.
+pub const STATE_ROWS: usize = 512;
+
+/// How to run the model.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub backend: String,
+    /// Worker threads of the multi-threaded backends (0 = the machine's default).
+    pub threads: usize,
+    /// Context window; `None` takes the model's, capped at [`DEFAULT_CTX`].
+    pub ctx_size: Option<usize>,
+    /// A TRACE span around every operation of every step (kernel spans).
+    pub tracing: bool,
+    /// What the KV cache stores keys and values as; `None` takes the model's default (F32
+    /// for an F32 model, else F16).
+    pub cache_type_k: Option<KvType>,
+    pub cache_type_v: Option<KvType>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            backend: "pool".into(),
+            threads: 0,
+            ctx_size: None,
+            tracing: true,
+            cache_type_k: None,
+            cache_type_v: None,
+        }
+    }
+}
+
+/// How the loaded model is described to clients.
+#[derive(Clone, Debug, Default)]
+pub struct ModelDescription {
+    pub name: String,
+    pub backend: String,
+    pub threads: usize,
+    pub demo: bool,
+}
+
+/// A loaded model and everything needed to run requests on it.
+pub struct EngineAssets {
+    pub model: Model,
+    pub tokenizer: Arc<Tokenizer>,
+    pub chat_template: Arc<ChatTemplate>,
+    /// Positions one sequence may hold (prompt plus completion).
+    pub ctx_size: usize,
+    /// Token rows for a single-sequence [`crate::model::State`] ([`STATE_ROWS`]; the engine
+    /// itself runs [`super::EngineConfig::prefill_chunk`] prompt tokens per step).
+    pub state_rows: usize,
+    pub description: ModelDescription,
+}
+
+/// A model loaded on a backend, with the threads that backend runs on.
+pub struct LoadedModel {
+    pub model: Model,
+    pub threads: usize,
+}
+
+/// Builds the backend stack `opts` names and loads the model's weights onto it.
+pub fn load_model(gguf: &GgufFile, name: &str, opts: &LoadOptions) -> Result<LoadedModel, String> {
+    let backend = create_backend(
+        &opts.backend,
+        &BackendOptions {
+            threads: opts.threads,
+            tracing: opts.tracing,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let mut model =
+        Model::load(gguf, backend).map_err(|e| format!("cannot load model {name}: {e}"))?;
+    let (k, v) = model.kv_types();
+    model
+        .set_kv_types((
+            opts.cache_type_k.unwrap_or(k),
+            opts.cache_type_v.unwrap_or(v),
+        ))
+        .map_err(|e| format!("cannot use that KV cache type for {name}: {e}"))?;
+    let threads = model.device().threads();
+    Ok(LoadedModel { model, threads })
+}
+
+/// The context window for a model of `model_ctx` positions: the one asked for, or
+/// [`DEFAULT_CTX`], within the model's; at least 2, room for a prompt token and one more.
+pub fn context_window(asked: Option<usize>, model_ctx: usize) -> usize {
+    asked.unwrap_or(DEFAULT_CTX).min(model_ctx).max(2)
+}
+
+/// Loads everything a generation needs from an opened GGUF file.
+pub fn assets_from_gguf(
+    gguf: &GgufFile,
+    name: &str,
+    demo: bool,
+    opts: &LoadOptions,
+) -> Result<EngineAssets, String> {
+    let LoadedModel { model, threads } = load_model(gguf, name, opts)?;
+    let tokenizer = Tokenizer::from_gguf(gguf)
+        .map_err(|e| format!("cannot load the tokenizer of {name}: {e}"))?;
+    let chat_template = ChatTemplate::from_gguf(gguf)
+        .map_err(|e| format!("cannot load the chat template of {name}: {e}"))?
+        .unwrap_or_else(ChatTemplate::chatml);
+    let ctx_size = context_window(opts.ctx_size, model.config.context_length);
+    Ok(EngineAssets {
+        model,
+        tokenizer: Arc::new(tokenizer),
+        chat_template: Arc::new(chat_template),
+        ctx_size,
+        state_rows: STATE_ROWS,
+        description: ModelDescription {
+            name: name.to_string(),
+            backend: opts.backend.clone(),
+            threads,
+            demo,
+        },
+    })
+}
+
+/// Opens a GGUF model file.
+pub fn open_file(path: &Path) -> Result<GgufFile, String> {
+    GgufFile::open(path).map_err(|e| format!("cannot load model {}: {e}", path.display()))
+}
+
+/// Loads a GGUF model file.
+pub fn file_assets(path: &Path, opts: &LoadOptions) -> Result<EngineAssets, String> {
+    let gguf = open_file(path)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
+    assets_from_gguf(&gguf, &name, false, opts)
+}
+
+/// Generates a synthetic random-weight model (`demo` or `0.6b`, Q8_0) in memory.
+pub fn synthetic_assets(preset: &str, opts: &LoadOptions) -> Result<EngineAssets, String> {
+    let spec = SynthSpec::preset(preset, GgmlType::Q8_0).ok_or_else(|| {
+        format!(
+            "unknown synthetic model {preset:?} (known: {})",
+            synth::PRESETS.join(", ")
+        )
+    })?;
+    let bytes = synth::build(&spec)
+        .map_err(|e| format!("cannot build the {preset} model: {e}"))?
+        .to_bytes();
+    let gguf =
+        GgufFile::from_bytes(bytes).map_err(|e| format!("cannot read the {preset} model: {e}"))?;
+    assets_from_gguf(&gguf, preset, true, opts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_window_defaults_and_clamps() {
+        assert_eq!(context_window(None, 32768), DEFAULT_CTX);
+        assert_eq!(context_window(None, 128), 128);
+        assert_eq!(context_window(Some(64), 128), 64);
+        assert_eq!(context_window(Some(1000), 128), 128);
+        assert_eq!(context_window(Some(0), 128), 2);
+    }
+
+    #[test]
+    fn single_threaded_backends_report_one_thread() {
+        let gguf = GgufFile::from_bytes(
+            synth::build(&SynthSpec::preset("demo", GgmlType::Q8_0).unwrap())
+                .unwrap()
+                .to_bytes(),
+        )
+        .unwrap();
+        let threads = |backend: &str, threads| {
+            let opts = LoadOptions {
+                backend: backend.into(),
+                threads,
+                ..LoadOptions::default()
+            };
+            load_model(&gguf, "demo", &opts).unwrap().threads
+        };
+        assert_eq!(threads("scalar", 8), 1);
+        assert_eq!(threads("simd", 0), 1);
+        assert_eq!(threads("pool", 3), 3);
+        assert_eq!(
+            threads("parallel", 0),
+            crate::backend::threadpool::default_threads()
+        );
+    }
+
+    #[test]
+    fn kv_cache_types_follow_the_options() {
+        let gguf = GgufFile::from_bytes(
+            synth::build(&SynthSpec::preset("demo", GgmlType::Q8_0).unwrap())
+                .unwrap()
+                .to_bytes(),
+        )
+        .unwrap();
+        let load = |k, v| {
+            let opts = LoadOptions {
+                backend: "simd".into(),
+                cache_type_k: k,
+                cache_type_v: v,
+                ..LoadOptions::default()
+            };
+            load_model(&gguf, "demo", &opts).map(|m| m.model.kv_types())
+        };
+        // A Q8_0 model defaults to F16 caches; either half can be changed alone.
+        assert_eq!(load(None, None).unwrap(), (KvType::F16, KvType::F16));
+        assert_eq!(
+            load(Some(KvType::Q8_0), None).unwrap(),
+            (KvType::Q8_0, KvType::F16)
+        );
+        assert_eq!(
+            load(None, Some(KvType::F32)).unwrap(),
+            (KvType::F16, KvType::F32)
+        );
+    }
+}

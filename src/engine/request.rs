@@ -1,0 +1,356 @@
+//! Building a request: its parameters checked, its prompt rendered (chat template) and
+//! tokenized (BOS, special tokens), then checked against the context window and the KV
+//! budget, with `max_tokens` resolved. The service builds each Generate call with
+//! [`Served::build`]; the command line uses [`prompt_tokens`] and [`check_context`] for its
+//! single sequence.
+//!
+//! Also what request handlers see of the engine: its [`EngineState`] and, once the model
+//! is loaded, [`Served`] (the tokenizer side and the limits, never the model itself).
+
+use super::generate::GenerateOptions;
+use super::job::MAX_LOGPROBS;
+use super::limits::Limits;
+use super::loader::ModelDescription;
+use crate::model::ModelConfig;
+use crate::sampling::{SamplingError, SamplingParams};
+use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Roles a chat message may have.
+pub const ROLES: &[&str] = &["system", "user", "assistant", "tool"];
+/// Limits on the parts of a request that are not bounded by the context window.
+pub const MAX_STOP_STRINGS: usize = 16;
+pub const MAX_STOP_BYTES: usize = 256;
+
+/// A generation request as a client states it, before it is built.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Prompt,
+    /// `None`: the server's default, shortened to what fits.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    pub time_limit: Option<Duration>,
+    /// Alternatives to report per token (0 = no logprobs).
+    pub logprobs: usize,
+}
+
+/// A request's prompt before tokenization.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    /// Plain text. With `parse_special`, special-token text such as `<|im_start|>` becomes
+    /// those tokens; without, it is ordinary text.
+    Text { text: String, parse_special: bool },
+    /// Chat messages, rendered with the model's template and an assistant turn opened.
+    Chat {
+        messages: Vec<ChatMessage>,
+        /// For templates that honour it (Qwen3): `Some(false)` asks for no thinking section.
+        enable_thinking: Option<bool>,
+    },
+}
+
+/// Why a request cannot be built; each is the client's doing.
+#[derive(Debug, PartialEq, thiserror::Error)]
+pub enum RequestError {
+    #[error("max_tokens must be at least 1")]
+    NoMaxTokens,
+    #[error("logprobs is {0} but at most {MAX_LOGPROBS} alternatives may be asked for")]
+    TooManyLogprobs(usize),
+    #[error("{0} stop strings given; at most {MAX_STOP_STRINGS} are allowed")]
+    TooManyStops(usize),
+    #[error("stop strings must be 1 to {MAX_STOP_BYTES} bytes long (got {0} bytes)")]
+    StopLength(usize),
+    #[error("sampling: {0}")]
+    Sampling(#[from] SamplingError),
+    #[error("unknown role {role:?} in messages[{index}] (expected one of: {})", ROLES.join(", "))]
+    UnknownRole { index: usize, role: String },
+    #[error("cannot render the chat template: {0}")]
+    Template(String),
+    #[error("cannot tokenize the prompt: {0}")]
+    Tokenize(String),
+    #[error("the prompt is empty after tokenization")]
+    Empty,
+    #[error("the prompt has {prompt} tokens but the context window holds {ctx}")]
+    PromptExceedsContext { prompt: usize, ctx: usize },
+    #[error(
+        "the prompt has {prompt} tokens but the server's KV cache holds {kv} (--kv-cache-tokens)"
+    )]
+    PromptExceedsKvCache { prompt: usize, kv: usize },
+    #[error(
+        "the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) exceeds the context \
+         window ({ctx} tokens)"
+    )]
+    ExceedsContext {
+        prompt: usize,
+        max_tokens: usize,
+        ctx: usize,
+    },
+    #[error(
+        "the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) exceeds the server's KV \
+         cache ({kv} tokens, --kv-cache-tokens)"
+    )]
+    ExceedsKvCache {
+        prompt: usize,
+        max_tokens: usize,
+        kv: usize,
+    },
+}
+
+/// The prompt's tokens: BOS where the tokenizer adds one, then the text (or the rendered
+/// chat) encoded. Never empty.
+pub fn prompt_tokens(
+    tokenizer: &Tokenizer,
+    chat_template: &ChatTemplate,
+    prompt: &Prompt,
+) -> Result<Vec<u32>, RequestError> {
+    let rendered;
+    let (text, parse_special) = match prompt {
+        Prompt::Text {
+            text,
+            parse_special,
+        } => (text.as_str(), *parse_special),
+        Prompt::Chat {
+            messages,
+            enable_thinking,
+        } => {
+            if let Some((index, m)) = messages
+                .iter()
+                .enumerate()
+                .find(|(_, m)| !ROLES.contains(&m.role.as_str()))
+            {
+                return Err(RequestError::UnknownRole {
+                    index,
+                    role: m.role.clone(),
+                });
+            }
+            rendered = chat_template
+                .render(messages, true, *enable_thinking)
+                .map_err(|e| RequestError::Template(e.to_string()))?;
+            // The template writes the special tokens that delimit the turns.
+            (rendered.as_str(), true)
+        }
+    };
+    let mut tokens = Vec::new();
+    if tokenizer.add_bos() {
+        tokens.extend(tokenizer.bos_id());
+    }
+    tokens.extend(
+        tokenizer
+            .encode(text, parse_special)
+            .map_err(|e| RequestError::Tokenize(e.to_string()))?,
+    );
+    if tokens.is_empty() {
+        return Err(RequestError::Empty);
+    }
+    Ok(tokens)
+}
+
+/// Whether a prompt of `prompt_len` tokens leaves room for a generated token in a context
+/// of `ctx` positions.
+pub fn check_context(prompt_len: usize, ctx: usize) -> Result<(), RequestError> {
+    if prompt_len >= ctx {
+        return Err(RequestError::PromptExceedsContext {
+            prompt: prompt_len,
+            ctx,
+        });
+    }
+    Ok(())
+}
+
+/// A request ready for the queue: its prompt tokens and how to generate.
+#[derive(Clone, Debug)]
+pub struct Built {
+    pub prompt: Vec<u32>,
+    pub options: GenerateOptions,
+    pub logprobs: usize,
+}
+
+/// What the request handlers may use once the model is loaded: the tokenizer side, the
+/// model's hyper-parameters and the engine's limits, never the model itself.
+pub struct Served {
+    pub tokenizer: Arc<Tokenizer>,
+    pub chat_template: Arc<ChatTemplate>,
+    pub config: ModelConfig,
+    pub quantization: String,
+    pub description: ModelDescription,
+    /// `limits.ctx` is the context window each sequence has.
+    pub limits: Limits,
+}
+
+impl Served {
+    /// Checks a request's parameters, tokenizes its prompt and resolves its `max_tokens`
+    /// (`None`: `default_max_tokens`, shortened to what fits), refusing what cannot run: a
+    /// prompt that fills the context window or the KV budget, or `max_tokens` that would
+    /// overflow either. A running request reserves its prompt plus `max_tokens` of the
+    /// shared KV cache.
+    pub fn build(&self, req: Request, default_max_tokens: usize) -> Result<Built, RequestError> {
+        check_parameters(&req)?;
+        let tokens = prompt_tokens(&self.tokenizer, &self.chat_template, &req.prompt)?;
+        let max_tokens = resolve_max_tokens(
+            &self.limits,
+            tokens.len(),
+            req.max_tokens,
+            default_max_tokens,
+        )?;
+        Ok(Built {
+            prompt: tokens,
+            options: GenerateOptions {
+                max_tokens,
+                sampling: req.sampling,
+                stop: req.stop,
+                ignore_eos: req.ignore_eos,
+                time_limit: req.time_limit,
+            },
+            logprobs: req.logprobs,
+        })
+    }
+}
+
+/// The checks on a request's parameters that need no tokenizer.
+fn check_parameters(req: &Request) -> Result<(), RequestError> {
+    if req.max_tokens == Some(0) {
+        return Err(RequestError::NoMaxTokens);
+    }
+    if req.logprobs > MAX_LOGPROBS {
+        return Err(RequestError::TooManyLogprobs(req.logprobs));
+    }
+    if req.stop.len() > MAX_STOP_STRINGS {
+        return Err(RequestError::TooManyStops(req.stop.len()));
+    }
+    if let Some(s) = req
+        .stop
+        .iter()
+        .find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
+    {
+        return Err(RequestError::StopLength(s.len()));
+    }
+    req.sampling.validate()?;
+    Ok(())
+}
+
+/// The KV-budget arithmetic of [`Served::build`].
+fn resolve_max_tokens(
+    limits: &Limits,
+    prompt: usize,
+    max_tokens: Option<usize>,
+    default_max_tokens: usize,
+) -> Result<usize, RequestError> {
+    let (ctx, kv) = (limits.ctx, limits.kv_budget);
+    check_context(prompt, ctx)?;
+    if prompt >= kv {
+        return Err(RequestError::PromptExceedsKvCache { prompt, kv });
+    }
+    let room = ctx.min(kv) - prompt;
+    match max_tokens {
+        Some(n) if prompt + n > ctx => Err(RequestError::ExceedsContext {
+            prompt,
+            max_tokens: n,
+            ctx,
+        }),
+        Some(n) if n > room => Err(RequestError::ExceedsKvCache {
+            prompt,
+            max_tokens: n,
+            kv,
+        }),
+        Some(n) => Ok(n),
+        None => Ok(default_max_tokens.min(room)),
+    }
+}
+
+/// The engine's life cycle as the handlers see it.
+#[derive(Clone)]
+pub enum EngineState {
+    Loading,
+    Ready(Arc<Served>),
+    Failed(Arc<str>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(ctx: usize, kv_budget: usize) -> Limits {
+        Limits {
+            max_seqs: 1,
+            prefill_chunk: 1,
+            prefill_chunk_running: 1,
+            ctx,
+            kv_budget,
+        }
+    }
+
+    fn request() -> Request {
+        Request {
+            prompt: Prompt::Text {
+                text: "hi".into(),
+                parse_special: true,
+            },
+            max_tokens: None,
+            sampling: SamplingParams::default(),
+            stop: vec!["\n".into()],
+            ignore_eos: false,
+            time_limit: None,
+            logprobs: MAX_LOGPROBS,
+        }
+    }
+
+    #[test]
+    fn parameters_are_checked_before_tokenizing() {
+        assert_eq!(check_parameters(&request()), Ok(()));
+        let bad = |f: fn(&mut Request)| {
+            let mut r = request();
+            f(&mut r);
+            check_parameters(&r).unwrap_err()
+        };
+        assert_eq!(bad(|r| r.max_tokens = Some(0)), RequestError::NoMaxTokens);
+        assert_eq!(
+            bad(|r| r.logprobs = MAX_LOGPROBS + 1),
+            RequestError::TooManyLogprobs(MAX_LOGPROBS + 1)
+        );
+        assert_eq!(
+            bad(|r| r.stop = vec!["x".into(); MAX_STOP_STRINGS + 1]),
+            RequestError::TooManyStops(MAX_STOP_STRINGS + 1)
+        );
+        assert_eq!(
+            bad(|r| r.stop = vec![String::new()]),
+            RequestError::StopLength(0)
+        );
+        assert_eq!(
+            bad(|r| r.stop = vec!["x".repeat(MAX_STOP_BYTES + 1)]),
+            RequestError::StopLength(MAX_STOP_BYTES + 1)
+        );
+        assert!(matches!(
+            bad(|r| r.sampling.top_p = 1.5),
+            RequestError::Sampling(_)
+        ));
+    }
+
+    #[test]
+    fn max_tokens_fit_the_context_and_the_kv_budget() {
+        let l = limits(100, 60);
+        assert_eq!(resolve_max_tokens(&l, 10, Some(50), 256), Ok(50));
+        assert_eq!(resolve_max_tokens(&l, 10, None, 256), Ok(50));
+        assert_eq!(resolve_max_tokens(&l, 10, None, 20), Ok(20));
+        assert!(matches!(
+            resolve_max_tokens(&l, 10, Some(51), 256),
+            Err(RequestError::ExceedsKvCache { .. })
+        ));
+        assert!(matches!(
+            resolve_max_tokens(&limits(100, 500), 10, Some(91), 256),
+            Err(RequestError::ExceedsContext { .. })
+        ));
+        assert!(matches!(
+            resolve_max_tokens(&l, 60, None, 256),
+            Err(RequestError::PromptExceedsKvCache { prompt: 60, kv: 60 })
+        ));
+        assert_eq!(
+            resolve_max_tokens(&l, 100, None, 256),
+            Err(RequestError::PromptExceedsContext {
+                prompt: 100,
+                ctx: 100
+            })
+        );
+    }
+}

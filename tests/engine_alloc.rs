@@ -1,0 +1,123 @@
+//! The engine thread's loop allocates, per step, only for what it streams: once every
+//! sequence decodes, a step allocates each token's decoded piece and sent text and the
+//! channels' occasional blocks, nothing that grows with the step count.
+//! Counted on the engine thread between consecutive steps (the observer's `step` call), so
+//! admission, planning, the forward pass, sampling and streaming are all inside.
+
+mod alloc_counter;
+
+use inferno::engine::loader::{synthetic_assets, LoadOptions};
+use inferno::engine::{Engine, EngineConfig, Event, GenerateOptions, Job, Observer};
+use inferno::sampling::SamplingParams;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+#[global_allocator]
+static GLOBAL: alloc_counter::Counting = alloc_counter::Counting;
+
+const STEPS: usize = 64;
+const SEQS: usize = 4;
+
+/// Allocations between one step and the next, per step, in fixed storage (recording must
+/// not allocate on the thread it counts).
+struct PerStep {
+    steps: AtomicUsize,
+    allocs: [AtomicUsize; STEPS + 8],
+    decode_rows: [AtomicUsize; STEPS + 8],
+}
+
+impl Observer for PerStep {
+    fn step(&self, _batch_size: usize, decode_rows: usize, _prefill_rows: usize) {
+        let i = self.steps.fetch_add(1, Ordering::SeqCst);
+        if i == 0 {
+            alloc_counter::start();
+        } else if i <= self.allocs.len() {
+            self.allocs[i - 1].store(alloc_counter::take(), Ordering::SeqCst);
+        }
+        if i < self.decode_rows.len() {
+            self.decode_rows[i].store(decode_rows, Ordering::SeqCst);
+        }
+    }
+}
+
+#[test]
+fn a_decoding_step_allocates_only_what_it_streams() {
+    let obs = Arc::new(PerStep {
+        steps: AtomicUsize::new(0),
+        allocs: std::array::from_fn(|_| AtomicUsize::new(0)),
+        decode_rows: std::array::from_fn(|_| AtomicUsize::new(0)),
+    });
+    let config = EngineConfig {
+        max_seqs: SEQS,
+        ..EngineConfig::default()
+    };
+    let opts = LoadOptions {
+        backend: "simd".into(),
+        ..LoadOptions::default()
+    };
+    let engine = Engine::start(
+        config,
+        move || synthetic_assets("demo", &opts),
+        Arc::clone(&obs) as Arc<dyn Observer>,
+    )
+    .unwrap();
+    while matches!(engine.state(), inferno::engine::EngineState::Loading) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mut rxs = Vec::new();
+    for s in 0..SEQS as u32 {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let opts = GenerateOptions {
+            max_tokens: STEPS,
+            sampling: SamplingParams::greedy(),
+            stop: vec![],
+            ignore_eos: true,
+            time_limit: None,
+        };
+        let prompt = vec![72 + s, 101, 108, 108, 111];
+        engine
+            .submit(Job::new(format!("seq-{s}"), prompt, opts, tx))
+            .unwrap();
+        rxs.push(rx);
+    }
+    // What each step streamed: tokens with text (each a `String`).
+    let mut texts = vec![0usize; STEPS + 1];
+    for rx in &mut rxs {
+        while let Some(ev) = rx.blocking_recv() {
+            match ev {
+                Event::Token(t) if !t.text.is_empty() => texts[t.index] += 1,
+                Event::Token(_) => {}
+                Event::Done(d) => assert!(d.finish_reason.is_some()),
+                Event::Failed(e) => panic!("{e}"),
+            }
+        }
+    }
+    engine.join();
+    let steps = obs.steps.load(Ordering::SeqCst);
+    assert!(steps >= STEPS, "{steps} steps");
+    // Steps where every sequence decodes, away from the start (admission, prefill) and the
+    // end (finishing sequences allocate their results).
+    let steady: Vec<usize> = (0..steps.min(obs.allocs.len()))
+        .filter(|&i| i > 4 && i + 4 < STEPS)
+        .filter(|&i| obs.decode_rows[i].load(Ordering::SeqCst) == SEQS)
+        .collect();
+    assert!(steady.len() > STEPS / 2, "{steady:?}");
+    let allocs: Vec<usize> = steady
+        .iter()
+        .map(|&i| obs.allocs[i].load(Ordering::SeqCst))
+        .collect();
+    let total: usize = allocs.iter().sum();
+    // Per token: its decoded piece and the text sent (a `String` each), and each channel
+    // allocates a block every 32 messages.
+    let per_step = 2 * SEQS;
+    let blocks = SEQS * (STEPS / 32 + 1);
+    eprintln!("allocations per steady step: {allocs:?}");
+    assert!(
+        total <= per_step * allocs.len() + blocks,
+        "{total} allocations in {} steady steps: {allocs:?}",
+        allocs.len()
+    );
+    assert!(allocs.iter().all(|&n| n <= per_step + SEQS), "{allocs:?}");
+    // The tokens really carried text (so the bound above counts real strings).
+    assert!(texts.iter().sum::<usize>() > SEQS * STEPS / 2, "{texts:?}");
+}
