@@ -325,7 +325,17 @@ fn long_commands_draw_no_progress_off_a_terminal() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stderr(&o), "", "bench wrote to stderr");
     let table = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(table.lines().count(), 2 + 4, "{table}");
+    assert_eq!(
+        table.lines().filter(|l| l.starts_with('|')).count(),
+        2 + 4,
+        "{table}"
+    );
+    // Under the table: the KV cache's type and size, and the resident memory.
+    assert!(
+        table.contains("KV cache f16/f16, 26.00 KiB per sequence of 13 positions")
+            && table.contains("resident memory after load"),
+        "{table}"
+    );
     // A small model's size keeps its digits.
     assert!(
         table.contains(" MiB |") && !table.contains("0.00 GiB"),
