@@ -9,6 +9,7 @@
 
 use super::gpu::GpuKv;
 use crate::tensor::q8_0;
+use half::slice::HalfBitsSliceExt;
 use half::f16;
 
 /// The element type of a KV cache's keys or values.
@@ -127,10 +128,12 @@ impl<'a> KvRows<'a> {
     }
 }
 
-/// One layer's keys or values in host memory, `[n_kv_heads][capacity]` rows.
+/// One layer's keys or values in host memory, `[n_kv_heads][capacity]` rows. Every variant
+/// is allocated zeroed (F16 as its bit patterns), so the pages of positions not yet written
+/// are not resident.
 enum HostRows {
     F32(Vec<f32>),
-    F16(Vec<f16>),
+    F16(Vec<u16>),
     Q8_0(Vec<u8>),
 }
 
@@ -138,7 +141,7 @@ impl HostRows {
     fn new(kind: KvType, rows: usize, hd: usize) -> Self {
         match kind {
             KvType::F32 => HostRows::F32(vec![0.0; rows * hd]),
-            KvType::F16 => HostRows::F16(vec![f16::ZERO; rows * hd]),
+            KvType::F16 => HostRows::F16(vec![0; rows * hd]),
             KvType::Q8_0 => HostRows::Q8_0(vec![0; rows * kind.row_bytes(hd)]),
         }
     }
@@ -146,7 +149,7 @@ impl HostRows {
     fn view(&self) -> KvRows<'_> {
         match self {
             HostRows::F32(v) => KvRows::F32(v),
-            HostRows::F16(v) => KvRows::F16(v),
+            HostRows::F16(v) => KvRows::F16(v.reinterpret_cast()),
             HostRows::Q8_0(v) => KvRows::Q8_0(v),
         }
     }
@@ -157,7 +160,7 @@ impl HostRows {
             HostRows::F32(v) => v[r * hd..(r + 1) * hd].copy_from_slice(x),
             HostRows::F16(v) => {
                 for (o, &x) in v[r * hd..(r + 1) * hd].iter_mut().zip(x) {
-                    *o = f16::from_f32(x);
+                    *o = f16::from_f32(x).to_bits();
                 }
             }
             HostRows::Q8_0(v) => {
