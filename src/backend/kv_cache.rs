@@ -9,8 +9,8 @@
 
 use super::gpu::GpuKv;
 use crate::tensor::q8_0;
-use half::slice::HalfBitsSliceExt;
 use half::f16;
+use half::slice::HalfBitsSliceExt;
 
 /// The element type of a KV cache's keys or values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -536,6 +536,8 @@ const CHUNK: usize = 32;
 /// How an attention kernel reads 8 consecutive values of a cached key or value row in its
 /// stored type, widened exactly to f32 (the values the scalar reference reads).
 trait KvLoad {
+    /// Whether rows are plain f32 (read as they are, never widened).
+    const IS_F32: bool = false;
     /// Bytes of one row of `hd` values.
     fn row_bytes(hd: usize) -> usize;
     /// Values `i .. i + 8` of the row at `row` (`i` a multiple of 8).
@@ -550,6 +552,7 @@ struct F16Rows;
 struct Q8Rows;
 
 impl KvLoad for F32Rows {
+    const IS_F32: bool = true;
     #[inline(always)]
     fn row_bytes(hd: usize) -> usize {
         hd * 4
@@ -720,6 +723,123 @@ pub struct AttnRow {
 /// `k` and `v` point to at least the largest `kv_len` rows of `head_dim` values in the types
 /// `K` and `V` read; each row's `q` and `out` point to `head_dim` floats, the outputs
 /// distinct and written by no one else during the call.
+/// One chunk of keys and values (rows `c0 ..` of the KV head, starting at `kc` and `vc`, as
+/// `K` and `V` read them) for one query row: its scores, the new running max, the
+/// rescaling of its running sums, then exponentials and the weighted values.
+///
+/// # Safety
+/// As for [`attend_rows`]; the chunk holds at least `min(CHUNK, row.kv_len - c0)` rows.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn row_chunk<K: KvLoad, V: KvLoad>(
+    s: &AttentionShape,
+    row: &AttnRow,
+    c0: usize,
+    kc: *const u8,
+    vc: *const u8,
+    ph: &mut [f32; CHUNK],
+    max: &mut f32,
+    denom: &mut f32,
+) {
+    let hd = s.head_dim;
+    let (krb, vrb) = (K::row_bytes(hd), V::row_bytes(hd));
+    let cl = CHUNK.min(row.kv_len - c0);
+    // Four keys at a time share each load of the query; every key's sum is formed
+    // exactly as alone.
+    let mut j = 0;
+    while j + 4 <= cl {
+        // SAFETY: keys c0+j..c0+j+4 < the row's kv_len.
+        let sc = unsafe { score_keys::<K, 4>(row.q, kc.add(j * krb), hd) };
+        for (pj, v) in ph[j..j + 4].iter_mut().zip(sc) {
+            *pj = v * s.scale;
+        }
+        j += 4;
+    }
+    while j < cl {
+        // SAFETY: key c0+j < the row's kv_len.
+        let key = kc.add(j * krb);
+        ph[j] = unsafe { score_keys::<K, 1>(row.q, key, hd)[0] } * s.scale;
+        j += 1;
+    }
+    let cmax = ph[..cl].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let new_max = max.max(cmax);
+    let corr = if *max == f32::NEG_INFINITY {
+        0.0
+    } else {
+        let e = exp256(_mm256_set1_ps(*max - new_max));
+        _mm_cvtss_f32(_mm256_castps256_ps128(e))
+    };
+    *max = new_max;
+    let nm = _mm256_set1_ps(new_max);
+    let mut j = 0;
+    let mut sum = _mm256_setzero_ps();
+    // SAFETY: j + 8 <= cl <= CHUNK.
+    unsafe {
+        while j + 8 <= cl {
+            let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(ph.as_ptr().add(j)), nm));
+            _mm256_storeu_ps(ph.as_mut_ptr().add(j), e);
+            sum = _mm256_add_ps(sum, e);
+            j += 8;
+        }
+    }
+    let mut psum = hsum(sum);
+    for pj in &mut ph[j..cl] {
+        let e = exp256(_mm256_set1_ps(*pj - new_max));
+        *pj = _mm_cvtss_f32(_mm256_castps256_ps128(e));
+        psum += *pj;
+    }
+    *denom = *denom * corr + psum;
+    let cv = _mm256_set1_ps(corr);
+    let mut d = 0;
+    // SAFETY: the row's output has hd floats; value rows c0+j < its kv_len.
+    unsafe {
+        let orow = row.out;
+        // Eight accumulators where the head has room: eight FMA chains in flight
+        // over the chunk's keys rather than four.
+        while d + 64 <= hd {
+            weigh_values::<V, 8>(orow.add(d), cv, &ph[..cl], vc, d, hd);
+            d += 64;
+        }
+        while d + 32 <= hd {
+            weigh_values::<V, 4>(orow.add(d), cv, &ph[..cl], vc, d, hd);
+            d += 32;
+        }
+        while d < hd {
+            let mut a = _mm256_mul_ps(_mm256_loadu_ps(orow.add(d)), cv);
+            for (j, &pj) in ph.iter().enumerate().take(cl) {
+                let vr = vc.add(j * vrb);
+                a = _mm256_fmadd_ps(_mm256_set1_ps(pj), V::load8(vr, d), a);
+            }
+            _mm256_storeu_ps(orow.add(d), a);
+            d += 8;
+        }
+    }
+}
+
+/// Heads up to which a chunk of F16 or Q8_0 keys and values is widened once into f32 on the
+/// stack (32 KiB each), so the rows sharing the chunk read plain floats instead of each
+/// converting it again. The widened values are exactly what the loaders produce.
+const WIDEN_MAX_HD: usize = 256;
+
+/// Rows `0..n` of `hd` values at `src` (read by `L`) as f32 rows at `dst`.
+///
+/// # Safety
+/// AVX2, FMA and F16C present; `src` holds `n` rows; `dst` has room for `n * hd` floats.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_rows<L: KvLoad>(src: *const u8, n: usize, hd: usize, dst: *mut f32) {
+    let rb = L::row_bytes(hd);
+    for r in 0..n {
+        let mut i = 0;
+        while i < hd {
+            // SAFETY: the caller's promise; i + 8 <= hd (hd is a multiple of 8).
+            unsafe { _mm256_storeu_ps(dst.add(r * hd + i), L::load8(src.add(r * rb), i)) };
+            i += 8;
+        }
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
     s: &AttentionShape,
@@ -737,85 +857,45 @@ unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
         // SAFETY: each output row is `hd` floats of the caller's.
         unsafe { std::ptr::write_bytes(r.out, 0, hd) };
     }
-    let (kp, vp) = (k, v); // key and value rows of the KV head
     let (krb, vrb) = (K::row_bytes(hd), V::row_bytes(hd));
+    let widen = !(K::IS_F32 && V::IS_F32) && hd <= WIDEN_MAX_HD;
+    let mut kbuf = [std::mem::MaybeUninit::<f32>::uninit(); CHUNK * WIDEN_MAX_HD];
+    let mut vbuf = [std::mem::MaybeUninit::<f32>::uninit(); CHUNK * WIDEN_MAX_HD];
     let mut c0 = 0;
     while c0 < kv_max {
-        for (h, row) in rows.iter().enumerate() {
-            if row.kv_len <= c0 {
-                continue;
-            }
-            let cl = CHUNK.min(row.kv_len - c0);
-            let ph = &mut p[h];
-            // Four keys at a time share each load of the query; every key's sum is formed
-            // exactly as alone.
-            let mut j = 0;
-            while j + 4 <= cl {
-                // SAFETY: keys c0+j..c0+j+4 < the row's kv_len.
-                let sc = unsafe { score_keys::<K, 4>(row.q, kp.add((c0 + j) * krb), hd) };
-                for (pj, v) in ph[j..j + 4].iter_mut().zip(sc) {
-                    *pj = v * s.scale;
+        // SAFETY (whole loop): chunk rows c0 .. c0 + n < kv_max are inside `k` and `v`; each
+        // row's use of them is covered by `row_chunk`'s contract.
+        unsafe {
+            let (kc, vc) = (k.add(c0 * krb), v.add(c0 * vrb));
+            if widen {
+                let n = CHUNK.min(kv_max - c0);
+                let kw: *const u8 = if K::IS_F32 {
+                    kc
+                } else {
+                    widen_rows::<K>(kc, n, hd, kbuf.as_mut_ptr().cast());
+                    kbuf.as_ptr().cast()
+                };
+                let vw: *const u8 = if V::IS_F32 {
+                    vc
+                } else {
+                    widen_rows::<V>(vc, n, hd, vbuf.as_mut_ptr().cast());
+                    vbuf.as_ptr().cast()
+                };
+                for (h, row) in rows.iter().enumerate().filter(|(_, r)| r.kv_len > c0) {
+                    row_chunk::<F32Rows, F32Rows>(
+                        s,
+                        row,
+                        c0,
+                        kw,
+                        vw,
+                        &mut p[h],
+                        &mut max[h],
+                        &mut denom[h],
+                    );
                 }
-                j += 4;
-            }
-            while j < cl {
-                // SAFETY: key c0+j < the row's kv_len.
-                let key = kp.add((c0 + j) * krb);
-                ph[j] = unsafe { score_keys::<K, 1>(row.q, key, hd)[0] } * s.scale;
-                j += 1;
-            }
-            let cmax = ph[..cl].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-            let new_max = max[h].max(cmax);
-            let corr = if max[h] == f32::NEG_INFINITY {
-                0.0
             } else {
-                let e = exp256(_mm256_set1_ps(max[h] - new_max));
-                _mm_cvtss_f32(_mm256_castps256_ps128(e))
-            };
-            max[h] = new_max;
-            let nm = _mm256_set1_ps(new_max);
-            let mut j = 0;
-            let mut sum = _mm256_setzero_ps();
-            // SAFETY: j + 8 <= cl <= CHUNK.
-            unsafe {
-                while j + 8 <= cl {
-                    let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(ph.as_ptr().add(j)), nm));
-                    _mm256_storeu_ps(ph.as_mut_ptr().add(j), e);
-                    sum = _mm256_add_ps(sum, e);
-                    j += 8;
-                }
-            }
-            let mut psum = hsum(sum);
-            for pj in &mut ph[j..cl] {
-                let e = exp256(_mm256_set1_ps(*pj - new_max));
-                *pj = _mm_cvtss_f32(_mm256_castps256_ps128(e));
-                psum += *pj;
-            }
-            denom[h] = denom[h] * corr + psum;
-            let cv = _mm256_set1_ps(corr);
-            let mut d = 0;
-            // SAFETY: the row's output has hd floats; value rows c0+j < its kv_len.
-            unsafe {
-                let orow = row.out;
-                // Eight accumulators where the head has room: eight FMA chains in flight
-                // over the chunk's keys rather than four.
-                let vc = vp.add(c0 * vrb);
-                while d + 64 <= hd {
-                    weigh_values::<V, 8>(orow.add(d), cv, &ph[..cl], vc, d, hd);
-                    d += 64;
-                }
-                while d + 32 <= hd {
-                    weigh_values::<V, 4>(orow.add(d), cv, &ph[..cl], vc, d, hd);
-                    d += 32;
-                }
-                while d < hd {
-                    let mut a = _mm256_mul_ps(_mm256_loadu_ps(orow.add(d)), cv);
-                    for (j, &pj) in ph.iter().enumerate().take(cl) {
-                        let vr = vc.add(j * vrb);
-                        a = _mm256_fmadd_ps(_mm256_set1_ps(pj), V::load8(vr, d), a);
-                    }
-                    _mm256_storeu_ps(orow.add(d), a);
-                    d += 8;
+                for (h, row) in rows.iter().enumerate().filter(|(_, r)| r.kv_len > c0) {
+                    row_chunk::<K, V>(s, row, c0, kc, vc, &mut p[h], &mut max[h], &mut denom[h]);
                 }
             }
         }
