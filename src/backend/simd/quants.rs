@@ -23,22 +23,34 @@ pub type Dot4Fn = fn(&[u8], usize, &[u8]) -> [f32; 4];
 /// them while it is in L1, and their activation rows (≤ a few KB each) stay in L2.
 const TOKEN_TILE: usize = 16;
 
-/// Safe entry points to the AVX2 kernels, handed out only by [`simd_dot`] after it has
-/// checked that the CPU has AVX2, FMA and F16C.
+/// Safe wrappers `$f(w, x)` (and with `rb`, `$f(w, rb, x)` for four rows) around the
+/// unsafe kernels of the same names in `$k`, for the modules below: each is handed out only
+/// by [`simd_dot`] / [`simd_dot4`] after they have checked the CPU's features.
+#[allow(unused_macros)]
+macro_rules! safe_kernels {
+    ($k:ident; $($f:ident),* $(; four: $($f4:ident),*)?) => {
+        $(
+            pub(super) fn $f(w: &[u8], x: &[u8]) -> f32 {
+                // SAFETY: only reachable through `simd_dot`, which checked the features.
+                unsafe { $k::$f(w, x) }
+            }
+        )*
+        $($(
+            pub(super) fn $f4(w: &[u8], rb: usize, x: &[u8]) -> [f32; 4] {
+                // SAFETY: only reachable through `simd_dot4`, which checked the features.
+                unsafe { $k::$f4(w, rb, x) }
+            }
+        )*)?
+    };
+}
+
+/// Safe entry points to the AVX2 kernels.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::super::x86_quants as k;
 
-    macro_rules! wrap {
-        ($($f:ident),*) => {$(
-            pub(super) fn $f(w: &[u8], x: &[u8]) -> f32 {
-                // SAFETY: only reachable through `simd_dot`, which checked the features.
-                unsafe { k::$f(w, x) }
-            }
-        )*};
-    }
-
-    wrap!(
+    safe_kernels!(
+        k;
         dot_q4_0_q8_0,
         dot_q5_0_q8_0,
         dot_q8_0_q8_0,
@@ -48,37 +60,19 @@ mod avx2 {
         dot_q3_k_q8_k,
         dot_q4_k_q8_k,
         dot_q5_k_q8_k,
-        dot_q6_k_q8_k
+        dot_q6_k_q8_k;
+        four: dot4_q4_0_q8_0,
+        dot4_q5_0_q8_0
     );
-
-    macro_rules! wrap4 {
-        ($($f:ident),*) => {$(
-            pub(super) fn $f(w: &[u8], rb: usize, x: &[u8]) -> [f32; 4] {
-                // SAFETY: only reachable through `simd_dot4`, which checked the features.
-                unsafe { k::$f(w, rb, x) }
-            }
-        )*};
-    }
-
-    wrap4!(dot4_q4_0_q8_0, dot4_q5_0_q8_0);
 }
 
-/// Safe entry points to the NEON kernels, handed out only by [`simd_dot`] after it has
-/// checked that the CPU has the dot-product extension.
+/// Safe entry points to the NEON kernels.
 #[cfg(target_arch = "aarch64")]
 mod neon {
     use super::super::aarch64_quants as k;
 
-    macro_rules! wrap {
-        ($($f:ident),*) => {$(
-            pub(super) fn $f(w: &[u8], x: &[u8]) -> f32 {
-                // SAFETY: only reachable through `simd_dot`, which checked the features.
-                unsafe { k::$f(w, x) }
-            }
-        )*};
-    }
-
-    wrap!(
+    safe_kernels!(
+        k;
         dot_q4_0_q8_0,
         dot_q5_0_q8_0,
         dot_q8_0_q8_0,
