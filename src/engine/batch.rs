@@ -424,6 +424,12 @@ fn step(
             }
             Role::Decode => a.seq.record_decode(took),
         }
+        if let Err(e) = crate::sampling::check_logits(&a.logits) {
+            let a = active.remove(i);
+            let err = JobError::Internal(e.to_string());
+            conclude(shared, pool, a, End::Failed(err, Outcome::Internal));
+            continue;
+        }
         let seq_span = std::mem::replace(&mut a.step_span, Span::none());
         let outcome = {
             let _e = seq_span.enter();
