@@ -160,7 +160,12 @@ pub struct Loaded {
 }
 
 pub fn open_gguf(path: &Path) -> Result<GgufFile> {
-    GgufFile::open(path).with_context(|| format!("cannot load model {}", path.display()))
+    match GgufFile::open(path) {
+        Ok(f) => Ok(f),
+        // Already names the file.
+        Err(e @ crate::gguf::GgufError::Io { .. }) => Err(e.into()),
+        Err(e) => Err(e).with_context(|| format!("cannot load model {}", path.display())),
+    }
 }
 
 pub fn load(args: &ModelArgs) -> Result<Loaded> {
@@ -176,7 +181,7 @@ pub fn load(args: &ModelArgs) -> Result<Loaded> {
         .with_context(|| format!("cannot load model {}", args.model.display()))?;
     let tokenizer = Tokenizer::from_gguf(&gguf)
         .with_context(|| format!("cannot load the tokenizer of {}", args.model.display()))?;
-    let chat_template = ChatTemplate::from_gguf(&gguf)?.unwrap_or_else(ChatTemplate::chatml);
+    let chat_template = ChatTemplate::for_model(&gguf);
     let ctx_size = args
         .ctx_size
         .unwrap_or(4096)
@@ -425,8 +430,11 @@ pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("warn,inferno=info,wgpu_hal=off"));
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colour codes only for a person at a terminal, not in files and log collectors.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Pretty => builder.try_init(),

@@ -4,7 +4,7 @@
 use crate::backend::threadpool::default_threads;
 use crate::backend::{create_backend, BackendOptions};
 use crate::engine::worker::{EngineAssets, ModelDescription};
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufError, GgufFile};
 use crate::model::synth::{self, SynthSpec};
 use crate::model::Model;
 use crate::tensor::GgmlType;
@@ -52,9 +52,7 @@ pub fn assets_from_gguf(
     let model = Model::load(gguf, backend).map_err(|e| format!("cannot load model {name}: {e}"))?;
     let tokenizer = Tokenizer::from_gguf(gguf)
         .map_err(|e| format!("cannot load the tokenizer of {name}: {e}"))?;
-    let chat_template = ChatTemplate::from_gguf(gguf)
-        .map_err(|e| format!("cannot load the chat template of {name}: {e}"))?
-        .unwrap_or_else(ChatTemplate::chatml);
+    let chat_template = ChatTemplate::for_model(gguf);
     let ctx_size = opts
         .ctx_size
         .unwrap_or(4096)
@@ -88,8 +86,11 @@ fn backend_threads(backend: &str, asked: usize) -> usize {
 
 /// Loads a GGUF model file.
 pub fn file_assets(path: &Path, opts: &LoadOptions) -> Result<EngineAssets, String> {
-    let gguf =
-        GgufFile::open(path).map_err(|e| format!("cannot load model {}: {e}", path.display()))?;
+    let gguf = GgufFile::open(path).map_err(|e| match e {
+        // Already names the file.
+        GgufError::Io { .. } => e.to_string(),
+        _ => format!("cannot load model {}: {e}", path.display()),
+    })?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
