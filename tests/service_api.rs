@@ -305,6 +305,22 @@ async fn invalid_arguments_are_rejected_with_clear_messages() {
             with(&|r| r.stop = vec![String::new()]),
             "stop strings",
         ),
+        // A request_id is logged: one that could start a forged log line is refused.
+        (
+            "request_id with a newline",
+            with(&|r| r.request_id = "ok\n2026-01-01T00:00:00Z  INFO forged".into()),
+            "printable ASCII",
+        ),
+        (
+            "request_id with an escape code",
+            with(&|r| r.request_id = "\u{1b}[2Jcleared".into()),
+            "printable ASCII",
+        ),
+        (
+            "request_id with a non-ASCII line separator",
+            with(&|r| r.request_id = "a\u{2028}b".into()),
+            "printable ASCII",
+        ),
     ];
     for (name, req, want) in cases {
         let r = run(&mut c, req).await;
@@ -318,15 +334,50 @@ async fn invalid_arguments_are_rejected_with_clear_messages() {
         assert!(r.tokens.is_empty());
     }
     let n_invalid = server.metrics().requests("Generate", "INVALID_ARGUMENT");
-    assert_eq!(n_invalid, 11);
+    assert_eq!(n_invalid, 14);
+    // An id of printable ASCII is used as given.
+    let r = run(&mut c, with(&|r| r.request_id = "job 42/a-b_c".into())).await;
+    assert_eq!(r.code(), Code::Ok, "{:?}", r.status);
+    assert_eq!(r.done.unwrap().request_id, "job 42/a-b_c");
 
-    // Message size limit: a prompt over the limit is refused by the transport.
+    // Message size limit: a prompt over the limit is refused by the transport with the
+    // gRPC convention's code, naming the flag that sets the limit; so is a text over the
+    // tokenizing limit, for Generate and Tokenize alike.
     let mut cfg = test_config();
     cfg.max_message_bytes = 1024;
+    cfg.max_text_bytes = 512;
     let small = start_demo(cfg).await;
     let mut c2 = client(small.addr()).await;
     let r = run(&mut c2, with(&|r| r.prompt = "x".repeat(4096))).await;
-    assert_eq!(r.code(), Code::OutOfRange, "{:?}", r.status);
+    assert_eq!(r.code(), Code::ResourceExhausted, "{:?}", r.status);
+    let msg = r.status.unwrap().message().to_string();
+    assert!(
+        msg.contains("--max-message-bytes") && msg.contains("1024"),
+        "{msg}"
+    );
+    let e = c2
+        .tokenize(pb::TokenizeRequest {
+            text: "y".repeat(2048),
+            parse_special: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    let r = run(&mut c2, with(&|r| r.prompt = "x".repeat(600))).await;
+    assert_eq!(r.code(), Code::InvalidArgument, "{:?}", r.status);
+    assert!(
+        r.status.unwrap().message().contains("--max-text-bytes"),
+        "the text limit is named"
+    );
+    let e = c2
+        .tokenize(pb::TokenizeRequest {
+            text: "y".repeat(600),
+            parse_special: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("--max-text-bytes"), "{e:?}");
     let r = run(&mut c2, greedy("fine", 2)).await;
     assert_eq!(r.code(), Code::Ok);
 
