@@ -348,36 +348,27 @@ async fn invalid_arguments_are_rejected_with_clear_messages() {
     cfg.max_text_bytes = 512;
     let small = start_demo(cfg).await;
     let mut c2 = client(small.addr()).await;
-    let r = run(&mut c2, with(&|r| r.prompt = "x".repeat(4096))).await;
-    assert_eq!(r.code(), Code::ResourceExhausted, "{:?}", r.status);
-    let msg = r.status.unwrap().message().to_string();
-    assert!(
-        msg.contains("--max-message-bytes") && msg.contains("1024"),
-        "{msg}"
-    );
-    let e = c2
-        .tokenize(pb::TokenizeRequest {
-            text: "y".repeat(2048),
-            parse_special: None,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
-    let r = run(&mut c2, with(&|r| r.prompt = "x".repeat(600))).await;
-    assert_eq!(r.code(), Code::InvalidArgument, "{:?}", r.status);
-    assert!(
-        r.status.unwrap().message().contains("--max-text-bytes"),
-        "the text limit is named"
-    );
-    let e = c2
-        .tokenize(pb::TokenizeRequest {
-            text: "y".repeat(600),
-            parse_special: None,
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-    assert!(e.message().contains("--max-text-bytes"), "{e:?}");
+    let limits = [
+        (4096, Code::ResourceExhausted, "--max-message-bytes"),
+        (600, Code::InvalidArgument, "--max-text-bytes"),
+    ];
+    for (bytes, code, flag) in limits {
+        let r = run(&mut c2, with(&|r| r.prompt = "x".repeat(bytes))).await;
+        let s = r
+            .status
+            .unwrap_or_else(|| panic!("{bytes}-byte prompt accepted"));
+        assert_eq!(s.code(), code, "{bytes}-byte prompt: {s:?}");
+        assert!(s.message().contains(flag), "{bytes}-byte prompt: {s:?}");
+        let s = c2
+            .tokenize(pb::TokenizeRequest {
+                text: "y".repeat(bytes),
+                parse_special: None,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(s.code(), code, "{bytes}-byte Tokenize: {s:?}");
+        assert!(s.message().contains(flag), "{bytes}-byte Tokenize: {s:?}");
+    }
     let r = run(&mut c2, greedy("fine", 2)).await;
     assert_eq!(r.code(), Code::Ok);
 

@@ -206,31 +206,9 @@ fn spawn_serve_limited(ulimit: &str) -> ServeProcess {
     let script = format!(
         "ulimit {ulimit} && exec \"$0\" serve --listen 127.0.0.1:0 --metrics-addr 127.0.0.1:0"
     );
-    let mut child = Command::new("sh")
-        .args(["-c", &script, env!("CARGO_BIN_EXE_inferno")])
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
-    let mut next = || lines.next().unwrap().unwrap();
-    let addr = next()
-        .strip_prefix("inferno: gRPC listening on ")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let metrics = next()
-        .strip_prefix("inferno: metrics listening on http://")
-        .unwrap()
-        .trim_end_matches("/metrics")
-        .parse()
-        .unwrap();
-    ServeProcess {
-        child,
-        addr,
-        metrics,
-    }
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", &script, env!("CARGO_BIN_EXE_inferno")]);
+    spawn_serve_command(cmd)
 }
 
 /// The soft and hard "Max open files" of a process.

@@ -413,6 +413,12 @@ where
 mod tests {
     use super::*;
 
+    const LIMITS: ConnLimits = ConnLimits {
+        max_connections: 2,
+        handshake_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(300),
+    };
+
     fn state(accepted: Instant) -> ConnState {
         ConnState {
             id: 1,
@@ -427,11 +433,7 @@ mod tests {
 
     #[test]
     fn deadlines_follow_the_handshake_then_the_idle_timeout_and_pause_while_busy() {
-        let limits = ConnLimits {
-            max_connections: 4,
-            handshake_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(300),
-        };
+        let limits = LIMITS;
         let t0 = Instant::now();
         let s = Arc::new(state(t0));
         assert_eq!(s.deadline(&limits), Some(t0 + Duration::from_secs(10)));
@@ -448,11 +450,7 @@ mod tests {
 
     #[test]
     fn eviction_picks_the_idle_connection_nearest_its_deadline() {
-        let limits = ConnLimits {
-            max_connections: 2,
-            handshake_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(300),
-        };
+        let limits = LIMITS;
         let r = Registry::default();
         let t0 = Instant::now();
         let used_idle = Arc::new(ConnState { id: 1, ..state(t0) });
