@@ -92,9 +92,11 @@ async fn large_tokenize_calls_do_not_stall_a_running_stream() {
     }
     eprintln!("normal {normal:?}, during {during:?} over {n} tokens, tokenize took {took:?}");
     assert!(n > 0, "the stream went on while the calls ran");
-    // The floor keeps a loaded machine's scheduling noise from failing this; the stall it
-    // guards against lasts as long as the tokenizing.
-    let allowed = 2 * normal.max(Duration::from_millis(25));
+    // On a busy 2-core machine the tokenizing thread still takes CPU time from the engine
+    // (gaps of 20-30 ms against 4-12 ms were seen), so "normal" has a 50 ms floor; the
+    // stall this guards against lasts as long as the tokenizing (1.7 s when it ran on the
+    // runtime's threads).
+    let allowed = 2 * normal.max(Duration::from_millis(50));
     assert!(
         during < allowed,
         "a Tokenize call stalled the stream: longest gap {during:?} against {normal:?} before"
