@@ -27,7 +27,9 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     let vocab = tok.vocab_size() as u32;
     for parse_special in [false, true] {
-        let ids = tok.encode(&text, parse_special).expect("encoding never fails");
+        let ids = tok
+            .encode(&text, parse_special)
+            .expect("encoding never fails");
         assert!(ids.iter().all(|&id| id < vocab));
         let decoded = tok.decode(&ids, false).expect("own ids decode");
         if !parse_special {
