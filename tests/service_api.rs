@@ -306,6 +306,22 @@ async fn invalid_arguments_are_rejected_with_clear_messages() {
             with(&|r| r.stop = vec![String::new()]),
             "stop strings",
         ),
+        // A request_id is logged: one that could start a forged log line is refused.
+        (
+            "request_id with a newline",
+            with(&|r| r.request_id = "ok\n2026-01-01T00:00:00Z  INFO forged".into()),
+            "printable ASCII",
+        ),
+        (
+            "request_id with an escape code",
+            with(&|r| r.request_id = "\u{1b}[2Jcleared".into()),
+            "printable ASCII",
+        ),
+        (
+            "request_id with a non-ASCII line separator",
+            with(&|r| r.request_id = "a\u{2028}b".into()),
+            "printable ASCII",
+        ),
     ];
     for (name, req, want) in cases {
         let r = run(&mut c, req).await;
@@ -319,15 +335,41 @@ async fn invalid_arguments_are_rejected_with_clear_messages() {
         assert!(r.tokens.is_empty());
     }
     let n_invalid = server.metrics().requests("Generate", "INVALID_ARGUMENT");
-    assert_eq!(n_invalid, 11);
+    assert_eq!(n_invalid, 14);
+    // An id of printable ASCII is used as given.
+    let r = run(&mut c, with(&|r| r.request_id = "job 42/a-b_c".into())).await;
+    assert_eq!(r.code(), Code::Ok, "{:?}", r.status);
+    assert_eq!(r.done.unwrap().request_id, "job 42/a-b_c");
 
-    // Message size limit: a prompt over the limit is refused by the transport.
+    // Message size limit: a prompt over the limit is refused by the transport with the
+    // gRPC convention's code, naming the flag that sets the limit; so is a text over the
+    // tokenizing limit, for Generate and Tokenize alike.
     let mut cfg = test_config();
     cfg.max_message_bytes = 1024;
+    cfg.max_text_bytes = 512;
     let small = start_demo(cfg).await;
     let mut c2 = client(small.addr()).await;
-    let r = run(&mut c2, with(&|r| r.prompt = "x".repeat(4096))).await;
-    assert_eq!(r.code(), Code::OutOfRange, "{:?}", r.status);
+    let limits = [
+        (4096, Code::ResourceExhausted, "--max-message-bytes"),
+        (600, Code::InvalidArgument, "--max-text-bytes"),
+    ];
+    for (bytes, code, flag) in limits {
+        let r = run(&mut c2, with(&|r| r.prompt = "x".repeat(bytes))).await;
+        let s = r
+            .status
+            .unwrap_or_else(|| panic!("{bytes}-byte prompt accepted"));
+        assert_eq!(s.code(), code, "{bytes}-byte prompt: {s:?}");
+        assert!(s.message().contains(flag), "{bytes}-byte prompt: {s:?}");
+        let s = c2
+            .tokenize(pb::TokenizeRequest {
+                text: "y".repeat(bytes),
+                parse_special: None,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(s.code(), code, "{bytes}-byte Tokenize: {s:?}");
+        assert!(s.message().contains(flag), "{bytes}-byte Tokenize: {s:?}");
+    }
     let r = run(&mut c2, greedy("fine", 2)).await;
     assert_eq!(r.code(), Code::Ok);
 

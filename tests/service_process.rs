@@ -207,3 +207,142 @@ fn serve_rejects_an_unknown_backend_at_once() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown backend"), "{err}");
 }
+
+/// Runs `inferno serve` with `args` on a free port and waits for it to exit (hang guard).
+fn serve_exit(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut stderr, &mut s).unwrap();
+        s
+    });
+    for _ in 0..1200 {
+        if let Some(status) = child.try_wait().unwrap() {
+            return (status, reader.join().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    panic!("serve {args:?} did not exit");
+}
+
+#[test]
+fn serve_exits_1_with_the_error_when_the_model_cannot_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let corrupt = dir.path().join("corrupt.gguf");
+    std::fs::write(&corrupt, b"GGUF\x03\x00\x00\x00 not really a model").unwrap();
+    let (status, err) = serve_exit(&["--model", corrupt.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(1), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: ") && last.contains("corrupt.gguf"),
+        "{err}"
+    );
+    // stderr is a pipe here: plain text, no colour codes.
+    assert!(!err.contains('\u{1b}'), "ANSI codes in {err:?}");
+
+    let missing = dir.path().join("missing.gguf");
+    let (status, err) = serve_exit(&["--model", missing.to_str().unwrap()]);
+    assert_eq!(status.code(), Some(1), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.contains("missing.gguf"), "{err}");
+    assert_eq!(last.matches("os error").count(), 1, "{last}");
+    assert_eq!(last.matches("missing.gguf").count(), 1, "{last}");
+}
+
+#[test]
+fn serve_names_the_bad_tls_file() {
+    let tls = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/service_support/tls");
+    let p = |f: &str| tls.join(f).to_str().unwrap().to_string();
+    let (cert, key, other) = (p("server.pem"), p("server.key"), p("other.key"));
+    let (status, err) = serve_exit(&["--tls-cert", &cert, "--tls-key", &other]);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("other.key") && err.contains("does not match the certificate"),
+        "{err}"
+    );
+    let (status, err) = serve_exit(&["--tls-cert", &key, "--tls-key", &key]);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--tls-cert") && err.contains("server.key"),
+        "{err}"
+    );
+    let (status, err) = serve_exit(&["--tls-cert", &cert, "--tls-key", &cert]);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--tls-key") && err.contains("server.pem"),
+        "{err}"
+    );
+}
+
+/// `inferno serve` under a shell's `ulimit` settings.
+#[cfg(target_os = "linux")]
+fn spawn_serve_limited(ulimit: &str) -> ServeProcess {
+    let script = format!(
+        "ulimit {ulimit} && exec \"$0\" serve --listen 127.0.0.1:0 --metrics-addr 127.0.0.1:0"
+    );
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", &script, env!("CARGO_BIN_EXE_inferno")]);
+    spawn_serve_command(cmd)
+}
+
+/// The soft and hard "Max open files" of a process.
+#[cfg(target_os = "linux")]
+fn open_file_limits(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    (f[3].to_string(), f[4].to_string())
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_raises_its_open_file_limit_and_stays_reachable_past_it() {
+    // A low soft limit under a higher hard one is raised to the hard one.
+    let p = spawn_serve_limited("-Sn 100");
+    let (soft, hard) = open_file_limits(p.child.id());
+    assert_eq!(soft, hard, "soft limit raised to the hard limit");
+    assert_ne!(soft, "100");
+    drop(p);
+
+    // With 128 descriptors in all, 300 idle sockets neither keep a client out nor make
+    // the accept loop spin.
+    let p = spawn_serve_limited("-n 128");
+    wait_serving(p.addr).await;
+    let addr = p.addr;
+    let idle = tokio::task::spawn_blocking(move || {
+        (0..300)
+            .filter_map(|_| std::net::TcpStream::connect(addr).ok())
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    assert!(idle.len() > 128, "the backlog took the sockets");
+    let before = cpu_ticks(p.child.id());
+    let served = tokio::time::timeout(Duration::from_secs(1), async {
+        let mut c = client(addr).await;
+        c.get_model_info(inferno::server::pb::GetModelInfoRequest {})
+            .await
+    })
+    .await
+    .expect("a real client is served within a second");
+    assert!(served.is_ok(), "{served:?}");
+    std::thread::sleep(Duration::from_secs(2));
+    let used = (cpu_ticks(p.child.id()) - before) as f64 / 100.0;
+    // A spinning accept loop burns a whole core; the margin absorbs the 10 ms tick.
+    assert!(
+        used < 1.0,
+        "{used:.2}s of CPU in ~2s while past the descriptor limit"
+    );
+    drop(idle);
+}

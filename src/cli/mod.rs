@@ -187,7 +187,12 @@ pub struct InfoArgs {
 }
 
 pub fn open_gguf(path: &Path) -> Result<GgufFile> {
-    GgufFile::open(path).with_context(|| format!("cannot load model {}", path.display()))
+    match GgufFile::open(path) {
+        Ok(f) => Ok(f),
+        // Already names the file.
+        Err(e @ crate::gguf::GgufError::Io { .. }) => Err(e.into()),
+        Err(e) => Err(e).with_context(|| format!("cannot load model {}", path.display())),
+    }
 }
 
 /// Loads the model file `args` names, as `serve` would.

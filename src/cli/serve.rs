@@ -4,8 +4,8 @@
 use crate::engine::loader::{file_assets, synthetic_assets, LoadOptions};
 use crate::engine::EngineConfig;
 use crate::server::auth::read_token_file;
-use crate::server::{self, ServerConfig, TlsPem};
-use anyhow::{Context, Result};
+use crate::server::{self, ServerConfig, TlsError, TlsPem};
+use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -89,6 +89,54 @@ pub struct ServeArgs {
     /// Threads of the async runtime that handles the network (the engine has its own).
     #[arg(long, default_value_t = 2)]
     pub runtime_threads: usize,
+    /// Largest text one call may tokenize (a Tokenize text, a prompt, or a chat's messages
+    /// together), in bytes.
+    #[arg(long, default_value_t = 1024 * 1024)]
+    pub max_text_bytes: usize,
+    /// Tokenize, Detokenize and prompt preparations run at once, on threads of their own;
+    /// more wait their turn.
+    #[arg(long, default_value_t = 2)]
+    pub cpu_jobs: usize,
+    /// Open gRPC connections at most (lowered to fit the process's file-descriptor limit).
+    /// Past it a new connection closes an idle one, or is refused when none is idle.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// How long a new connection may take to send its first request (TLS and HTTP/2
+    /// handshakes included) before it is closed.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub handshake_timeout: Duration,
+    /// How long a connection with no open request is kept before it is closed.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+}
+
+/// File descriptors kept free for everything but client connections (listeners, the model
+/// file, the metrics endpoint, logs), at most a quarter of the limit.
+const RESERVED_FDS: u64 = 64;
+
+/// Raises the soft open-file limit to the hard one where allowed, and returns the
+/// connection cap that fits under it.
+fn fit_connections(asked: usize) -> usize {
+    let limit = match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => n,
+        Err(e) => {
+            warn!(error = %e, "cannot read or raise the open-file limit");
+            return asked;
+        }
+    };
+    let reserve = RESERVED_FDS.min(limit / 4);
+    let fit = usize::try_from(limit - reserve)
+        .unwrap_or(usize::MAX)
+        .max(1);
+    if fit < asked {
+        warn!(
+            max_connections = fit,
+            asked,
+            open_file_limit = limit,
+            "--max-connections lowered to fit the open-file limit"
+        );
+    }
+    asked.min(fit)
 }
 
 /// Parses "30s", "500ms", "2m" or a plain number of seconds.
@@ -124,10 +172,25 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         None => None,
     };
     let tls = match (&a.tls_cert, &a.tls_key) {
-        (Some(c), Some(k)) => Some(TlsPem {
-            cert: std::fs::read(c).with_context(|| format!("cannot read {}", c.display()))?,
-            key: std::fs::read(k).with_context(|| format!("cannot read {}", k.display()))?,
-        }),
+        (Some(c), Some(k)) => {
+            let read = |p: &PathBuf| {
+                std::fs::read(p).map_err(|e| anyhow!("cannot read {}: {e}", p.display()))
+            };
+            let pem = TlsPem {
+                cert: read(c)?,
+                key: read(k)?,
+            };
+            pem.check().map_err(|e| match e {
+                TlsError::Certificate(_) => anyhow!("--tls-cert {}: {e}", c.display()),
+                TlsError::Key(_) => anyhow!("--tls-key {}: {e}", k.display()),
+                TlsError::KeyMismatch => anyhow!(
+                    "--tls-key {} does not match the certificate in --tls-cert {}",
+                    k.display(),
+                    c.display()
+                ),
+            })?;
+            Some(pem)
+        }
         _ => None,
     };
     if !a.listen.ip().is_loopback() && auth_token.is_none() {
@@ -149,6 +212,11 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         tls,
         max_message_bytes: a.max_message_bytes,
         default_max_tokens: a.default_max_tokens,
+        max_text_bytes: a.max_text_bytes,
+        cpu_jobs: a.cpu_jobs.max(1),
+        max_connections: fit_connections(a.max_connections.max(1)),
+        handshake_timeout: a.handshake_timeout,
+        idle_timeout: a.idle_timeout,
     };
     let load = LoadOptions {
         backend: a.backend.clone(),

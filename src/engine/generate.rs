@@ -414,6 +414,7 @@ pub fn generate(
 
     let finish = loop {
         let room = state.position() < state.capacity();
+        crate::sampling::check_logits(&logits)?;
         match seq.advance(&logits, room, &mut on_token) {
             Step::Finished(reason) => break reason,
             Step::Feed(id) => {

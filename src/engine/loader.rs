@@ -4,7 +4,7 @@
 //! `loadtest`, so they share their defaults.
 
 use crate::backend::{create_backend, BackendOptions, KvType};
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufError, GgufFile};
 use crate::model::synth::{self, SynthSpec};
 use crate::model::Model;
 use crate::tensor::GgmlType;
@@ -119,9 +119,7 @@ pub fn assets_from_gguf(
     let LoadedModel { model, threads } = load_model(gguf, name, opts)?;
     let tokenizer = Tokenizer::from_gguf(gguf)
         .map_err(|e| format!("cannot load the tokenizer of {name}: {e}"))?;
-    let chat_template = ChatTemplate::from_gguf(gguf)
-        .map_err(|e| format!("cannot load the chat template of {name}: {e}"))?
-        .unwrap_or_else(ChatTemplate::chatml);
+    let chat_template = ChatTemplate::for_model(gguf);
     let ctx_size = context_window(opts.ctx_size, model.config.context_length);
     Ok(EngineAssets {
         model,
@@ -140,7 +138,11 @@ pub fn assets_from_gguf(
 
 /// Opens a GGUF model file.
 pub fn open_file(path: &Path) -> Result<GgufFile, String> {
-    GgufFile::open(path).map_err(|e| format!("cannot load model {}: {e}", path.display()))
+    GgufFile::open(path).map_err(|e| match e {
+        // Already names the file.
+        GgufError::Io { .. } => e.to_string(),
+        _ => format!("cannot load model {}: {e}", path.display()),
+    })
 }
 
 /// Loads a GGUF model file.

@@ -198,6 +198,12 @@ fn step(
             i += 1;
             continue;
         }
+        if let Err(e) = r.check_logits() {
+            let r = active.remove(i);
+            let err = JobError::Internal(e.to_string());
+            conclude(shared, pool, r, End::Failed(err, Outcome::Internal));
+            continue;
+        }
         let seq_span = r.take_step_span();
         let outcome = {
             let _e = seq_span.enter();

@@ -233,6 +233,11 @@ impl<'t> Running<'t> {
         ready
     }
 
+    /// Whether the logits to sample are all finite (corrupt weights give NaN or infinity).
+    pub(super) fn check_logits(&self) -> Result<(), crate::sampling::SamplingError> {
+        crate::sampling::check_logits(&self.logits)
+    }
+
     /// The span of the step that just ran, taken (for sampling in it).
     pub(super) fn take_step_span(&mut self) -> Span {
         std::mem::replace(&mut self.step_span, Span::none())

@@ -9,11 +9,12 @@ use crate::tensor::GgmlType;
 /// editor.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("cannot read GGUF file {}: {source}", path.display())]
+    // The OS error is in the message and deliberately not a `source`: printed as a chain
+    // (`{:#}`), it would otherwise appear twice.
+    #[error("cannot read GGUF file {}: {error}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
     #[error("not a GGUF file: the first four bytes are not the magic \"GGUF\"")]

@@ -161,9 +161,9 @@ impl GgufFile {
     /// Memory-maps and parses the file at `path` (read-only).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
         let path = path.as_ref();
-        let io_err = |source| GgufError::Io {
+        let io_err = |error| GgufError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         };
         let file = File::open(path).map_err(io_err)?;
         let len = file.metadata().map_err(io_err)?.len();

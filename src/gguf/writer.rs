@@ -169,9 +169,9 @@ impl GgufWriter {
     pub fn write_to(&self, path: impl AsRef<Path>) -> Result<(), GgufError> {
         let path = path.as_ref();
         self.check_rejected()?;
-        let io_err = |source| GgufError::Io {
+        let io_err = |error| GgufError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         };
         let file = File::create(path).map_err(io_err)?;
         let mut w = BufWriter::with_capacity(1 << 20, file);

@@ -75,6 +75,27 @@ pub enum SamplingError {
         value: f32,
         want: &'static str,
     },
+    #[error(
+        "the model produced a non-finite logit ({value} for token {token}); \
+         its weights are probably corrupt"
+    )]
+    NonFiniteLogits { token: usize, value: f32 },
+}
+
+/// Checks that every logit is a finite number. NaN or infinite logits come from broken
+/// weights (or an overflow); sampling them would pick token 0 every time with NaN
+/// log-probabilities instead of failing.
+pub fn check_logits(logits: &[f32]) -> Result<(), SamplingError> {
+    // One pass the compiler vectorizes; the index is only looked for once one is bad.
+    if logits.iter().all(|x| x.is_finite()) {
+        return Ok(());
+    }
+    let (token, &value) = logits
+        .iter()
+        .enumerate()
+        .find(|(_, x)| !x.is_finite())
+        .unwrap_or((0, &f32::NAN));
+    Err(SamplingError::NonFiniteLogits { token, value })
 }
 
 /// Samples tokens for one sequence; buffers are sized once for the vocabulary.
@@ -217,6 +238,25 @@ pub fn log_softmax(logits: &[f32], out: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_finite_logits_are_found_by_position() {
+        assert_eq!(check_logits(&[0.5, -3.0, 1e30]), Ok(()));
+        assert_eq!(check_logits(&[]), Ok(()));
+        match check_logits(&[0.5, -3.0, f32::NAN, 1.0]) {
+            Err(SamplingError::NonFiniteLogits { token: 2, value }) => assert!(value.is_nan()),
+            other => panic!("{other:?}"),
+        }
+        let e = check_logits(&[0.0, f32::NEG_INFINITY]).unwrap_err();
+        assert_eq!(
+            e,
+            SamplingError::NonFiniteLogits {
+                token: 1,
+                value: f32::NEG_INFINITY
+            }
+        );
+        assert!(e.to_string().contains("token 1"), "{e}");
+    }
 
     fn logits() -> Vec<f32> {
         vec![1.0, 3.0, 2.0, 0.5, 2.9, -1.0]

@@ -32,10 +32,7 @@ impl Interceptor for BearerAuth {
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-            });
+            .and_then(bearer_credentials);
         match given {
             Some(t) if constant_time_eq(t.trim().as_bytes(), want) => Ok(req),
             Some(_) => {
@@ -50,6 +47,13 @@ impl Interceptor for BearerAuth {
             }
         }
     }
+}
+
+/// The credentials of an `authorization` value in the `Bearer` scheme, whose name is
+/// case-insensitive (RFC 7235).
+fn bearer_credentials(v: &str) -> Option<&str> {
+    let (scheme, credentials) = v.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(credentials)
 }
 
 /// Compares without an early exit, so the time taken does not reveal how much of a guess
@@ -93,6 +97,12 @@ mod tests {
         assert_eq!(call(&mut open, None), Ok(()));
         let mut locked = BearerAuth::new(Some("s3cret"), Arc::clone(&metrics));
         assert_eq!(call(&mut locked, Some("Bearer s3cret")), Ok(()));
+        assert_eq!(call(&mut locked, Some("BEARER s3cret")), Ok(()));
+        assert_eq!(call(&mut locked, Some("bEaReR  s3cret")), Ok(()));
+        assert_eq!(
+            call(&mut locked, Some("Basic s3cret")),
+            Err(tonic::Code::Unauthenticated)
+        );
         assert_eq!(
             call(&mut locked, Some("Bearer s3cre")),
             Err(tonic::Code::Unauthenticated)
@@ -104,6 +114,6 @@ mod tests {
         );
         assert!(metrics
             .render(0, 1)
-            .contains("inferno_auth_failures_total 3\n"));
+            .contains("inferno_auth_failures_total 4\n"));
     }
 }

@@ -1,10 +1,13 @@
 //! The gRPC service: `inferno.v1.Inference` ([`service`]) in front of the engine thread,
 //! `grpc.health.v1` health, server reflection (v1 and v1alpha), the bearer-token check
-//! ([`auth`]), Prometheus metrics ([`metrics`]), optional TLS and graceful shutdown.
+//! ([`auth`]), Prometheus metrics ([`metrics`]), optional TLS ([`tls`]), connection limits
+//! ([`conn`]) and graceful shutdown.
 
 pub mod auth;
+pub mod conn;
 pub mod metrics;
 pub mod service;
+pub mod tls;
 
 /// The generated protobuf messages, client and server of `inferno.v1`.
 pub mod pb {
@@ -18,9 +21,10 @@ pub mod pb {
 
 use crate::engine::{Engine, EngineAssets, EngineConfig, EngineState, Observer};
 use auth::BearerAuth;
+use conn::{ConnLimits, TrackRequests};
 use metrics::Metrics;
 use pb::inference_server::InferenceServer;
-use service::InferenceService;
+use service::{HandlerLimits, InferenceService};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,17 +33,18 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::TcpIncoming;
+use tonic::service::Routes;
 use tonic::transport::{Identity, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
-/// A PEM certificate chain and private key for TLS.
-#[derive(Clone)]
-pub struct TlsPem {
-    pub cert: Vec<u8>,
-    pub key: Vec<u8>,
-}
+pub use tls::{TlsError, TlsPem};
+
+/// How often an open connection is pinged, and how long the answer may take before the
+/// connection is dropped: a client that vanished without closing is noticed in about a
+/// minute even while its stream is open.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How the service runs.
 #[derive(Clone)]
@@ -58,6 +63,17 @@ pub struct ServerConfig {
     pub max_message_bytes: usize,
     /// `max_tokens` of a Generate request that does not set it.
     pub default_max_tokens: usize,
+    /// Largest text one call may tokenize (Tokenize text, Generate prompt or messages).
+    pub max_text_bytes: usize,
+    /// Tokenize, Detokenize and prompt preparations run at once (off the network threads).
+    pub cpu_jobs: usize,
+    /// Open gRPC connections at most.
+    pub max_connections: usize,
+    /// How long a new connection may take to send its first request (TLS and HTTP/2
+    /// handshakes included).
+    pub handshake_timeout: Duration,
+    /// How long a connection with no open request is kept.
+    pub idle_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -71,6 +87,11 @@ impl Default for ServerConfig {
             tls: None,
             max_message_bytes: 4 * 1024 * 1024,
             default_max_tokens: 256,
+            max_text_bytes: 1024 * 1024,
+            cpu_jobs: 2,
+            max_connections: 1024,
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -85,7 +106,11 @@ pub enum ServerError {
     #[error("cannot start the engine thread: {0}")]
     EngineThread(std::io::Error),
     #[error("invalid TLS configuration: {0}")]
-    Tls(tonic::transport::Error),
+    Tls(#[from] TlsError),
+    #[error("invalid TLS configuration: {0}")]
+    TlsSetup(tonic::transport::Error),
+    #[error("{0}")]
+    ModelLoad(Arc<str>),
     #[error("reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("the gRPC server failed: {0}")]
@@ -93,6 +118,9 @@ pub enum ServerError {
     #[error("the server task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
 }
+
+/// How often the drain checks whether the engine has finished its requests.
+const DRAIN_POLL: Duration = Duration::from_millis(20);
 
 /// A running service, started by [`start`].
 pub struct RunningServer {
@@ -150,13 +178,30 @@ impl RunningServer {
     }
 
     /// Serves until `signal` resolves (e.g. [`shutdown_signal`]), then shuts down as
-    /// [`shutdown`](Self::shutdown) does. Returns early if the server fails.
+    /// [`shutdown`](Self::shutdown) does. Returns early if the server fails, and with
+    /// [`ServerError::ModelLoad`] if the model fails to load: a server that can never serve
+    /// should exit, so that whatever supervises it restarts it or reports the error.
     pub async fn serve_until(
         mut self,
         signal: impl Future<Output = ()>,
     ) -> Result<(), ServerError> {
+        let mut state = self.engine.subscribe();
+        let load_failed = async move {
+            loop {
+                if let EngineState::Failed(e) = &*state.borrow_and_update() {
+                    return Arc::clone(e);
+                }
+                if state.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
         tokio::select! {
             _ = signal => self.shutdown().await,
+            e = load_failed => {
+                self.shutdown().await?;
+                Err(ServerError::ModelLoad(e))
+            }
             r = &mut self.task => {
                 self.engine.cancel_all();
                 let engine = Arc::clone(&self.engine);
@@ -219,7 +264,11 @@ pub async fn start(
     let inference = InferenceServer::new(InferenceService::new(
         Arc::clone(&engine),
         Arc::clone(&metrics),
-        config.default_max_tokens,
+        HandlerLimits {
+            default_max_tokens: config.default_max_tokens,
+            max_text_bytes: config.max_text_bytes,
+            cpu_jobs: config.cpu_jobs,
+        },
     ))
     .max_decoding_message_size(config.max_message_bytes)
     .max_encoding_message_size(config.max_message_bytes);
@@ -233,18 +282,23 @@ pub async fn start(
         .build_v1alpha()?;
 
     let mut builder = tonic::transport::Server::builder()
-        // Tokens are small messages sent one by one; do not let Nagle delay them.
-        .tcp_nodelay(true);
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
     if let Some(tls) = &config.tls {
+        tls.check()?;
         builder = builder
-            .tls_config(ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert, &tls.key)))
-            .map_err(ServerError::Tls)?;
+            .tls_config(
+                ServerTlsConfig::new()
+                    .identity(Identity::from_pem(&tls.cert, &tls.key))
+                    .timeout(config.handshake_timeout),
+            )
+            .map_err(ServerError::TlsSetup)?;
     }
-    let router = builder
-        .add_service(health_service)
+    let routes = Routes::new(health_service)
         .add_service(InterceptedService::new(inference, auth.clone()))
         .add_service(InterceptedService::new(reflection_v1, auth.clone()))
-        .add_service(InterceptedService::new(reflection_v1alpha, auth));
+        .add_service(InterceptedService::new(reflection_v1alpha, auth))
+        .prepare();
 
     // Health follows the engine: SERVING once the model is loaded.
     let mut state = engine.subscribe();
@@ -298,6 +352,8 @@ pub async fn start(
     let drain_timeout = config.drain_timeout;
     let drain_engine = Arc::clone(&engine);
     let (begun_tx, begun_rx) = oneshot::channel::<()>();
+    // Resolves when the listener is to close: after the drain, so that until then the port
+    // still answers (health NOT_SERVING, new calls UNAVAILABLE) rather than refusing.
     let signal = async move {
         // A dropped trigger means no one can ask for a shutdown any more; keep serving.
         if shutdown_rx.await.is_err() {
@@ -307,17 +363,32 @@ pub async fn start(
         let _ = drain_tx.send(true);
         drain_engine.close();
         let _ = begun_tx.send(());
-        tokio::spawn(async move {
-            tokio::time::sleep(drain_timeout).await;
-            if !drain_engine.is_idle() {
-                warn!("drain timeout passed: cancelling the remaining requests");
+        let idle = async {
+            while !drain_engine.is_idle() {
+                tokio::time::sleep(DRAIN_POLL).await;
             }
-            drain_engine.cancel_all();
-        });
+        };
+        if tokio::time::timeout(drain_timeout, idle).await.is_err() {
+            warn!("drain timeout passed: cancelling the remaining requests");
+        }
+        drain_engine.cancel_all();
     };
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let limits = ConnLimits {
+        max_connections: config.max_connections.max(1),
+        handshake_timeout: config.handshake_timeout,
+        idle_timeout: config.idle_timeout,
+    };
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(conn::accept_loop(listener, limits));
+    let max_message_bytes = config.max_message_bytes;
     let task = tokio::spawn(async move {
-        let serve = router.serve_with_incoming_shutdown(incoming, signal);
+        let serve = builder.serve_with_incoming_shutdown(
+            TrackRequests {
+                routes,
+                max_message_bytes,
+            },
+            incoming,
+            signal,
+        );
         tokio::pin!(serve);
         // Graceful shutdown waits for every connection to close; a client holding one open
         // (e.g. a health Watch) must not keep the process alive past the drain timeout.

@@ -14,26 +14,73 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 /// The longest request id accepted.
 const MAX_REQUEST_ID_BYTES: usize = 128;
 
+/// Limits of the handlers, set by the server's configuration.
+#[derive(Clone, Debug)]
+pub struct HandlerLimits {
+    /// `max_tokens` of a Generate request that does not set it.
+    pub default_max_tokens: usize,
+    /// Largest text a call may ask to tokenize (a Tokenize text, a prompt, or the sum of a
+    /// chat's message contents).
+    pub max_text_bytes: usize,
+    /// Tokenize, Detokenize and prompt preparations that run at once; more wait their turn.
+    pub cpu_jobs: usize,
+}
+
 pub struct InferenceService {
     engine: Arc<Engine>,
     metrics: Arc<Metrics>,
     default_max_tokens: usize,
+    max_text_bytes: usize,
+    /// Bounds the handlers' CPU work on the blocking threads.
+    cpu_jobs: Arc<Semaphore>,
 }
 
 impl InferenceService {
-    pub fn new(engine: Arc<Engine>, metrics: Arc<Metrics>, default_max_tokens: usize) -> Self {
+    pub fn new(engine: Arc<Engine>, metrics: Arc<Metrics>, limits: HandlerLimits) -> Self {
         Self {
             engine,
             metrics,
-            default_max_tokens: default_max_tokens.max(1),
+            default_max_tokens: limits.default_max_tokens.max(1),
+            max_text_bytes: limits.max_text_bytes,
+            cpu_jobs: Arc::new(Semaphore::new(limits.cpu_jobs.max(1))),
         }
+    }
+
+    /// Runs a handler's CPU work (tokenizing, detokenizing) on a blocking thread, at most
+    /// `cpu_jobs` at once: on the runtime's few threads it would stall every stream and
+    /// health check while it runs.
+    async fn cpu_job<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> Result<T, Status> + Send + 'static,
+    ) -> Result<T, Status> {
+        let permit = Arc::clone(&self.cpu_jobs)
+            .acquire_owned()
+            .await
+            .map_err(|_| Status::unavailable("the server is shutting down"))?;
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            work()
+        })
+        .await
+        .unwrap_or_else(|e| Err(Status::internal(format!("the request's work failed: {e}"))))
+    }
+
+    /// Refuses a text too large to tokenize.
+    fn check_text_size(&self, what: &str, bytes: usize) -> Result<(), Status> {
+        if bytes > self.max_text_bytes {
+            return Err(invalid(format!(
+                "the {what} is {bytes} bytes; at most {} may be tokenized (--max-text-bytes)",
+                self.max_text_bytes
+            )));
+        }
+        Ok(())
     }
 
     fn served(&self) -> Result<Arc<Served>, Status> {
@@ -101,6 +148,26 @@ pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
     })
 }
 
+/// tonic refuses a request message over the size limit with OUT_OF_RANGE before any handler
+/// runs; the gRPC convention (grpc-go, grpc C++) is RESOURCE_EXHAUSTED, and the client should
+/// learn which setting it ran into. The handlers never answer OUT_OF_RANGE themselves, so
+/// such a status in a response's headers is the transport's.
+pub(crate) fn oversize(headers: &mut http::HeaderMap, limit: usize) {
+    let Some(status) = Status::from_header_map(headers) else {
+        return;
+    };
+    if status.code() != tonic::Code::OutOfRange {
+        return;
+    }
+    let renamed = Status::resource_exhausted(format!(
+        "the message is larger than the server's limit of {limit} bytes \
+         (--max-message-bytes): {}",
+        status.message()
+    ));
+    // Only fails for a message that cannot be encoded; the original status stays then.
+    let _ = renamed.add_header(headers);
+}
+
 fn invalid(msg: impl Into<String>) -> Status {
     Status::invalid_argument(msg)
 }
@@ -131,6 +198,17 @@ pub(crate) fn prepare(
         return Err(invalid(format!(
             "request_id is longer than {MAX_REQUEST_ID_BYTES} bytes"
         )));
+    }
+    // The id is written to the logs: a newline or an escape code in it could forge lines.
+    if !req
+        .request_id
+        .bytes()
+        .all(|b| b.is_ascii_graphic() || b == b' ')
+    {
+        return Err(invalid(
+            "request_id may hold only printable ASCII characters (letters, digits, \
+             punctuation and spaces)",
+        ));
     }
     let prompt = if has_messages {
         Prompt::Chat {
@@ -335,20 +413,19 @@ impl pb::inference_server::Inference for InferenceService {
             );
         }
         let req = request.into_inner();
+        let text_bytes =
+            req.prompt.len() + req.messages.iter().map(|m| m.content.len()).sum::<usize>();
+        if let Err(e) = self.check_text_size("prompt", text_bytes) {
+            return self.count("Generate", Err(e));
+        }
         let default_max = self.default_max_tokens;
         let served2 = Arc::clone(&served);
-        // Tokenizing a long prompt is CPU work; keep it off the runtime's few threads.
-        let prepared =
-            tokio::task::spawn_blocking(move || prepare(req, &served2, default_max)).await;
-        let p = match prepared {
-            Ok(Ok(p)) => p,
-            Ok(Err(e)) => return self.count("Generate", Err(e)),
-            Err(e) => {
-                return self.count(
-                    "Generate",
-                    Err(Status::internal(format!("request preparation failed: {e}"))),
-                )
-            }
+        let p = match self
+            .cpu_job(move || prepare(req, &served2, default_max))
+            .await
+        {
+            Ok(p) => p,
+            Err(e) => return self.count("Generate", Err(e)),
         };
         let (tx, rx) = mpsc::unbounded_channel();
         let request_id = p.request_id.clone();
@@ -376,15 +453,21 @@ impl pb::inference_server::Inference for InferenceService {
         &self,
         request: Request<pb::TokenizeRequest>,
     ) -> Result<Response<pb::TokenizeResponse>, Status> {
-        let r = (|| {
+        let r = async {
             let served = self.served()?;
             let req = request.into_inner();
-            let ids = served
-                .tokenizer
-                .encode(&req.text, req.parse_special.unwrap_or(true))
-                .map_err(|e| invalid(format!("cannot tokenize: {e}")))?;
+            self.check_text_size("text", req.text.len())?;
+            let ids = self
+                .cpu_job(move || {
+                    served
+                        .tokenizer
+                        .encode(&req.text, req.parse_special.unwrap_or(true))
+                        .map_err(|e| invalid(format!("cannot tokenize: {e}")))
+                })
+                .await?;
             Ok(Response::new(pb::TokenizeResponse { ids }))
-        })();
+        }
+        .await;
         self.count("Tokenize", r)
     }
 
@@ -392,15 +475,20 @@ impl pb::inference_server::Inference for InferenceService {
         &self,
         request: Request<pb::DetokenizeRequest>,
     ) -> Result<Response<pb::DetokenizeResponse>, Status> {
-        let r = (|| {
+        let r = async {
             let served = self.served()?;
             let req = request.into_inner();
-            let text = served
-                .tokenizer
-                .decode(&req.ids, req.skip_special)
-                .map_err(|e| invalid(e.to_string()))?;
+            let text = self
+                .cpu_job(move || {
+                    served
+                        .tokenizer
+                        .decode(&req.ids, req.skip_special)
+                        .map_err(|e| invalid(e.to_string()))
+                })
+                .await?;
             Ok(Response::new(pb::DetokenizeResponse { text }))
-        })();
+        }
+        .await;
         self.count("Detokenize", r)
     }
 

@@ -53,6 +53,8 @@ pub struct ChatTemplate {
     source: String,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    /// Why the model's template could not be compiled; every render fails with it.
+    broken: Option<String>,
 }
 
 impl fmt::Debug for ChatTemplate {
@@ -90,6 +92,26 @@ impl ChatTemplate {
         Ok(Some(Self::new(source)?.with_special_tokens(bos, eos)))
     }
 
+    /// The template a model is served with: its own, ChatML when it has none, or, when its
+    /// own cannot be compiled, one whose every render fails with that error, so a broken
+    /// template refuses chat requests only and plain prompts are still served.
+    pub fn for_model(gguf: &GgufFile) -> Self {
+        match Self::from_gguf(gguf) {
+            Ok(Some(t)) => t,
+            Ok(None) => Self::chatml(),
+            Err(e) => {
+                tracing::warn!(error = %e, "the model's chat template is unusable; chat requests will be refused");
+                Self {
+                    env: Environment::new(),
+                    source: String::new(),
+                    bos_token: None,
+                    eos_token: None,
+                    broken: Some(e.to_string()),
+                }
+            }
+        }
+    }
+
     /// ChatML (`<|im_start|>role\ncontent<|im_end|>\n`), the fallback for
     /// models without a template.
     pub fn chatml() -> Self {
@@ -122,6 +144,7 @@ impl ChatTemplate {
             source,
             bos_token: None,
             eos_token: None,
+            broken: None,
         })
     }
 
@@ -212,6 +235,11 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         enable_thinking: Option<bool>,
     ) -> Result<String, TokenizerError> {
+        if let Some(e) = &self.broken {
+            return Err(TokenizerError::Template(format!(
+                "the model's chat template is unusable: {e}"
+            )));
+        }
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
@@ -835,6 +863,23 @@ mod tests {
         assert!(ChatTemplate::from_gguf(&none).unwrap().is_none());
         let bad = gguf_from_kv(vec![("tokenizer.chat_template", G::U32(1))]);
         assert!(ChatTemplate::from_gguf(&bad).is_err());
+    }
+
+    #[test]
+    fn a_template_that_does_not_compile_fails_only_its_renders() {
+        use crate::gguf::Value as G;
+        use crate::tokenizer::test_vocab::gguf_from_kv;
+        let gguf = gguf_from_kv(vec![(
+            "tokenizer.chat_template",
+            G::String("{% for m in messages %}{{ m.content }".into()),
+        )]);
+        assert!(ChatTemplate::from_gguf(&gguf).is_err());
+        let t = ChatTemplate::for_model(&gguf);
+        let e = t.render(&msgs(&[("user", "x")]), true, None).unwrap_err();
+        assert!(e.to_string().contains("chat template is unusable"), "{e}");
+        let none = gguf_from_kv(vec![]);
+        let chatml = ChatTemplate::for_model(&none);
+        assert_eq!(chatml.source(), ChatTemplate::chatml().source());
     }
 
     #[test]

@@ -307,14 +307,20 @@ impl Tokenizer {
                     let id = v
                         .as_u64()
                         .ok_or_else(|| invalid(key, "expected an unsigned integer"))?;
-                    // Converters sometimes write ids past the vocabulary
-                    // (e.g. a padding id of the embedding matrix); such an id
-                    // can never be produced, so it is treated as absent.
                     if id < n_vocab as u64 {
                         Ok(Some(id as u32))
-                    } else {
-                        tracing::warn!(key, id, n_vocab, "special token id out of range, ignored");
+                    } else if key == "tokenizer.ggml.padding_token_id" {
+                        // Converters sometimes write a padding id past the vocabulary
+                        // (a row of the embedding matrix); nothing here uses it.
+                        tracing::warn!(key, id, n_vocab, "padding token id out of range, ignored");
                         Ok(None)
+                    } else {
+                        // A BOS the model would be fed, or an end of generation that
+                        // could never be produced: the file is broken.
+                        Err(invalid(
+                            key,
+                            format!("token id {id} is outside the vocabulary of {n_vocab} tokens"),
+                        ))
                     }
                 }
             }

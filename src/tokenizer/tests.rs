@@ -188,14 +188,30 @@ fn add_bos_follows_metadata() {
 }
 
 #[test]
-fn out_of_range_special_ids_are_ignored() {
+fn out_of_range_special_ids_are_refused_but_padding_is_ignored() {
+    for key in [
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.eot_token_id",
+        "tokenizer.ggml.eom_token_id",
+    ] {
+        for id in [1_000_000, u32::MAX] {
+            let (mut v, _) = sample();
+            v.extra = vec![(key, Value::U32(id))];
+            let err = Tokenizer::from_gguf(&v.gguf()).unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                msg.contains(key) && msg.contains(&id.to_string()) && msg.contains("vocabulary"),
+                "{msg}"
+            );
+        }
+    }
     let (mut v, ids) = sample();
     v.extra = vec![
-        ("tokenizer.ggml.eos_token_id", Value::U32(1_000_000)),
+        ("tokenizer.ggml.padding_token_id", Value::U32(u32::MAX)),
         ("tokenizer.ggml.eot_token_id", Value::U32(ids.im_start)),
     ];
     let tok = v.build();
-    assert_eq!(tok.eos_id(), None);
     assert_eq!(tok.eot_id(), Some(ids.im_start));
     assert!(tok.is_eog(ids.im_start));
 }

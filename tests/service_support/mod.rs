@@ -200,15 +200,21 @@ impl Drop for ServeProcess {
 
 /// Starts the binary on free ports and reads the addresses it prints.
 pub fn spawn_serve(extra: &[&str]) -> ServeProcess {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .args(extra)
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_inferno"));
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ])
+    .args(extra);
+    spawn_serve_command(cmd)
+}
+
+/// Runs `cmd`, which must start `inferno serve` printing its addresses, and reads them.
+pub fn spawn_serve_command(mut cmd: Command) -> ServeProcess {
+    let mut child = cmd
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
