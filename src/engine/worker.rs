@@ -196,6 +196,7 @@ fn engine_main(shared: Arc<Shared>, config: EngineConfig, loader: Loader) {
     shared.state().send_replace(EngineState::Ready(served));
     info!(
         ctx_size = ctx,
+        model_context_length = model.config.context_length,
         max_seqs = limits.max_seqs,
         prefill_chunk = limits.prefill_chunk,
         prefill_chunk_running = limits.prefill_chunk_running,
@@ -204,6 +205,7 @@ fn engine_main(shared: Arc<Shared>, config: EngineConfig, loader: Loader) {
         cache_type_v = %kv.types.1,
         kv_bytes_per_token = kv.bytes_per_token,
         kv_cache_gib = format!("{:.3}", gib(kv.bytes(limits.kv_budget))),
+        kv_memory_gib = format!("{:.2}", gib(kv.available)),
         queue_capacity = shared.queue().capacity(),
         "engine ready"
     );
