@@ -199,7 +199,7 @@ pub struct Served {
     pub description: ModelDescription,
     /// `limits.ctx` is the context window each sequence has.
     pub limits: Limits,
-    /// The KV cache's types and size per position.
+    /// The KV cache's types, size per position and the memory it may take.
     pub kv: KvMemory,
 }
 
