@@ -85,6 +85,9 @@ fn generate_tokenize_logits_info_on_a_synthetic_model() {
         "--max-tokens",
         "12",
         "--ignore-eos",
+        // The model's whole context may be asked for.
+        "--ctx-size",
+        "4096",
         "Hello",
     ]);
     assert!(o2.status.success());
@@ -102,6 +105,18 @@ fn generate_tokenize_logits_info_on_a_synthetic_model() {
     let err2 = stderr(&o2);
     assert!(
         err2.contains("finish_reason: FINISH_REASON_LENGTH\n"),
+        "{err2}"
+    );
+    // The context and the KV cache at start: 4 layers x 2 KV heads x 64 x (K + V) in F16.
+    assert!(
+        err2.contains(
+            "context: 4096 tokens (model: 4096); KV cache f16/f16, 2048 bytes per position"
+        ),
+        "{err2}"
+    );
+    // Only the positions the run fills are allocated: the 5-token prompt plus 12.
+    assert!(
+        err2.contains("34.00 KiB for this run's 17 positions"),
         "{err2}"
     );
     // The backend as the user named it, not the internal decorator's name.
@@ -185,6 +200,11 @@ fn errors_are_one_clear_line() {
     assert_clean_error(
         &inferno(&["generate", "--model", m, "--ctx-size", "64", &long]),
         "context",
+    );
+    // Above the model's context: an error naming both numbers.
+    assert_clean_error(
+        &inferno(&["generate", "--model", m, "--ctx-size", "4097", "x"]),
+        "--ctx-size 4097 exceeds the model's context window of 4096 tokens",
     );
     assert_clean_error(
         &inferno(&["generate", "--model", m, "--top-p", "1.5", "x"]),

@@ -125,6 +125,17 @@ async fn chat_messages_logprobs_tokenizer_and_model_info() {
     // The default KV budget: max_seqs full contexts (the demo model's cache is small).
     assert_eq!(info.kv_cache_tokens, 8 * info.context_length);
     assert!(info.context_length >= 2 && info.context_length <= info.model_context_length);
+    // The KV memory: F16 caches (a Q8_0 model's default), 4 layers x 2 KV heads x 64 x
+    // (K + V) x 2 bytes per position, and the budget's bytes in those.
+    assert_eq!(
+        (info.kv_cache_type_k.as_str(), info.kv_cache_type_v.as_str()),
+        ("f16", "f16")
+    );
+    assert_eq!(info.kv_bytes_per_token, 2048);
+    assert_eq!(
+        info.kv_cache_bytes,
+        info.kv_cache_tokens as u64 * info.kv_bytes_per_token
+    );
 
     let ids = c
         .tokenize(pb::TokenizeRequest {

@@ -13,6 +13,7 @@
 
 use crate::backend::simd::Isa;
 use crate::engine::loader::{load_model, LoadOptions, LoadedModel};
+use crate::engine::memory::resident_bytes;
 use crate::model::{KvCache, Logits, Model, Scratch, SeqStep, State};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -493,7 +494,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
 
 /// A size in the largest binary unit that keeps it at least 1 (`1.20 GiB`, `5.47 MiB`), so
 /// a small model does not read `0.00 GiB`.
-fn bytes_shown(bytes: u64) -> String {
+pub(super) fn bytes_shown(bytes: u64) -> String {
     const UNITS: &[(&str, u64)] = &[("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
     for &(unit, size) in UNITS {
         if bytes >= size {
@@ -593,12 +594,4 @@ mod tests {
         assert!((s - 2.138).abs() < 1e-3);
         assert_eq!(mean_std(&[3.0]), (3.0, 0.0));
     }
-}
-
-/// This process's resident memory (VmRSS), where the system reports it.
-pub fn resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }

@@ -429,7 +429,9 @@ impl Baseline {
                 parse_special: true,
             },
         )?;
-        let state = assets.model.new_state(assets.ctx_size, assets.state_rows);
+        // Only the positions the baseline fills: a whole long context of cache is gigabytes.
+        let positions = (prompt.len() + a.max_tokens as usize).min(assets.ctx_size);
+        let state = assets.model.new_state(positions, assets.state_rows);
         let opts = GenerateOptions {
             max_tokens: a.max_tokens as usize,
             sampling: SamplingParams {

@@ -10,6 +10,7 @@ pub mod synth;
 
 use crate::backend::KvType;
 use crate::engine::loader::{self, EngineAssets, LoadOptions};
+use crate::engine::memory::gib;
 use crate::engine::request::{check_context, prompt_tokens, Prompt};
 use crate::engine::{generate, Flow, GenerateOptions};
 use crate::gguf::GgufFile;
@@ -83,7 +84,8 @@ pub struct ModelArgs {
     /// Worker threads; 0 = the machine's physical performance cores.
     #[arg(long, env = "INFERNO_THREADS", default_value_t = 0)]
     pub threads: usize,
-    /// Context window in tokens (default: the model's, capped at 4096).
+    /// Context window in tokens, at most the model's (default: the model's where one
+    /// sequence of it fits in memory, else the largest that does).
     #[arg(long)]
     pub ctx_size: Option<usize>,
     /// Type the KV cache stores keys as: f32, f16 or q8_0 (default: f32 for an F32 model,
@@ -252,7 +254,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         }
     };
     let prompt = prompt_tokens(&l.tokenizer, &l.chat_template, &input)?;
-    check_context(prompt.len(), l.ctx_size).map_err(|e| {
+    check_context(prompt.len(), Some(a.max_tokens), l.ctx_size).map_err(|e| {
         anyhow!(
             "{e} (raise --ctx-size, up to {})",
             l.model.config.context_length
@@ -265,7 +267,19 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         ignore_eos: a.ignore_eos,
         time_limit: None,
     };
-    let mut state = l.model.new_state(l.ctx_size, l.state_rows);
+    // Only the positions this run can fill: a whole long context of cache is gigabytes.
+    let positions = (prompt.len() + a.max_tokens).min(l.ctx_size);
+    let (kt, vt) = l.kv.types;
+    eprintln!(
+        "context: {} tokens (model: {}); KV cache {kt}/{vt}, {} bytes per position, {} for \
+         this run's {positions} positions (KV memory: {:.2} GiB)",
+        l.ctx_size,
+        l.model.config.context_length,
+        l.kv.bytes_per_token,
+        bench::bytes_shown(l.kv.bytes(positions)),
+        gib(l.kv.available),
+    );
+    let mut state = l.model.new_state(positions, l.state_rows);
     let stream = a.output == OutputFormat::Text;
     let mut stdout = std::io::stdout().lock();
     let g = generate(&l.model, &l.tokenizer, &mut state, &prompt, &opts, |ev| {
@@ -335,7 +349,8 @@ fn cmd_logits(a: LogitsArgs) -> Result<()> {
     if n == 0 {
         bail!("--ids is empty");
     }
-    let ctx = n.max(l.ctx_size).min(l.model.config.context_length);
+    // Only the positions the ids fill (a forward past the model's context is refused).
+    let ctx = n.min(l.model.config.context_length);
     let mut state = l.model.new_state(ctx, l.state_rows);
     let rows = if a.all { n } else { 1 };
     let mut out = vec![0.0f32; rows * vocab];

@@ -29,7 +29,8 @@ pub struct ServeArgs {
     /// Backend worker threads; 0 = the machine's physical performance cores.
     #[arg(long, env = "INFERNO_THREADS", default_value_t = 0)]
     pub threads: usize,
-    /// Context window in tokens (default: the model's, capped at 4096).
+    /// Context window in tokens, at most the model's (default: the model's where one
+    /// sequence of it fits in memory, else the largest that does).
     #[arg(long)]
     pub ctx_size: Option<usize>,
     /// Type the KV cache stores keys as: f32, f16 or q8_0 (default: f32 for an F32 model,
@@ -61,7 +62,8 @@ pub struct ServeArgs {
     pub prefill_chunk_running: usize,
     /// KV-cache positions shared by all sequences (each running request reserves its prompt
     /// plus max_tokens; finished ones are kept for prompt-prefix reuse). Default: max-batch
-    /// full contexts, capped at 2 GiB of cache (but at least one context).
+    /// full contexts, capped at what fits in memory (available memory less the model and
+    /// 20% of the total, at least 1 GiB; but at least one context).
     #[arg(long)]
     pub kv_cache_tokens: Option<usize>,
     /// On SIGINT/SIGTERM, how long in-flight requests may finish before they are cancelled

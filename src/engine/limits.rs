@@ -3,9 +3,6 @@
 //! (`max_seqs`), prompt tokens one step runs for waiting prompts (`prefill_chunk`), and the
 //! token rows of a whole step (`step_rows`, what the batch scratch is sized for).
 
-/// The default KV budget's cap in bytes.
-pub const DEFAULT_KV_CACHE_BYTES: usize = 2 << 30;
-
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// Requests that may wait to be admitted into the batch.
@@ -19,7 +16,8 @@ pub struct EngineConfig {
     /// prompt adds little to their inter-token latency.
     pub prefill_chunk_running: usize,
     /// KV-cache positions shared by all sequences; `None`: `max_seqs` full contexts, capped
-    /// at [`DEFAULT_KV_CACHE_BYTES`] (but at least one context).
+    /// at what fits in the memory the KV cache may take (but at least one context; see
+    /// [`super::memory`]).
     pub kv_cache_tokens: Option<usize>,
     /// Honour [`FAULT_PANIC_REQUEST_ID`](super::FAULT_PANIC_REQUEST_ID).
     #[cfg(feature = "fault-injection")]
@@ -57,11 +55,12 @@ pub struct Limits {
 
 impl Limits {
     /// The limits of `config` for a model with `ctx` positions per sequence and
-    /// `bytes_per_token` of KV cache per position.
-    pub fn new(config: &EngineConfig, ctx: usize, bytes_per_token: usize) -> Self {
+    /// `bytes_per_token` of KV cache per position, whose KV cache may take `kv_memory` bytes.
+    pub fn new(config: &EngineConfig, ctx: usize, bytes_per_token: usize, kv_memory: u64) -> Self {
         let max_seqs = config.max_seqs.max(1);
         let default_budget = || {
-            let by_memory = DEFAULT_KV_CACHE_BYTES / bytes_per_token.max(1);
+            let by_memory = kv_memory / bytes_per_token.max(1) as u64;
+            let by_memory = usize::try_from(by_memory).unwrap_or(usize::MAX);
             max_seqs.saturating_mul(ctx).min(by_memory.max(ctx))
         };
         Limits {
@@ -98,11 +97,19 @@ mod tests {
             max_seqs: 4,
             ..EngineConfig::default()
         };
-        assert_eq!(Limits::new(&config, 100, 64).kv_budget, 400);
+        let g = 1u64 << 30;
+        assert_eq!(Limits::new(&config, 100, 64, 2 * g).kv_budget, 400);
         // 2 GiB at 1 MiB per position holds 2048 positions, fewer than 4 contexts of 1000.
-        assert_eq!(Limits::new(&config, 1000, 1 << 20).kv_budget, 2048);
+        assert_eq!(Limits::new(&config, 1000, 1 << 20, 2 * g).kv_budget, 2048);
         // But never less than one context.
-        assert_eq!(Limits::new(&config, 4096, 1 << 30).kv_budget, 4096);
+        assert_eq!(Limits::new(&config, 4096, 1 << 30, 2 * g).kv_budget, 4096);
+        assert_eq!(Limits::new(&config, 4096, 1 << 20, 0).kv_budget, 4096);
+        // An explicit budget is kept whatever the memory.
+        let fixed = EngineConfig {
+            kv_cache_tokens: Some(1 << 20),
+            ..config
+        };
+        assert_eq!(Limits::new(&fixed, 4096, 1 << 20, 0).kv_budget, 1 << 20);
     }
 
     #[test]
@@ -113,7 +120,7 @@ mod tests {
             kv_cache_tokens: Some(0),
             ..EngineConfig::default()
         };
-        let l = Limits::new(&config, 128, 1);
+        let l = Limits::new(&config, 128, 1, 1 << 30);
         assert_eq!(l.prefill_chunk_running, 16);
         assert_eq!(l.kv_budget, 1);
         assert_eq!(l.step_rows(), 8 + 16);

@@ -3,6 +3,7 @@
 //! `serve` (where it runs on the engine thread), `generate`, `logits`, `bench` and
 //! `loadtest`, so they share their defaults.
 
+use super::memory::{self, gib, KvMemory, SystemMemory};
 use crate::backend::{create_backend, BackendOptions, KvType};
 use crate::gguf::{GgufError, GgufFile};
 use crate::model::synth::{self, SynthSpec};
@@ -11,13 +12,11 @@ use crate::tensor::GgmlType;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 use std::path::Path;
 use std::sync::Arc;
+use tracing::{debug, warn};
 
 /// What `GetModelInfo` says of a built-in synthetic model.
 pub const DEMO_NOTE: &str = "a built-in demo model with random weights: its output is random \
     text, not language (serve a real model with --model PATH)";
-
-/// The context window when none is asked for, if the model's is larger.
-pub const DEFAULT_CTX: usize = 4096;
 
 /// Token rows of a single-sequence [`crate::model::State`]: the most prompt tokens one of
 /// its forward calls runs.
@@ -29,7 +28,8 @@ pub struct LoadOptions {
     pub backend: String,
     /// Worker threads of the multi-threaded backends (0 = the machine's default).
     pub threads: usize,
-    /// Context window; `None` takes the model's, capped at [`DEFAULT_CTX`].
+    /// Context window, at most the model's; `None` takes the model's where one sequence of
+    /// it fits in memory, else the largest that does (see [`memory::context_window`]).
     pub ctx_size: Option<usize>,
     /// A TRACE span around every operation of every step (kernel spans).
     pub tracing: bool,
@@ -68,6 +68,8 @@ pub struct EngineAssets {
     pub chat_template: Arc<ChatTemplate>,
     /// Positions one sequence may hold (prompt plus completion).
     pub ctx_size: usize,
+    /// The KV cache's types, size per position and the memory it may take.
+    pub kv: KvMemory,
     /// Token rows for a single-sequence [`crate::model::State`] ([`STATE_ROWS`]; the engine
     /// itself runs [`super::EngineConfig::prefill_chunk`] prompt tokens per step).
     pub state_rows: usize,
@@ -103,10 +105,9 @@ pub fn load_model(gguf: &GgufFile, name: &str, opts: &LoadOptions) -> Result<Loa
     Ok(LoadedModel { model, threads })
 }
 
-/// The context window for a model of `model_ctx` positions: the one asked for, or
-/// [`DEFAULT_CTX`], within the model's; at least 2, room for a prompt token and one more.
-pub fn context_window(asked: Option<usize>, model_ctx: usize) -> usize {
-    asked.unwrap_or(DEFAULT_CTX).min(model_ctx).max(2)
+/// Bytes the model's weights take once loaded.
+fn weight_bytes(gguf: &GgufFile) -> u64 {
+    gguf.tensors().iter().map(|t| t.n_bytes).sum()
 }
 
 /// Loads everything a generation needs from an opened GGUF file.
@@ -116,16 +117,55 @@ pub fn assets_from_gguf(
     demo: bool,
     opts: &LoadOptions,
 ) -> Result<EngineAssets, String> {
+    // Read before loading, so the model's own memory is counted once: as the resident
+    // size subtracted below.
+    let machine = SystemMemory::read();
     let LoadedModel { model, threads } = load_model(gguf, name, opts)?;
     let tokenizer = Tokenizer::from_gguf(gguf)
         .map_err(|e| format!("cannot load the tokenizer of {name}: {e}"))?;
     let chat_template = ChatTemplate::for_model(gguf);
-    let ctx_size = context_window(opts.ctx_size, model.config.context_length);
+    let kv = KvMemory {
+        types: model.kv_types(),
+        bytes_per_token: model.kv_bytes_per_token(),
+        // The weights at least; the process's resident size where it is known, since the
+        // mapped file and the kernels' repacked copies may both stay resident.
+        available: memory::kv_memory(
+            machine,
+            memory::resident_bytes()
+                .unwrap_or(0)
+                .max(weight_bytes(gguf)),
+        ),
+    };
+    let model_ctx = model.config.context_length;
+    let window = memory::context_window(opts.ctx_size, model_ctx, kv.bytes_per_token, kv.available)
+        .map_err(|e| format!("{name}: {e}"))?;
+    if let Some(why) = &window.warning {
+        warn!("{why}");
+    }
+    let ctx_size = window.ctx;
+    if machine.is_none() {
+        warn!(
+            kv_memory_gib = gib(kv.available),
+            "cannot read this system's memory: the KV cache may take a fixed amount"
+        );
+    }
+    // Each command prints these where it starts (serve: "engine ready").
+    debug!(
+        ctx_size,
+        model_context_length = model_ctx,
+        cache_type_k = %kv.types.0,
+        cache_type_v = %kv.types.1,
+        kv_bytes_per_token = kv.bytes_per_token,
+        kv_per_sequence_gib = format!("{:.3}", gib(kv.bytes(ctx_size))),
+        kv_memory_gib = format!("{:.2}", gib(kv.available)),
+        "context window"
+    );
     Ok(EngineAssets {
         model,
         tokenizer: Arc::new(tokenizer),
         chat_template: Arc::new(chat_template),
         ctx_size,
+        kv,
         state_rows: STATE_ROWS,
         description: ModelDescription {
             name: name.to_string(),
@@ -174,15 +214,6 @@ pub fn synthetic_assets(preset: &str, opts: &LoadOptions) -> Result<EngineAssets
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn context_window_defaults_and_clamps() {
-        assert_eq!(context_window(None, 32768), DEFAULT_CTX);
-        assert_eq!(context_window(None, 128), 128);
-        assert_eq!(context_window(Some(64), 128), 64);
-        assert_eq!(context_window(Some(1000), 128), 128);
-        assert_eq!(context_window(Some(0), 128), 2);
-    }
 
     #[test]
     fn single_threaded_backends_report_one_thread() {

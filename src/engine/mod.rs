@@ -3,6 +3,7 @@
 //! | module | what it owns |
 //! |---|---|
 //! | [`loader`] | loading a model (file or synthetic, backend, threads, context) for every command |
+//! | [`memory`] | the machine's memory, the KV memory and the default context window it allows |
 //! | [`request`] | building a request: chat template, BOS, tokenization, limits; what handlers see ([`Served`], [`EngineState`]) |
 //! | [`generate`](mod@generate) | one generation: sampling, stop strings, streamed text, metrics ([`Sequence`]), and [`generate()`] for a single sequence |
 //! | [`job`] | a request as the engine thread serves it and the events it sends back |
@@ -23,6 +24,7 @@ pub mod job;
 pub mod kv_pool;
 pub mod limits;
 pub mod loader;
+pub mod memory;
 pub mod observer;
 pub mod queue;
 pub mod request;
@@ -42,7 +44,7 @@ pub use job::{
     Done, Event, Job, JobError, Logprobs, Outcome, Timings, TokenLogprob, TokenOut, MAX_LOGPROBS,
 };
 pub use kv_pool::KvUsage;
-pub use limits::{EngineConfig, Limits, DEFAULT_KV_CACHE_BYTES};
+pub use limits::{EngineConfig, Limits};
 pub use loader::{EngineAssets, LoadOptions, ModelDescription, DEMO_NOTE};
 pub use observer::{NoObserver, Observer};
 pub use request::{Built, EngineState, Prompt, Request, RequestError, Served};

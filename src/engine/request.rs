@@ -11,6 +11,7 @@ use super::generate::GenerateOptions;
 use super::job::MAX_LOGPROBS;
 use super::limits::Limits;
 use super::loader::ModelDescription;
+use super::memory::KvMemory;
 use crate::model::ModelConfig;
 use crate::sampling::{SamplingError, SamplingParams};
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
@@ -72,8 +73,16 @@ pub enum RequestError {
     Tokenize(String),
     #[error("the prompt is empty after tokenization")]
     Empty,
-    #[error("the prompt has {prompt} tokens but the context window holds {ctx}")]
-    PromptExceedsContext { prompt: usize, ctx: usize },
+    #[error(
+        "the prompt has {prompt} tokens but the context window holds {ctx}, leaving no room \
+         for {}", room_wanted(*.max_tokens)
+    )]
+    PromptExceedsContext {
+        prompt: usize,
+        /// As the request gave it, if it did.
+        max_tokens: Option<usize>,
+        ctx: usize,
+    },
     #[error(
         "the prompt has {prompt} tokens but the server's KV cache holds {kv} (--kv-cache-tokens)"
     )]
@@ -147,12 +156,25 @@ pub fn prompt_tokens(
     Ok(tokens)
 }
 
+/// What a prompt that fills the context leaves no room for, in its error message.
+fn room_wanted(max_tokens: Option<usize>) -> String {
+    match max_tokens {
+        Some(n) => format!("max_tokens ({n})"),
+        None => "a generated token".into(),
+    }
+}
+
 /// Whether a prompt of `prompt_len` tokens leaves room for a generated token in a context
-/// of `ctx` positions.
-pub fn check_context(prompt_len: usize, ctx: usize) -> Result<(), RequestError> {
+/// of `ctx` positions (`max_tokens`, as asked, goes into the error).
+pub fn check_context(
+    prompt_len: usize,
+    max_tokens: Option<usize>,
+    ctx: usize,
+) -> Result<(), RequestError> {
     if prompt_len >= ctx {
         return Err(RequestError::PromptExceedsContext {
             prompt: prompt_len,
+            max_tokens,
             ctx,
         });
     }
@@ -177,9 +199,16 @@ pub struct Served {
     pub description: ModelDescription,
     /// `limits.ctx` is the context window each sequence has.
     pub limits: Limits,
+    /// The KV cache's types, size per position and the memory it may take.
+    pub kv: KvMemory,
 }
 
 impl Served {
+    /// Bytes of the KV budget (`limits.kv_budget` positions) in the cache's types.
+    pub fn kv_budget_bytes(&self) -> u64 {
+        self.kv.bytes(self.limits.kv_budget)
+    }
+
     /// Checks a request's parameters, tokenizes its prompt and resolves its `max_tokens`
     /// (`None`: `default_max_tokens`, shortened to what fits), refusing what cannot run: a
     /// prompt that fills the context window or the KV budget, or `max_tokens` that would
@@ -238,7 +267,7 @@ fn resolve_max_tokens(
     default_max_tokens: usize,
 ) -> Result<usize, RequestError> {
     let (ctx, kv) = (limits.ctx, limits.kv_budget);
-    check_context(prompt, ctx)?;
+    check_context(prompt, max_tokens, ctx)?;
     if prompt >= kv {
         return Err(RequestError::PromptExceedsKvCache { prompt, kv });
     }
@@ -349,8 +378,15 @@ mod tests {
             resolve_max_tokens(&l, 100, None, 256),
             Err(RequestError::PromptExceedsContext {
                 prompt: 100,
+                max_tokens: None,
                 ctx: 100
             })
+        );
+        let e = resolve_max_tokens(&l, 120, Some(16), 256).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the prompt has 120 tokens but the context window holds 100, leaving no room for \
+             max_tokens (16)"
         );
     }
 }

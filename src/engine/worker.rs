@@ -12,6 +12,7 @@ use super::job::{Event, Job, JobError, Outcome};
 use super::kv_pool::KvUsage;
 use super::limits::{EngineConfig, Limits};
 use super::loader::EngineAssets;
+use super::memory::gib;
 use super::observer::Observer;
 use super::queue::PushError;
 use super::request::{EngineState, Served};
@@ -181,7 +182,8 @@ fn engine_main(shared: Arc<Shared>, config: EngineConfig, loader: Loader) {
     };
     let model = &assets.model;
     let ctx = assets.ctx_size.clamp(1, model.config.context_length);
-    let limits = Limits::new(&config, ctx, model.kv_bytes_per_token());
+    let kv = assets.kv;
+    let limits = Limits::new(&config, ctx, kv.bytes_per_token, kv.available);
     let served = Arc::new(Served {
         tokenizer: Arc::clone(&assets.tokenizer),
         chat_template: Arc::clone(&assets.chat_template),
@@ -189,14 +191,21 @@ fn engine_main(shared: Arc<Shared>, config: EngineConfig, loader: Loader) {
         quantization: model.weights.main_dtype().name().to_string(),
         description: assets.description.clone(),
         limits,
+        kv,
     });
     shared.state().send_replace(EngineState::Ready(served));
     info!(
         ctx_size = ctx,
+        model_context_length = model.config.context_length,
         max_seqs = limits.max_seqs,
         prefill_chunk = limits.prefill_chunk,
         prefill_chunk_running = limits.prefill_chunk_running,
         kv_cache_tokens = limits.kv_budget,
+        cache_type_k = %kv.types.0,
+        cache_type_v = %kv.types.1,
+        kv_bytes_per_token = kv.bytes_per_token,
+        kv_cache_gib = format!("{:.3}", gib(kv.bytes(limits.kv_budget))),
+        kv_memory_gib = format!("{:.2}", gib(kv.available)),
         queue_capacity = shared.queue().capacity(),
         "engine ready"
     );

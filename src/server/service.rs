@@ -521,6 +521,10 @@ impl pb::inference_server::Inference for InferenceService {
                 } else {
                     String::new()
                 },
+                kv_cache_type_k: s.kv.types.0.to_string(),
+                kv_cache_type_v: s.kv.types.1.to_string(),
+                kv_bytes_per_token: s.kv.bytes_per_token as u64,
+                kv_cache_bytes: s.kv_budget_bytes(),
             })
         });
         self.count("GetModelInfo", r)
