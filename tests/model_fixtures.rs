@@ -141,6 +141,25 @@ fn logits_match_transformers_and_llama_cpp() {
     println!("{report}");
 }
 
+/// `n` greedy tokens after `prompt`.
+fn greedy(model: &inferno::model::Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let vocab = model.config.vocab;
+    let mut st = model.new_state(prompt.len() + n + 1, 64);
+    let mut logits = vec![0.0; vocab];
+    model
+        .forward(&mut st, prompt, Logits::Last(&mut logits))
+        .unwrap();
+    let mut got = Vec::new();
+    for _ in 0..n {
+        let id = argmax(&logits) as u32;
+        got.push(id);
+        model
+            .forward(&mut st, &[id], Logits::Last(&mut logits))
+            .unwrap();
+    }
+    got
+}
+
 #[test]
 fn greedy_continuation_matches_transformers() {
     let manifest = manifest();
@@ -151,20 +170,7 @@ fn greedy_continuation_matches_transformers() {
         let want = ids(&g["hf"]);
         for dtype in DTYPES {
             let model = load_model(m["gguf"][dtype].as_str().unwrap(), "scalar");
-            let vocab = model.config.vocab;
-            let mut st = model.new_state(prompt.len() + want.len() + 1, 64);
-            let mut logits = vec![0.0; vocab];
-            model
-                .forward(&mut st, &prompt, Logits::Last(&mut logits))
-                .unwrap();
-            let mut got = Vec::new();
-            for _ in 0..want.len() {
-                let id = argmax(&logits) as u32;
-                got.push(id);
-                model
-                    .forward(&mut st, &[id], Logits::Last(&mut logits))
-                    .unwrap();
-            }
+            let got = greedy(&model, &prompt, want.len());
             let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
             let llama = ids(&g["llama"][dtype]);
             let same_llama = got.iter().zip(&llama).take_while(|(a, b)| a == b).count();
@@ -255,19 +261,7 @@ fn kv_cache_types_stay_within_their_error_of_transformers() {
             }
             let g = &m["greedy"];
             let (prompt, want) = (ids(&g["prompt"]), ids(&g["hf"]));
-            let mut st = model.new_state(prompt.len() + want.len() + 1, 64);
-            let mut logits = vec![0.0; vocab];
-            model
-                .forward(&mut st, &prompt, Logits::Last(&mut logits))
-                .unwrap();
-            let mut got = Vec::new();
-            for _ in 0..want.len() {
-                let id = argmax(&logits) as u32;
-                got.push(id);
-                model
-                    .forward(&mut st, &[id], Logits::Last(&mut logits))
-                    .unwrap();
-            }
+            let got = greedy(&model, &prompt, want.len());
             report += &format!(
                 "{name} {kv} cache: vs HF rel {:.3e}, argmax {}/{}, greedy {}\n",
                 s.max_rel,

@@ -10,7 +10,7 @@
 use super::gpu::GpuKv;
 use crate::tensor::q8_0;
 use half::f16;
-use half::slice::HalfBitsSliceExt;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 /// The element type of a KV cache's keys or values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -114,9 +114,8 @@ impl<'a> KvRows<'a> {
         match *self {
             KvRows::F32(s) => &s[r * hd..(r + 1) * hd],
             KvRows::F16(s) => {
-                for (o, v) in buf[..hd].iter_mut().zip(&s[r * hd..(r + 1) * hd]) {
-                    *o = v.to_f32();
-                }
+                // Exact (every f16 is an f32); vector instructions where the CPU has them.
+                s[r * hd..(r + 1) * hd].convert_to_f32_slice(&mut buf[..hd]);
                 &buf[..hd]
             }
             KvRows::Q8_0(s) => {
@@ -159,9 +158,11 @@ impl HostRows {
         match self {
             HostRows::F32(v) => v[r * hd..(r + 1) * hd].copy_from_slice(x),
             HostRows::F16(v) => {
-                for (o, &x) in v[r * hd..(r + 1) * hd].iter_mut().zip(x) {
-                    *o = f16::from_f32(x).to_bits();
-                }
+                // Rounded to nearest, ties to even, with F16C (or NEON) where the CPU has
+                // it: the same bits as the scalar conversion, several times faster.
+                v[r * hd..(r + 1) * hd]
+                    .reinterpret_cast_mut::<f16>()
+                    .convert_from_f32_slice(x);
             }
             HostRows::Q8_0(v) => {
                 let rb = KvType::Q8_0.row_bytes(hd);

@@ -9,7 +9,7 @@
 
 use super::serve::parse_duration;
 use super::OutputFormat;
-use crate::engine::loader::{file_assets, synthetic_assets, LoadOptions};
+use crate::engine::loader::{file_assets, synthetic_assets};
 use crate::engine::request::{prompt_tokens, Prompt};
 use crate::engine::{generate, Flow, GenerateOptions};
 use crate::sampling::SamplingParams;
@@ -71,13 +71,9 @@ pub struct LoadtestArgs {
     /// --synthetic): demo or 0.6b.
     #[arg(long, default_value = "demo")]
     pub synthetic: String,
-    /// Backend for --baseline (use the server's).
-    #[arg(long, default_value = "pool")]
-    pub backend: String,
-    /// Backend threads for --baseline (use the server's); 0 = the machine's physical
-    /// performance cores.
-    #[arg(long, env = "INFERNO_THREADS", default_value_t = 0)]
-    pub threads: usize,
+    /// How --baseline runs its model (use the server's settings).
+    #[command(flatten)]
+    pub run: super::RunArgs,
     /// text for reading, json for scripts.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
@@ -409,12 +405,7 @@ struct Baseline {
 
 impl Baseline {
     fn load(a: &LoadtestArgs) -> Result<Self> {
-        let load = LoadOptions {
-            backend: a.backend.clone(),
-            threads: a.threads,
-            ctx_size: None,
-            ..LoadOptions::default()
-        };
+        let load = a.run.load_options();
         let assets = match &a.model {
             Some(p) => file_assets(p, &load),
             None => synthetic_assets(&a.synthetic, &load),

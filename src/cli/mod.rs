@@ -77,6 +77,14 @@ pub struct ModelArgs {
     /// Path to a GGUF model file.
     #[arg(long, short = 'm')]
     pub model: PathBuf,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// How a model runs, for every command that loads one: backend, threads, context window and
+/// KV cache types.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
     /// Compute backend: pool (fastest on the CPU), parallel, simd, scalar (the reference), or
     /// gpu (alias vulkan, or metal on macOS: the whole forward pass on the GPU).
     #[arg(long, default_value = "pool")]
@@ -95,6 +103,19 @@ pub struct ModelArgs {
     /// Type the KV cache stores values as: f32, f16 or q8_0 (default as for keys).
     #[arg(long, value_parser = parse_kv_type)]
     pub cache_type_v: Option<KvType>,
+}
+
+impl RunArgs {
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            backend: self.backend.clone(),
+            threads: self.threads,
+            ctx_size: self.ctx_size,
+            cache_type_k: self.cache_type_k,
+            cache_type_v: self.cache_type_v,
+            ..LoadOptions::default()
+        }
+    }
 }
 
 /// A KV cache type from its name, for the command line.
@@ -199,15 +220,7 @@ pub fn open_gguf(path: &Path) -> Result<GgufFile> {
 
 /// Loads the model file `args` names, as `serve` would.
 pub fn load(args: &ModelArgs) -> Result<EngineAssets> {
-    let opts = LoadOptions {
-        backend: args.backend.clone(),
-        threads: args.threads,
-        ctx_size: args.ctx_size,
-        cache_type_k: args.cache_type_k,
-        cache_type_v: args.cache_type_v,
-        ..LoadOptions::default()
-    };
-    loader::file_assets(&args.model, &opts).map_err(anyhow::Error::msg)
+    loader::file_assets(&args.model, &args.run.load_options()).map_err(anyhow::Error::msg)
 }
 
 pub fn run(cli: Cli) -> Result<()> {

@@ -1,7 +1,7 @@
 //! `inferno serve`: runs the gRPC service on a small tokio runtime, with the model on its
 //! own engine thread, until SIGINT or SIGTERM.
 
-use crate::engine::loader::{file_assets, synthetic_assets, LoadOptions};
+use crate::engine::loader::{file_assets, synthetic_assets};
 use crate::engine::EngineConfig;
 use crate::server::auth::read_token_file;
 use crate::server::{self, ServerConfig, TlsError, TlsPem};
@@ -23,23 +23,8 @@ pub struct ServeArgs {
     /// random-weight model of Qwen3-0.6B's shape.
     #[arg(long, default_value = "demo")]
     pub synthetic: String,
-    /// Compute backend: scalar, simd, parallel, pool, or gpu (alias vulkan; metal on macOS).
-    #[arg(long, default_value = "pool")]
-    pub backend: String,
-    /// Backend worker threads; 0 = the machine's physical performance cores.
-    #[arg(long, env = "INFERNO_THREADS", default_value_t = 0)]
-    pub threads: usize,
-    /// Context window in tokens, at most the model's (default: the model's where one
-    /// sequence of it fits in memory, else the largest that does).
-    #[arg(long)]
-    pub ctx_size: Option<usize>,
-    /// Type the KV cache stores keys as: f32, f16 or q8_0 (default: f32 for an F32 model,
-    /// else f16). `--kv-cache-tokens` budgets are in positions of these types.
-    #[arg(long, value_parser = super::parse_kv_type)]
-    pub cache_type_k: Option<crate::backend::KvType>,
-    /// Type the KV cache stores values as: f32, f16 or q8_0 (default as for keys).
-    #[arg(long, value_parser = super::parse_kv_type)]
-    pub cache_type_v: Option<crate::backend::KvType>,
+    #[command(flatten)]
+    pub run: super::RunArgs,
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
@@ -220,14 +205,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         handshake_timeout: a.handshake_timeout,
         idle_timeout: a.idle_timeout,
     };
-    let load = LoadOptions {
-        backend: a.backend.clone(),
-        threads: a.threads,
-        ctx_size: a.ctx_size,
-        cache_type_k: a.cache_type_k,
-        cache_type_v: a.cache_type_v,
-        ..LoadOptions::default()
-    };
+    let load = a.run.load_options();
     // Check the backend now, so a typo (or, for gpu, a missing adapter) fails before
     // anything starts.
     let checked = crate::backend::create_backend(&load.backend, &Default::default())?;
