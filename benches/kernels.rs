@@ -6,7 +6,7 @@
 use divan::{black_box, Bencher};
 use inferno::backend::simd::{Isa, SimdBackend};
 use inferno::backend::threadpool::ThreadPool;
-use inferno::backend::{AttentionShape, Backend, KvRows, PoolBackend, ScalarBackend};
+use inferno::backend::{AttentionShape, Backend, KvLayer, KvRows, PoolBackend, ScalarBackend};
 use inferno::gguf::TensorBytes;
 use inferno::tensor::{q8_0, GgmlType, Matrix};
 
@@ -265,6 +265,9 @@ fn attention_decode_ctx512(b: Bencher, k: &str) {
         scale: 1.0 / (hd as f32).sqrt(),
     };
     let mut out = vec![0.0f32; n_heads * hd];
-    let (kc, vc) = (KvRows::F32(&kc), KvRows::F32(&vc));
-    b.bench_local(|| be.attention(&shape, black_box(&q), kc, vc, &mut out));
+    let kv = KvLayer {
+        k: KvRows::F32(&kc),
+        v: KvRows::F32(&vc),
+    };
+    b.bench_local(|| be.attention(&shape, black_box(&q), kv, &mut out));
 }

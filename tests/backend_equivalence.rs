@@ -10,8 +10,8 @@ mod common;
 
 use inferno::backend::simd::{Isa, Kernels, SimdBackend};
 use inferno::backend::{
-    create_backend, AttentionShape, Backend, BackendOptions, Device, KvRows, ParallelBackend,
-    PoolBackend, ScalarBackend,
+    create_backend, AttentionShape, Backend, BackendOptions, Device, KvLayer, KvRows,
+    ParallelBackend, PoolBackend, ScalarBackend,
 };
 use inferno::gguf::{GgufFile, TensorBytes};
 use inferno::model::{Logits, Model};
@@ -316,10 +316,10 @@ fn attention_matches_scalar_within_softmax_error() {
             let (ks, vs) = (Stored::new(&k, hd), Stored::new(&v, hd));
             for (kr, vr) in type_pairs(&ks, &vs) {
                 let mut want = vec![0.0; q.len()];
-                scalar.attention(&shape, &q, kr, vr, &mut want);
+                scalar.attention(&shape, &q, KvLayer { k: kr, v: vr }, &mut want);
                 for isa in Isa::available() {
                     let mut got = vec![f32::NAN; q.len()];
-                    simd(isa).attention(&shape, &q, kr, vr, &mut got);
+                    simd(isa).attention(&shape, &q, KvLayer { k: kr, v: vr }, &mut got);
                     // Both read the same stored values; outputs are convex combinations of
                     // values of about unit size; reordered dot products and the 2-ulp
                     // exponential move the weights by ~1e-6 relative.
@@ -364,8 +364,7 @@ fn a_prompts_attention_in_one_call_equals_its_tokens_one_by_one_bit_for_bit() {
                 one.attention(
                     &shape(1, pos0 + t),
                     &q[t * row..(t + 1) * row],
-                    kr,
-                    vr,
+                    KvLayer { k: kr, v: vr },
                     &mut want[t * row..(t + 1) * row],
                 );
             }
@@ -376,7 +375,12 @@ fn a_prompts_attention_in_one_call_equals_its_tokens_one_by_one_bit_for_bit() {
             ];
             for be in &pools {
                 let mut got = vec![f32::NAN; q.len()];
-                be.attention(&shape(n_tokens, pos0), &q, kr, vr, &mut got);
+                be.attention(
+                    &shape(n_tokens, pos0),
+                    &q,
+                    KvLayer { k: kr, v: vr },
+                    &mut got,
+                );
                 assert_eq!(
                     bits(&got),
                     bits(&want),

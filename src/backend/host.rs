@@ -214,9 +214,8 @@ impl Executor for HostExec<'_, '_> {
                         capacity: s.kv.capacity(),
                         scale,
                     };
-                    let (kc, vc) = s.kv.layer(layer);
                     let rows = r0 * w..(r0 + m) * w;
-                    be.attention(&shape, &qb[rows.clone()], kc, vc, &mut ob[rows]);
+                    be.attention(&shape, &qb[rows.clone()], s.kv.layer(layer), &mut ob[rows]);
                 }
             }
             Op::SiluMul { gate, up, rows } => {

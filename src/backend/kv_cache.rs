@@ -127,6 +127,13 @@ impl<'a> KvRows<'a> {
     }
 }
 
+/// One layer's keys and values, as attention reads them.
+#[derive(Clone, Copy, Debug)]
+pub struct KvLayer<'a> {
+    pub k: KvRows<'a>,
+    pub v: KvRows<'a>,
+}
+
 /// One layer's keys or values in host memory, `[n_kv_heads][capacity]` rows. Every variant
 /// is allocated zeroed (F16 as its bit patterns), so the pages of positions not yet written
 /// are not resident.
@@ -385,13 +392,19 @@ impl KvCache {
     /// Layer `layer`'s keys and values in host memory, `[n_kv_heads][capacity]` rows (empty
     /// for a device cache, which the host kernels never see: a step checks where its caches
     /// live before it starts).
-    pub fn layer(&self, layer: usize) -> (KvRows<'_>, KvRows<'_>) {
-        let empty = (KvRows::F32(&[]), KvRows::F32(&[]));
+    pub fn layer(&self, layer: usize) -> KvLayer<'_> {
+        let empty = KvLayer {
+            k: KvRows::F32(&[]),
+            v: KvRows::F32(&[]),
+        };
         let Store::Host { k, v } = &self.store else {
             return empty;
         };
         match (k.get(layer), v.get(layer)) {
-            (Some(k), Some(v)) => (k.view(), v.view()),
+            (Some(k), Some(v)) => KvLayer {
+                k: k.view(),
+                v: v.view(),
+            },
             _ => empty,
         }
     }
@@ -415,7 +428,7 @@ impl KvCache {
 
 #[cfg(test)]
 mod tests {
-    use super::{KvCache, KvRows, KvType};
+    use super::{KvCache, KvLayer, KvRows, KvType};
 
     fn row(kv: KvRows<'_>, r: usize, hd: usize) -> Vec<f32> {
         let mut buf = vec![0.0; hd];
@@ -441,8 +454,7 @@ mod tests {
             assert_eq!(b.copy_prefix_from(&a, 3), 3);
             assert_eq!(b.len(), 3);
             for l in 0..layers {
-                let (ak, av) = a.layer(l);
-                let (bk, bv) = b.layer(l);
+                let (KvLayer { k: ak, v: av }, KvLayer { k: bk, v: bv }) = (a.layer(l), b.layer(l));
                 for h in 0..heads {
                     for p in 0..3 {
                         assert_eq!(row(ak, h * 4 + p, hd), row(bk, h * 9 + p, hd));
@@ -471,7 +483,7 @@ mod tests {
         ] {
             let mut kv = KvCache::with_types(1, 1, hd, 2, (t, t));
             kv.store(0, 1, &x, &x);
-            let (k, _) = kv.layer(0);
+            let k = kv.layer(0).k;
             assert_eq!(k.kind(), t);
             let got = row(k, 1, hd);
             let err = got

@@ -23,7 +23,7 @@ pub mod threadpool;
 pub use device::{Device, DeviceError, Scratch};
 pub use exec::{Buf, Executor, Logits, Op, ScratchSpec, SeqStep, LOGITS};
 pub use factory::{create_backend, BackendOptions, BACKEND_NAMES};
-pub use kv_cache::{KvCache, KvRows, KvType, KV_TYPE_NAMES};
+pub use kv_cache::{KvCache, KvLayer, KvRows, KvType, KV_TYPE_NAMES};
 pub use parallel::ParallelBackend;
 pub use pool::PoolBackend;
 pub use scalar::ScalarBackend;
@@ -85,16 +85,9 @@ pub trait Backend: Send + Sync {
     /// `inv_freq` has `head_dim / 2` entries.
     fn rope(&self, x: &mut [f32], n_heads: usize, head_dim: usize, pos0: usize, inv_freq: &[f32]);
 
-    /// Causal grouped-query attention over a KV cache laid out
-    /// `[n_kv_heads][capacity][head_dim]`. `q` and `out` are `n_tokens × n_heads × head_dim`.
-    fn attention(
-        &self,
-        shape: &AttentionShape,
-        q: &[f32],
-        k_cache: KvRows<'_>,
-        v_cache: KvRows<'_>,
-        out: &mut [f32],
-    );
+    /// Causal grouped-query attention over one layer of a KV cache, rows laid out
+    /// `[n_kv_heads][capacity]`. `q` and `out` are `n_tokens × n_heads × head_dim`.
+    fn attention(&self, shape: &AttentionShape, q: &[f32], kv: KvLayer<'_>, out: &mut [f32]);
 
     /// `gate = silu(gate) * up`, element-wise (the SwiGLU gate).
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]);
@@ -133,15 +126,8 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     fn rope(&self, x: &mut [f32], n_heads: usize, head_dim: usize, pos0: usize, inv_freq: &[f32]) {
         (**self).rope(x, n_heads, head_dim, pos0, inv_freq)
     }
-    fn attention(
-        &self,
-        shape: &AttentionShape,
-        q: &[f32],
-        k_cache: KvRows<'_>,
-        v_cache: KvRows<'_>,
-        out: &mut [f32],
-    ) {
-        (**self).attention(shape, q, k_cache, v_cache, out)
+    fn attention(&self, shape: &AttentionShape, q: &[f32], kv: KvLayer<'_>, out: &mut [f32]) {
+        (**self).attention(shape, q, kv, out)
     }
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
         (**self).silu_mul(gate, up)

@@ -10,7 +10,7 @@ use super::scalar::with_quant_scratch;
 use super::simd::quants::QuantMatmul;
 use super::simd::{with_act_scratch, Kernels, OutPtr, PackedQ8, SimdBackend};
 use super::threadpool::default_threads;
-use super::{AttentionShape, Backend, KvRows, ScalarBackend};
+use super::{AttentionShape, Backend, KvLayer, ScalarBackend};
 use crate::tensor::{q8_0, GgmlType, Matrix};
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -186,16 +186,9 @@ impl Backend for ParallelBackend {
         self.simd.rope(x, n_heads, head_dim, pos0, inv_freq)
     }
 
-    fn attention(
-        &self,
-        shape: &AttentionShape,
-        q: &[f32],
-        k_cache: KvRows<'_>,
-        v_cache: KvRows<'_>,
-        out: &mut [f32],
-    ) {
+    fn attention(&self, shape: &AttentionShape, q: &[f32], kv: KvLayer<'_>, out: &mut [f32]) {
         if shape.n_tokens < PARALLEL_MIN_TOKENS {
-            return self.simd.attention(shape, q, k_cache, v_cache, out);
+            return self.simd.attention(shape, q, kv, out);
         }
         let k = self.k;
         let len = out.len();
@@ -206,7 +199,7 @@ impl Backend for ParallelBackend {
             // keys) by stealing.
             (0..items).into_par_iter().for_each(|i| {
                 // SAFETY: items are disjoint heads of `out`, which outlives the loop.
-                unsafe { k.attention(shape, q, k_cache, v_cache, o, len, i, i + 1) };
+                unsafe { k.attention(shape, q, kv, o, len, i, i + 1) };
             })
         });
     }

@@ -11,7 +11,7 @@ use super::scalar::with_quant_scratch;
 use super::simd::quants::QuantMatmul;
 use super::simd::{with_act_scratch, Kernels, OutPtr, PackedQ8, SimdBackend, GROUP};
 use super::threadpool::{default_threads, split, ThreadPool};
-use super::{AttentionShape, Backend, KvRows, ScalarBackend};
+use super::{AttentionShape, Backend, KvLayer, ScalarBackend};
 use crate::tensor::{q8_0, GgmlType, Matrix};
 
 /// Products with fewer 16-row groups than this run on the caller alone (dispatch would cost
@@ -230,14 +230,7 @@ impl Backend for PoolBackend {
         self.simd.rope(x, n_heads, head_dim, pos0, inv_freq)
     }
 
-    fn attention(
-        &self,
-        shape: &AttentionShape,
-        q: &[f32],
-        k_cache: KvRows<'_>,
-        v_cache: KvRows<'_>,
-        out: &mut [f32],
-    ) {
+    fn attention(&self, shape: &AttentionShape, q: &[f32], kv: KvLayer<'_>, out: &mut [f32]) {
         let k = self.k;
         let len = out.len();
         let o = OutPtr(out.as_mut_ptr());
@@ -246,7 +239,7 @@ impl Backend for PoolBackend {
         self.pool.run(nc, &|c| {
             let (i0, i1) = split(items, c, nc);
             // SAFETY: each item writes only its own heads of `out`, which outlives the job.
-            unsafe { k.attention(shape, q, k_cache, v_cache, o, len, i0, i1) };
+            unsafe { k.attention(shape, q, kv, o, len, i0, i1) };
         });
     }
 

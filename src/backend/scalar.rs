@@ -1,6 +1,6 @@
 //! The reference backend: plain loops, one core, defining the numerics of every operation.
 
-use super::{AttentionShape, Backend, KvRows};
+use super::{AttentionShape, Backend, KvLayer, KvRows};
 use crate::tensor::{self, float, GgmlType, Matrix, QuantDot};
 use std::cell::RefCell;
 
@@ -126,14 +126,7 @@ impl Backend for ScalarBackend {
         }
     }
 
-    fn attention(
-        &self,
-        s: &AttentionShape,
-        q: &[f32],
-        k_cache: KvRows<'_>,
-        v_cache: KvRows<'_>,
-        out: &mut [f32],
-    ) {
+    fn attention(&self, s: &AttentionShape, q: &[f32], kv: KvLayer<'_>, out: &mut [f32]) {
         let hd = s.head_dim;
         let group = s.n_heads / s.n_kv_heads;
         for t in 0..s.n_tokens {
@@ -144,8 +137,8 @@ impl Backend for ScalarBackend {
                 let qh = &q[base..base + hd];
                 let acc = &mut out[base..base + hd];
                 let r0 = kvh * s.capacity;
-                let k = k_cache.rows(r0, r0 + kv_len, hd);
-                let v = v_cache.rows(r0, r0 + kv_len, hd);
+                let k = kv.k.rows(r0, r0 + kv_len, hd);
+                let v = kv.v.rows(r0, r0 + kv_len, hd);
                 attend_head(qh, k, v, hd, kv_len, s.scale, acc);
             }
         }

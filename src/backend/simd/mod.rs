@@ -50,7 +50,7 @@ mod x86;
 #[cfg(target_arch = "x86_64")]
 mod x86_quants;
 
-use super::{AttentionShape, Backend, KvRows};
+use super::{AttentionShape, Backend, KvLayer};
 use crate::gguf::TensorBytes;
 use crate::tensor::{legacy, q8_0, GgmlType, Matrix};
 use rayon::prelude::*;
@@ -645,13 +645,11 @@ impl Kernels {
     /// # Safety
     /// `out` points to `n_tokens × n_heads × head_dim` floats of which this call writes its
     /// items' heads; no other thread writes those during the call.
-    #[allow(clippy::too_many_arguments)]
     pub unsafe fn attention(
         &self,
         s: &AttentionShape,
         q: &[f32],
-        k_cache: KvRows<'_>,
-        v_cache: KvRows<'_>,
+        kv: KvLayer<'_>,
         out: OutPtr,
         out_len: usize,
         i0: usize,
@@ -670,8 +668,8 @@ impl Kernels {
             let kv_max = s.pos0 + tokens.end;
             let r0 = kvh * s.capacity;
             let (k, v) = (
-                k_cache.rows(r0, r0 + kv_max, hd),
-                v_cache.rows(r0, r0 + kv_max, hd),
+                kv.k.rows(r0, r0 + kv_max, hd),
+                kv.v.rows(r0, r0 + kv_max, hd),
             );
             // Token t's heads of this KV head: `group` rows from `base(t)`.
             let base = |t: usize| (t * s.n_heads + kvh * group) * hd;
@@ -851,27 +849,12 @@ impl<B: Backend> Backend for SimdBackend<B> {
         self.k.rope(x, n_heads, head_dim, pos0, inv_freq)
     }
 
-    fn attention(
-        &self,
-        shape: &AttentionShape,
-        q: &[f32],
-        k_cache: KvRows<'_>,
-        v_cache: KvRows<'_>,
-        out: &mut [f32],
-    ) {
+    fn attention(&self, shape: &AttentionShape, q: &[f32], kv: KvLayer<'_>, out: &mut [f32]) {
         let len = out.len();
         // SAFETY: one thread computes every item into `out`, which it borrows mutably.
         unsafe {
-            self.k.attention(
-                shape,
-                q,
-                k_cache,
-                v_cache,
-                OutPtr(out.as_mut_ptr()),
-                len,
-                0,
-                usize::MAX,
-            )
+            self.k
+                .attention(shape, q, kv, OutPtr(out.as_mut_ptr()), len, 0, usize::MAX)
         }
     }
 
