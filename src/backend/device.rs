@@ -5,7 +5,7 @@
 use super::exec::{Executor, ScratchSpec, SeqStep, Traced};
 use super::gpu::{GpuBackend, GpuError, GpuExec, GpuScratch};
 use super::host::{HostExec, HostScratch};
-use super::kv_cache::{KvCache, KvType};
+use super::kv_cache::{KvCache, KvShape, KvType};
 use super::Backend;
 use crate::tensor::{GgmlType, Matrix, Vector};
 use std::sync::Arc;
@@ -181,31 +181,14 @@ impl Device {
     }
 
     /// An empty KV cache of up to `capacity` positions (fewer where one layer's buffer
-    /// cannot hold that many on the GPU), storing keys and values as `types` (checked with
+    /// cannot hold that many on the GPU), of this shape (its types checked with
     /// [`Self::check_kv_types`]).
-    pub fn new_kv_cache(
-        &self,
-        n_layers: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        capacity: usize,
-        types: (KvType, KvType),
-    ) -> KvCache {
+    pub fn new_kv_cache(&self, kv: KvShape, capacity: usize) -> KvCache {
         match &self.target {
-            Target::Host(_) => {
-                KvCache::with_types(n_layers, n_kv_heads, head_dim, capacity.max(1), types)
-            }
+            Target::Host(_) => KvCache::with_shape(kv, capacity.max(1)),
             Target::Gpu(g) => {
-                let capacity = capacity
-                    .min(g.max_kv_capacity(n_kv_heads, head_dim, types))
-                    .max(1);
-                KvCache::on_gpu(
-                    g.new_kv(n_layers, n_kv_heads, head_dim, capacity, types),
-                    n_layers,
-                    n_kv_heads,
-                    head_dim,
-                    types,
-                )
+                let capacity = capacity.min(g.max_kv_capacity(kv)).max(1);
+                KvCache::on_gpu(g.new_kv(kv, capacity), kv)
             }
         }
     }

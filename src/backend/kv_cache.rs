@@ -75,6 +75,25 @@ impl std::fmt::Display for KvType {
     }
 }
 
+/// What one position of a KV cache holds: keys and values of every layer's KV heads, rows
+/// of `head_dim` values stored as `types` (keys, values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvShape {
+    pub n_layers: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub types: (KvType, KvType),
+}
+
+impl KvShape {
+    /// Bytes one position takes (keys and values, every layer).
+    pub fn bytes_per_token(&self) -> usize {
+        self.n_layers
+            * self.n_kv_heads
+            * (self.types.0.row_bytes(self.head_dim) + self.types.1.row_bytes(self.head_dim))
+    }
+}
+
 /// Keys or values of a KV cache as stored, row after row (`head_dim` values a row).
 #[derive(Clone, Copy, Debug)]
 pub enum KvRows<'a> {
@@ -202,10 +221,7 @@ pub struct KvCache {
     capacity: usize,
     /// Positions `0..len` hold valid keys and values.
     len: usize,
-    n_layers: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-    types: (KvType, KvType),
+    kv: KvShape,
     store: Store,
 }
 
@@ -217,60 +233,42 @@ enum Store {
 impl KvCache {
     /// An F32 cache in host memory.
     pub fn new(n_layers: usize, n_kv_heads: usize, head_dim: usize, capacity: usize) -> Self {
-        Self::with_types(
+        let shape = KvShape {
             n_layers,
             n_kv_heads,
             head_dim,
-            capacity,
-            (KvType::F32, KvType::F32),
-        )
+            types: (KvType::F32, KvType::F32),
+        };
+        Self::with_shape(shape, capacity)
     }
 
-    /// A host cache storing keys as `types.0` and values as `types.1` (checked against the
+    /// A host cache of `capacity` positions of this shape (its types checked against the
     /// head size by the caller: [`KvType::check_head_dim`]).
-    pub fn with_types(
-        n_layers: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        capacity: usize,
-        types: (KvType, KvType),
-    ) -> Self {
-        let rows = n_kv_heads * capacity;
+    pub fn with_shape(kv: KvShape, capacity: usize) -> Self {
+        let rows = kv.n_kv_heads * capacity;
         let layers = |t: KvType| {
-            (0..n_layers)
-                .map(|_| HostRows::new(t, rows, head_dim))
+            (0..kv.n_layers)
+                .map(|_| HostRows::new(t, rows, kv.head_dim))
                 .collect()
         };
         Self {
             capacity,
             len: 0,
-            n_layers,
-            n_kv_heads,
-            head_dim,
-            types,
+            kv,
             store: Store::Host {
-                k: layers(types.0),
-                v: layers(types.1),
+                k: layers(kv.types.0),
+                v: layers(kv.types.1),
             },
         }
     }
 
     /// A cache whose keys and values live in device memory.
-    pub(crate) fn on_gpu(
-        kv: GpuKv,
-        n_layers: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        types: (KvType, KvType),
-    ) -> Self {
+    pub(crate) fn on_gpu(gpu: GpuKv, kv: KvShape) -> Self {
         Self {
-            capacity: kv.capacity(),
+            capacity: gpu.capacity(),
             len: 0,
-            n_layers,
-            n_kv_heads,
-            head_dim,
-            types,
-            store: Store::Gpu(kv),
+            kv,
+            store: Store::Gpu(gpu),
         }
     }
 
@@ -289,7 +287,7 @@ impl KvCache {
 
     /// The stored types of keys and values.
     pub fn types(&self) -> (KvType, KvType) {
-        self.types
+        self.kv.types
     }
 
     /// Positions the cache can hold.
@@ -328,15 +326,13 @@ impl KvCache {
 
     /// Layers, KV heads and head size.
     pub fn shape(&self) -> (usize, usize, usize) {
-        (self.n_layers, self.n_kv_heads, self.head_dim)
+        (self.kv.n_layers, self.kv.n_kv_heads, self.kv.head_dim)
     }
 
     /// Whether `other` has the same layers, heads and types and lives in the same memory (so
     /// positions can be copied across).
     pub fn same_shape(&self, other: &KvCache) -> bool {
-        self.shape() == other.shape()
-            && self.types == other.types
-            && self.on_device() == other.on_device()
+        self.kv == other.kv && self.on_device() == other.on_device()
     }
 
     /// Replaces this cache's contents with the first `n` positions of `other` (a shared
@@ -349,7 +345,7 @@ impl KvCache {
             return 0;
         }
         let n = n.min(other.len).min(self.capacity);
-        let (hd, heads, cap) = (self.head_dim, self.n_kv_heads, self.capacity);
+        let (hd, heads, cap) = (self.kv.head_dim, self.kv.n_kv_heads, self.capacity);
         match (&mut self.store, &other.store) {
             (Store::Gpu(dst), Store::Gpu(src)) => dst.copy_prefix_from(src, n),
             (Store::Host { k, v }, Store::Host { k: ok, v: ov }) => {
@@ -371,8 +367,8 @@ impl KvCache {
     /// Stores `n_tokens` rows of keys and values (`n_tokens × n_kv_heads × head_dim`) at
     /// positions `pos0 ..`, converted to the cache's types.
     pub fn store(&mut self, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
-        let hd = self.head_dim;
-        let (row, cap) = (self.n_kv_heads * hd, self.capacity);
+        let (hd, heads) = (self.kv.head_dim, self.kv.n_kv_heads);
+        let (row, cap) = (heads * hd, self.capacity);
         // A device cache is filled by the GPU kernels; the host path never stores into it.
         let Store::Host { k: kc, v: vc } = &mut self.store else {
             return;
@@ -381,7 +377,7 @@ impl KvCache {
             return;
         };
         for (t, (kt, vt)) in k.chunks_exact(row).zip(v.chunks_exact(row)).enumerate() {
-            for h in 0..self.n_kv_heads {
+            for h in 0..heads {
                 let r = h * cap + pos0 + t;
                 kl.put(r, hd, &kt[h * hd..(h + 1) * hd]);
                 vl.put(r, hd, &vt[h * hd..(h + 1) * hd]);
@@ -410,25 +406,27 @@ impl KvCache {
     }
 
     pub fn bytes(&self) -> usize {
-        Self::bytes_per_token(self.n_layers, self.n_kv_heads, self.head_dim, self.types)
-            * self.capacity
-    }
-
-    /// Bytes one position takes in a cache of this shape and these types (keys and
-    /// values, every layer).
-    pub fn bytes_per_token(
-        n_layers: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        types: (KvType, KvType),
-    ) -> usize {
-        n_layers * n_kv_heads * (types.0.row_bytes(head_dim) + types.1.row_bytes(head_dim))
+        self.kv.bytes_per_token() * self.capacity
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{KvCache, KvLayer, KvRows, KvType};
+    use super::{KvCache, KvLayer, KvRows, KvShape, KvType};
+
+    fn shape(
+        n_layers: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        types: (KvType, KvType),
+    ) -> KvShape {
+        KvShape {
+            n_layers,
+            n_kv_heads,
+            head_dim,
+            types,
+        }
+    }
 
     fn row(kv: KvRows<'_>, r: usize, hd: usize) -> Vec<f32> {
         let mut buf = vec![0.0; hd];
@@ -443,14 +441,14 @@ mod tests {
             (KvType::F16, KvType::Q8_0),
             (KvType::Q8_0, KvType::F16),
         ] {
-            let mut a = KvCache::with_types(layers, heads, hd, 4, types);
+            let mut a = KvCache::with_shape(shape(layers, heads, hd, types), 4);
             for l in 0..layers {
                 let k: Vec<f32> = (0..4 * heads * hd).map(|i| (l * 100 + i) as f32).collect();
                 let v: Vec<f32> = k.iter().map(|x| -x).collect();
                 a.store(l, 0, &k, &v);
             }
             a.advance(4);
-            let mut b = KvCache::with_types(layers, heads, hd, 9, types);
+            let mut b = KvCache::with_shape(shape(layers, heads, hd, types), 9);
             assert_eq!(b.copy_prefix_from(&a, 3), 3);
             assert_eq!(b.len(), 3);
             for l in 0..layers {
@@ -465,7 +463,7 @@ mod tests {
             // Never more than the source holds; never across types.
             a.truncate(2);
             assert_eq!(b.copy_prefix_from(&a, 3), 2);
-            let mut other = KvCache::with_types(layers, heads, hd, 9, (types.1, types.0));
+            let mut other = KvCache::with_shape(shape(layers, heads, hd, (types.1, types.0)), 9);
             if types.0 != types.1 {
                 assert_eq!(other.copy_prefix_from(&a, 2), 0);
             }
@@ -481,7 +479,7 @@ mod tests {
             (KvType::F16, 2e-3),
             (KvType::Q8_0, 3.0 / 127.0),
         ] {
-            let mut kv = KvCache::with_types(1, 1, hd, 2, (t, t));
+            let mut kv = KvCache::with_shape(shape(1, 1, hd, (t, t)), 2);
             kv.store(0, 1, &x, &x);
             let k = kv.layer(0).k;
             assert_eq!(k.kind(), t);

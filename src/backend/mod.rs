@@ -23,7 +23,7 @@ pub mod threadpool;
 pub use device::{Device, DeviceError, Scratch};
 pub use exec::{Buf, Executor, Logits, Op, ScratchSpec, SeqStep, LOGITS};
 pub use factory::{create_backend, BackendOptions, BACKEND_NAMES};
-pub use kv_cache::{KvCache, KvLayer, KvRows, KvType, KV_TYPE_NAMES};
+pub use kv_cache::{KvCache, KvLayer, KvRows, KvShape, KvType, KV_TYPE_NAMES};
 pub use parallel::ParallelBackend;
 pub use pool::PoolBackend;
 pub use scalar::ScalarBackend;

@@ -23,7 +23,7 @@
 
 use super::{ModelConfig, ModelError, ModelWeights};
 use crate::backend::{
-    Buf, Device, Executor, KvCache, KvType, Logits, Scratch, ScratchSpec, SeqStep, LOGITS,
+    Buf, Device, Executor, KvCache, KvShape, KvType, Logits, Scratch, ScratchSpec, SeqStep, LOGITS,
 };
 use crate::gguf::GgufFile;
 use crate::tensor::GgmlType;
@@ -135,19 +135,23 @@ impl Model {
     pub fn new_kv_cache(&self, capacity: usize) -> KvCache {
         let c = &self.config;
         let capacity = capacity.clamp(1, c.context_length);
-        self.device.new_kv_cache(
-            c.n_layers,
-            c.n_kv_heads,
-            c.head_dim,
-            capacity,
-            self.kv_types,
-        )
+        self.device.new_kv_cache(self.kv_shape(), capacity)
+    }
+
+    /// What one position of this model's KV caches holds.
+    pub fn kv_shape(&self) -> KvShape {
+        let c = &self.config;
+        KvShape {
+            n_layers: c.n_layers,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            types: self.kv_types,
+        }
     }
 
     /// Bytes of KV cache one position takes.
     pub fn kv_bytes_per_token(&self) -> usize {
-        let c = &self.config;
-        KvCache::bytes_per_token(c.n_layers, c.n_kv_heads, c.head_dim, self.kv_types)
+        self.kv_shape().bytes_per_token()
     }
 
     /// Buffers for forward passes of up to `rows` token rows, of which up to `logit_rows`

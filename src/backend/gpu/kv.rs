@@ -7,7 +7,7 @@
 //! quants (four a word), then every block's scale as f32 (the f16 scale, widened).
 
 use super::GpuContext;
-use crate::backend::KvType;
+use crate::backend::{KvShape, KvType};
 use std::sync::Arc;
 
 pub struct GpuKv {
@@ -45,25 +45,19 @@ fn layout(t: KvType, rows: usize, hd: usize) -> (usize, Vec<(usize, usize)>) {
 
 impl GpuKv {
     /// The most positions one layer's buffer can hold on this device.
-    pub fn max_capacity(
-        ctx: &GpuContext,
-        n_kv_heads: usize,
-        head_dim: usize,
-        types: (KvType, KvType),
-    ) -> usize {
-        let words = |t| layout(t, n_kv_heads, head_dim).0;
-        let per_position = (words(types.0).max(words(types.1)) * 4).max(1);
+    pub fn max_capacity(ctx: &GpuContext, kv: KvShape) -> usize {
+        let words = |t| layout(t, kv.n_kv_heads, kv.head_dim).0;
+        let per_position = (words(kv.types.0).max(words(kv.types.1)) * 4).max(1);
         (ctx.max_binding / per_position as u64) as usize
     }
 
-    pub fn new(
-        ctx: &Arc<GpuContext>,
-        n_layers: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        capacity: usize,
-        types: (KvType, KvType),
-    ) -> Self {
+    pub fn new(ctx: &Arc<GpuContext>, kv: KvShape, capacity: usize) -> Self {
+        let KvShape {
+            n_layers,
+            n_kv_heads,
+            head_dim,
+            types,
+        } = kv;
         let rows = n_kv_heads * capacity;
         let bytes = |t| (layout(t, rows, head_dim).0 * 4) as u64;
         let k: Vec<_> = (0..n_layers)

@@ -23,7 +23,7 @@ pub use exec::{GpuScratch, StepTimes};
 pub use kv::GpuKv;
 
 use super::exec::ScratchSpec;
-use super::KvType;
+use super::KvShape;
 use crate::tensor::{GgmlType, Matrix, Vector};
 use exec::{GpuMatrix, GpuVector, MAX_HEAD_DIM};
 use std::borrow::Cow;
@@ -509,25 +509,13 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// The most positions a KV cache can hold on this device.
-    pub fn max_kv_capacity(
-        &self,
-        n_kv_heads: usize,
-        head_dim: usize,
-        types: (KvType, KvType),
-    ) -> usize {
-        GpuKv::max_capacity(&self.ctx, n_kv_heads, head_dim, types)
+    /// The most positions a KV cache of this shape can hold on this device.
+    pub fn max_kv_capacity(&self, kv: KvShape) -> usize {
+        GpuKv::max_capacity(&self.ctx, kv)
     }
 
-    pub fn new_kv(
-        &self,
-        n_layers: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        capacity: usize,
-        types: (KvType, KvType),
-    ) -> GpuKv {
-        GpuKv::new(&self.ctx, n_layers, n_kv_heads, head_dim, capacity, types)
+    pub fn new_kv(&self, kv: KvShape, capacity: usize) -> GpuKv {
+        GpuKv::new(&self.ctx, kv, capacity)
     }
 
     pub fn new_scratch(&self, spec: &ScratchSpec) -> GpuScratch {
