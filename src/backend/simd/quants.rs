@@ -44,26 +44,33 @@ macro_rules! safe_kernels {
     };
 }
 
+/// [`safe_kernels`] for the dot kernel of every quantized type, which each ISA module has.
+#[allow(unused_macros)]
+macro_rules! every_type_kernels {
+    ($k:ident $(; four: $($f4:ident),*)?) => {
+        safe_kernels!(
+            $k;
+            dot_q4_0_q8_0,
+            dot_q5_0_q8_0,
+            dot_q8_0_q8_0,
+            dot_q4_1_q8_1,
+            dot_q5_1_q8_1,
+            dot_q2_k_q8_k,
+            dot_q3_k_q8_k,
+            dot_q4_k_q8_k,
+            dot_q5_k_q8_k,
+            dot_q6_k_q8_k
+            $(; four: $($f4),*)?
+        );
+    };
+}
+
 /// Safe entry points to the AVX2 kernels.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::super::x86_quants as k;
 
-    safe_kernels!(
-        k;
-        dot_q4_0_q8_0,
-        dot_q5_0_q8_0,
-        dot_q8_0_q8_0,
-        dot_q4_1_q8_1,
-        dot_q5_1_q8_1,
-        dot_q2_k_q8_k,
-        dot_q3_k_q8_k,
-        dot_q4_k_q8_k,
-        dot_q5_k_q8_k,
-        dot_q6_k_q8_k;
-        four: dot4_q4_0_q8_0,
-        dot4_q5_0_q8_0
-    );
+    every_type_kernels!(k; four: dot4_q4_0_q8_0, dot4_q5_0_q8_0);
 }
 
 /// Safe entry points to the NEON kernels.
@@ -71,19 +78,7 @@ mod avx2 {
 mod neon {
     use super::super::aarch64_quants as k;
 
-    safe_kernels!(
-        k;
-        dot_q4_0_q8_0,
-        dot_q5_0_q8_0,
-        dot_q8_0_q8_0,
-        dot_q4_1_q8_1,
-        dot_q5_1_q8_1,
-        dot_q2_k_q8_k,
-        dot_q3_k_q8_k,
-        dot_q4_k_q8_k,
-        dot_q5_k_q8_k,
-        dot_q6_k_q8_k
-    );
+    every_type_kernels!(k);
 }
 
 /// The vector dot kernel for `weight` on `isa`, if it has one and this CPU can run it.
