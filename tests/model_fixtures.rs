@@ -12,6 +12,7 @@ const DTYPES: [&str; 3] = ["f32", "f16", "q8_0"];
 
 /// Worst error relative to the per-position logit scale, and argmax agreement, over all
 /// sequences of one model file.
+#[derive(Default)]
 struct Score {
     max_rel: f32,
     max_abs: f32,
@@ -52,25 +53,10 @@ fn logits_match_transformers_and_llama_cpp() {
         let name = m["name"].as_str().unwrap();
         for dtype in DTYPES {
             let file = m["gguf"][dtype].as_str().unwrap();
-            let mut vs_hf = Score {
-                max_rel: 0.0,
-                max_abs: 0.0,
-                agree: 0,
-                total: 0,
-            };
-            let mut llama_vs_hf = Score {
-                max_rel: 0.0,
-                max_abs: 0.0,
-                agree: 0,
-                total: 0,
-            };
+            let mut vs_hf = Score::default();
+            let mut llama_vs_hf = Score::default();
             // HF run on the weights as stored in this file (dequantized to f32).
-            let mut vs_hf_deq = Score {
-                max_rel: 0.0,
-                max_abs: 0.0,
-                agree: 0,
-                total: 0,
-            };
+            let mut vs_hf_deq = Score::default();
             for seq in m["sequences"].as_array().unwrap() {
                 let ids = ids(&seq["ids"]);
                 // The default cache types (F16 for F16 and Q8_0 files, as llama.cpp's).
@@ -242,12 +228,7 @@ fn kv_cache_types_stay_within_their_error_of_transformers() {
                 continue;
             }
             let vocab = model.config.vocab;
-            let mut s = Score {
-                max_rel: 0.0,
-                max_abs: 0.0,
-                agree: 0,
-                total: 0,
-            };
+            let mut s = Score::default();
             for seq in m["sequences"].as_array().unwrap() {
                 let ids = ids(&seq["ids"]);
                 let mut st = model.new_state(ids.len(), 64);

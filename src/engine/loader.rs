@@ -215,14 +215,15 @@ pub fn synthetic_assets(preset: &str, opts: &LoadOptions) -> Result<EngineAssets
 mod tests {
     use super::*;
 
+    /// The demo model as an opened GGUF file.
+    fn demo_gguf() -> GgufFile {
+        let spec = SynthSpec::preset("demo", GgmlType::Q8_0).unwrap();
+        GgufFile::from_bytes(synth::build(&spec).unwrap().to_bytes()).unwrap()
+    }
+
     #[test]
     fn single_threaded_backends_report_one_thread() {
-        let gguf = GgufFile::from_bytes(
-            synth::build(&SynthSpec::preset("demo", GgmlType::Q8_0).unwrap())
-                .unwrap()
-                .to_bytes(),
-        )
-        .unwrap();
+        let gguf = demo_gguf();
         let threads = |backend: &str, threads| {
             let opts = LoadOptions {
                 backend: backend.into(),
@@ -242,12 +243,7 @@ mod tests {
 
     #[test]
     fn kv_cache_types_follow_the_options() {
-        let gguf = GgufFile::from_bytes(
-            synth::build(&SynthSpec::preset("demo", GgmlType::Q8_0).unwrap())
-                .unwrap()
-                .to_bytes(),
-        )
-        .unwrap();
+        let gguf = demo_gguf();
         let load = |k, v| {
             let opts = LoadOptions {
                 backend: "simd".into(),
