@@ -5,12 +5,13 @@
 //!   smallest codes and the extremes of the K-quants' sub-block scales; against activations
 //!   quantized from random values (with extreme ranges) and against arbitrary activation
 //!   bytes; and on rows cut short, which both cut to whole blocks;
-//! - matmuls of each type with 1, 5 and 33 tokens give the same bytes on `scalar`, `simd`
-//!   (every instruction set), `pool` at 1, 2, 3 and 4 threads and `parallel`;
+//! - matmuls of each type with 1, 2, 3, 5 and 33 tokens give the same bytes on `scalar`,
+//!   `simd` (every instruction set), `pool` at 1, 2, 3 and 4 threads and `parallel`, on the
+//!   stored layout and on each backend's prepared (packed) one;
 //! - a decode matvec of each type allocates nothing on the calling thread once warm.
 
 use half::f16;
-use inferno::backend::simd::{Isa, Kernels, SimdBackend};
+use inferno::backend::simd::{Isa, Kernels, PackedK, SimdBackend};
 use inferno::backend::{Backend, ParallelBackend, PoolBackend, ScalarBackend};
 use inferno::gguf::TensorBytes;
 use inferno::tensor::{self, GgmlType, Matrix};
@@ -342,8 +343,20 @@ fn matmuls_are_byte_identical_on_every_backend_and_thread_count() {
     }
     for t in TYPES {
         let w = random_matrix(&mut r, t, rows, cols);
-        // 33 tokens × 512 values is large enough for `pool` to quantize on several threads.
-        for n in [1, 5, 33] {
+        let prepared: std::collections::HashMap<&String, Matrix> = backends
+            .iter()
+            .map(|(name, be)| {
+                let mut p = w.clone();
+                be.prepare(&mut p);
+                if PackedK::packs(t) && !name.contains("Portable") {
+                    assert!(PackedK::of(&p).is_some(), "{name} left {t} unpacked");
+                }
+                (name, p)
+            })
+            .collect();
+        // 33 tokens × 512 values is large enough for `pool` to quantize on several threads;
+        // 1, 2, 3 and 5 tokens reach every token tile of the packed kernels.
+        for n in [1, 2, 3, 5, 33] {
             let x: Vec<f32> = (0..n * cols)
                 .map(|_| r.random_range(-2.0f32..2.0))
                 .collect();
@@ -358,6 +371,9 @@ fn matmuls_are_byte_identical_on_every_backend_and_thread_count() {
             for (name, be) in &backends {
                 let got = matmul(be.as_ref(), &w, &x, n);
                 assert_eq!(bits(&got), bits(&want), "{name}: {t}, {n} tokens");
+                // And with the backend's own layout (packed groups of rows), as at load.
+                let got = matmul(be.as_ref(), &prepared[name], &x, n);
+                assert_eq!(bits(&got), bits(&want), "{name} prepared: {t}, {n} tokens");
             }
         }
     }

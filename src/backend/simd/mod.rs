@@ -42,11 +42,16 @@ macro_rules! for_token_tiles {
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
 #[cfg(target_arch = "aarch64")]
+mod aarch64_packed_k;
+#[cfg(target_arch = "aarch64")]
 mod aarch64_quants;
+pub mod packed_k;
 pub mod portable;
 pub mod quants;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[cfg(target_arch = "x86_64")]
+mod x86_packed_k;
 #[cfg(target_arch = "x86_64")]
 mod x86_quants;
 
@@ -157,6 +162,8 @@ impl Isa {
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Line([u8; 64]);
+
+pub use packed_k::PackedK;
 
 /// Q8_0 weights regrouped for the integer kernels: rows in groups of 16 (the last padded with
 /// zero rows); per group and block of 32 columns, 8 slices of 64 bytes, slice `k` holding
@@ -767,7 +774,13 @@ impl<B: Backend> SimdBackend<B> {
 /// reading the smaller native blocks (decode is bound by memory). Results are the same bits
 /// either way.
 pub fn prepare_matrix(k: &Kernels, w: &mut Matrix) {
-    if PackedQ8::of(w).is_some() {
+    if PackedQ8::of(w).is_some() || PackedK::of(w).is_some() {
+        return;
+    }
+    if PackedK::packs(w.dtype) && PackedK::isa_has_kernels(k.isa) {
+        if let Some(p) = PackedK::pack(w) {
+            w.prepared = Some(Arc::new(p) as Arc<dyn Any + Send + Sync>);
+        }
         return;
     }
     let packed = match w.dtype {

@@ -9,7 +9,7 @@
 //! block in block order), on activations quantized by the scalar quantizers. So the results
 //! equal the `scalar` backend's, whatever the instruction set, split or thread count.
 
-use super::{Isa, Kernels, OutPtr};
+use super::{Isa, Kernels, OutPtr, PackedK};
 use crate::backend::scalar::with_quant_scratch;
 use crate::tensor::{self, GgmlType, Matrix, QuantDot};
 
@@ -184,6 +184,8 @@ pub struct QuantMatmul {
     pub k: QuantDot,
     /// The four-row kernel for `k.weight`, if this instruction set has one.
     pub dot4: Option<Dot4Fn>,
+    /// The instruction set, for the kernels of packed K-quant weights.
+    pub isa: Isa,
     pub cols: usize,
     /// Bytes of one activation row quantized to `k.activation`.
     pub qrow: usize,
@@ -198,6 +200,7 @@ impl QuantMatmul {
         (w.cols > 0 && qrow > 0).then_some(Self {
             k,
             dot4: simd_dot4(kernels.isa, w.dtype),
+            isa: kernels.isa,
             cols: w.cols,
             qrow,
         })
@@ -230,6 +233,13 @@ impl QuantMatmul {
         out: OutPtr,
         ldo: usize,
     ) {
+        if let Some(p) = PackedK::of(w) {
+            // SAFETY: the kernels' ISA was checked when `Kernels` was built; the rest is the
+            // caller's promise.
+            if unsafe { p.rows(self.isa, xq, self.qrow, n, r0, r1, out, ldo) } {
+                return;
+            }
+        }
         let rb = w.row_bytes();
         let data = w.bytes();
         assert!(xq.len() >= n * self.qrow && r1 <= w.rows && data.len() >= w.rows * rb);

@@ -1,0 +1,268 @@
+//! NEON (`sdot`) products of packed Q4_K, Q5_K and Q6_K weights ([`super::packed_k::PackedK`]) with Q8_K
+//! activation rows. A packed 64-byte line holds four bytes of each of 16 rows, i.e. four
+//! 16-byte registers of four rows; the kernels take one such quarter of a group at a time,
+//! so each token needs only a handful of accumulators.
+//!
+//! The integer sums are those of the x86 kernels (see `x86_packed_k.rs`): `sdot` of the weight
+//! codes (at most 6 bits, so they are valid signed bytes) with the activation's four bytes
+//! broadcast; per sub-block the lane is multiplied by the row's scale (`vmlaq_s32`, exact);
+//! the mins and Q6_K's offset of 32 come off with the activation's sums of 16 values. Each
+//! super-block is folded in f32 with the scalar expression, as separate multiplies and adds
+//! (never `vfma`), so every output equals the scalar dot product of its row bit for bit.
+//! The packed f16 scales are widened with `half` (exact), four at a time.
+
+use super::aarch64::sdot;
+use super::packed_k::{quant_line, store_window, x4, x_bsum, x_d, Job};
+use super::GROUP;
+use crate::tensor::k_quants::Q8_K_BYTES;
+use crate::tensor::GgmlType;
+use std::arch::aarch64::*;
+
+/// Four bytes at `p` widened to u32 lanes.
+///
+/// # Safety
+/// 4 bytes at `p` must be readable.
+#[inline(always)]
+unsafe fn widen4_u8(p: *const u8) -> int32x4_t {
+    // SAFETY: the caller guarantees 4 bytes.
+    let v = unsafe { (p as *const u32).read_unaligned() } as u64;
+    vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(vcreate_u8(v)))))
+}
+
+/// Four signed bytes at `p` widened to i32 lanes.
+///
+/// # Safety
+/// As for [`widen4_u8`].
+#[inline(always)]
+unsafe fn widen4_i8(p: *const u8) -> int32x4_t {
+    // SAFETY: the caller guarantees 4 bytes.
+    let v = unsafe { (p as *const u32).read_unaligned() } as u64;
+    vmovl_s16(vget_low_s16(vmovl_s8(vcreate_s8(v))))
+}
+
+/// Four f16 values at `p` widened to f32 (exact).
+///
+/// # Safety
+/// 8 bytes at `p` must be readable.
+#[inline(always)]
+unsafe fn f16x4(p: *const u8) -> float32x4_t {
+    let mut v = [0f32; 4];
+    for (i, o) in v.iter_mut().enumerate() {
+        // SAFETY: inside the 8 bytes.
+        let bits = unsafe { (p.add(2 * i) as *const u16).read_unaligned() };
+        *o = half::f16::from_bits(bits).to_f32();
+    }
+    // SAFETY: `v` holds 4 floats.
+    unsafe { vld1q_f32(v.as_ptr()) }
+}
+
+/// The four activation quants at element `e` of the block at `x`, in every lane.
+///
+/// # Safety
+/// As for [`x4`].
+#[inline(always)]
+unsafe fn bcast(x: *const u8, e: usize) -> int8x16_t {
+    // SAFETY: forwarded.
+    vreinterpretq_s8_s32(vdupq_n_s32(unsafe { x4(x, e) }))
+}
+
+/// Q4_K / Q5_K, rows `4·qr ..` of group `g`, tokens `t0..t0 + T`.
+#[inline]
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn q45_quarter<const T: usize, const FIVE: bool>(
+    j: Job<'_>,
+    g: usize,
+    t0: usize,
+    qr: usize,
+) -> [float32x4_t; T] {
+    let p = j.p;
+    let base = p.group(g).as_ptr();
+    let bb = p.block_bytes();
+    let ql = quant_line(p.dtype);
+    let m4 = vdupq_n_u8(0x0f);
+    let sixteen = vdupq_n_u8(0x10);
+    let mut acc = [vdupq_n_f32(0.0); T];
+    for b in 0..p.nsb {
+        // SAFETY: super-block `b` of group `g` exists (checked by the caller).
+        let blk = unsafe { base.add(b * bb) };
+        // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
+        let x: [*const u8; T] =
+            std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
+        let mut isum = [vdupq_n_s32(0); T];
+        for c in 0..4 {
+            let mut lo = [vdupq_n_s32(0); T];
+            let mut hi = [vdupq_n_s32(0); T];
+            for k in 0..8 {
+                // SAFETY (this block): lines inside the super-block, activation bytes inside
+                // the tokens' blocks; the dot-product extension is enabled here.
+                unsafe {
+                    let wv = vld1q_u8(blk.add((ql + 8 * c + k) * 64 + 16 * qr));
+                    let mut wl = vandq_u8(wv, m4);
+                    let mut wh = vshrq_n_u8::<4>(wv);
+                    if FIVE {
+                        let h = vld1q_u8(blk.add((5 + k) * 64 + 16 * qr));
+                        let bl = vdupq_n_u8((1u32 << (2 * c)) as u8);
+                        let bh = vdupq_n_u8((2u32 << (2 * c)) as u8);
+                        wl = vorrq_u8(wl, vandq_u8(vtstq_u8(h, bl), sixteen));
+                        wh = vorrq_u8(wh, vandq_u8(vtstq_u8(h, bh), sixteen));
+                    }
+                    let (wl, wh) = (vreinterpretq_s8_u8(wl), vreinterpretq_s8_u8(wh));
+                    for t in 0..T {
+                        lo[t] = sdot(lo[t], wl, bcast(x[t], 64 * c + 4 * k));
+                        hi[t] = sdot(hi[t], wh, bcast(x[t], 64 * c + 32 + 4 * k));
+                    }
+                }
+            }
+            // SAFETY: sub-block scales 2c and 2c+1 of these four rows.
+            let (sl, sh) = unsafe {
+                (
+                    widen4_u8(blk.add(64 + 32 * c + 4 * qr)),
+                    widen4_u8(blk.add(64 + 32 * c + 16 + 4 * qr)),
+                )
+            };
+            for t in 0..T {
+                isum[t] = vmlaq_s32(vmlaq_s32(isum[t], lo[t], sl), hi[t], sh);
+            }
+        }
+        let mut msum = [vdupq_n_s32(0); T];
+        for jj in 0..8 {
+            // SAFETY: the mins of sub-block jj of these rows; the activation sums.
+            unsafe {
+                let m = widen4_u8(blk.add(192 + 16 * jj + 4 * qr));
+                for t in 0..T {
+                    let bs = x_bsum(x[t], 2 * jj) + x_bsum(x[t], 2 * jj + 1);
+                    msum[t] = vmlaq_s32(msum[t], m, vdupq_n_s32(bs));
+                }
+            }
+        }
+        // SAFETY: line 0: the d of the 16 rows, then their dmin.
+        let (dw, dm) = unsafe { (f16x4(blk.add(8 * qr)), f16x4(blk.add(32 + 8 * qr))) };
+        for t in 0..T {
+            // SAFETY: the token's block scale.
+            let dx = vdupq_n_f32(unsafe { x_d(x[t]) });
+            let a = vmulq_f32(vmulq_f32(dw, dx), vcvtq_f32_s32(isum[t]));
+            let m = vmulq_f32(vmulq_f32(dm, dx), vcvtq_f32_s32(msum[t]));
+            acc[t] = vaddq_f32(acc[t], vsubq_f32(a, m));
+        }
+    }
+    acc
+}
+
+/// Q6_K, rows `4·qr ..` of group `g`, tokens `t0..t0 + T`.
+#[inline]
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn q6_quarter<const T: usize>(
+    j: Job<'_>,
+    g: usize,
+    t0: usize,
+    qr: usize,
+) -> [float32x4_t; T] {
+    let p = j.p;
+    let base = p.group(g).as_ptr();
+    let bb = p.block_bytes();
+    let m4 = vdupq_n_u8(0x0f);
+    let m30 = vdupq_n_u8(0x30);
+    let mut acc = [vdupq_n_f32(0.0); T];
+    for b in 0..p.nsb {
+        // SAFETY: as in `q45_quarter`.
+        let blk = unsafe { base.add(b * bb) };
+        // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
+        let x: [*const u8; T] =
+            std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
+        let mut isum = [vdupq_n_s32(0); T];
+        for h in 0..2 {
+            for q in 0..2 {
+                // Slot s: elements 128h + 32s + 16q .. +16, group 8h + 2s + q.
+                let mut a = [[vdupq_n_s32(0); 4]; T];
+                for kk in 0..4 {
+                    let k = 4 * q + kk;
+                    // SAFETY (this block): the three lines of (h, k) and the activation
+                    // quants; the dot-product extension is enabled here.
+                    unsafe {
+                        let l = blk.add((5 + (8 * h + k) * 3) * 64 + 16 * qr);
+                        let la = vld1q_u8(l);
+                        let lb = vld1q_u8(l.add(64));
+                        let hh = vld1q_u8(l.add(128));
+                        let c = [
+                            vorrq_u8(vandq_u8(la, m4), vandq_u8(vshlq_n_u8::<4>(hh), m30)),
+                            vorrq_u8(vandq_u8(lb, m4), vandq_u8(vshlq_n_u8::<2>(hh), m30)),
+                            vorrq_u8(vshrq_n_u8::<4>(la), vandq_u8(hh, m30)),
+                            vorrq_u8(vshrq_n_u8::<4>(lb), vandq_u8(vshrq_n_u8::<2>(hh), m30)),
+                        ];
+                        for t in 0..T {
+                            for s in 0..4 {
+                                let xv = bcast(x[t], 128 * h + 32 * s + 4 * k);
+                                a[t][s] = sdot(a[t][s], vreinterpretq_s8_u8(c[s]), xv);
+                            }
+                        }
+                    }
+                }
+                for s in 0..4 {
+                    let gi = 8 * h + 2 * s + q;
+                    // SAFETY: group gi's signed scales of these rows; the activation sums.
+                    unsafe {
+                        let sc = widen4_i8(blk.add(64 + 16 * gi + 4 * qr));
+                        for t in 0..T {
+                            let v = vsubq_s32(a[t][s], vdupq_n_s32(32 * x_bsum(x[t], gi)));
+                            isum[t] = vmlaq_s32(isum[t], v, sc);
+                        }
+                    }
+                }
+            }
+        }
+        // SAFETY: line 0: the d of the 16 rows.
+        let dw = unsafe { f16x4(blk.add(8 * qr)) };
+        for t in 0..T {
+            // SAFETY: the token's block scale.
+            let dx = vdupq_n_f32(unsafe { x_d(x[t]) });
+            acc[t] = vaddq_f32(acc[t], vmulq_f32(vmulq_f32(dw, dx), vcvtq_f32_s32(isum[t])));
+        }
+    }
+    acc
+}
+
+/// Group `g`, tokens `t0..t0 + T`, stored.
+#[inline]
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn group_sdot<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
+    let mut lanes = [[0.0f32; GROUP]; T];
+    for qr in 0..4 {
+        // SAFETY: forwarded from the caller.
+        let acc = unsafe {
+            match j.p.dtype {
+                GgmlType::Q4_K => q45_quarter::<T, false>(j, g, t0, qr),
+                GgmlType::Q5_K => q45_quarter::<T, true>(j, g, t0, qr),
+                _ => q6_quarter::<T>(j, g, t0, qr),
+            }
+        };
+        for (l, a) in lanes.iter_mut().zip(acc) {
+            // SAFETY: 4 floats at lane offset 4·qr.
+            unsafe { vst1q_f32(l.as_mut_ptr().add(4 * qr), a) };
+        }
+    }
+    for (t, l) in lanes.iter().enumerate() {
+        // SAFETY: the destination rows are the caller's.
+        unsafe {
+            store_window(
+                j.out.add((t0 + t) * j.ldo + g * GROUP),
+                l,
+                g * GROUP,
+                j.r0,
+                j.r1,
+            )
+        };
+    }
+}
+
+/// The product for groups `g0..g1` and tokens `0..n` with `sdot`.
+///
+/// # Safety
+/// The dot-product extension must be present; `xq` must hold `n` Q8_K rows of `qrow` bytes
+/// covering `p.cols`; `out` must be writable at `t * ldo + r` for those tokens and the rows
+/// `r0..r1`, which no other thread touches during the call.
+#[target_feature(enable = "neon,dotprod")]
+pub(super) unsafe fn gemm_sdot(j: Job<'_>, n: usize, g0: usize, g1: usize) {
+    for g in g0..g1 {
+        for_token_tiles!(n, t, [4, 2, 1], group_sdot(j, g, t));
+    }
+}

@@ -1,0 +1,459 @@
+//! Q4_K, Q5_K and Q6_K weights regrouped at load for multi-row integer products: rows in
+//! groups of 16 and, per group and 256-value super-block, every field of the 16 blocks laid
+//! out so one 64-byte line holds four consecutive quant bytes of each row (the operand shape
+//! of `vpdpbusd`, of two AVX2 `maddubs` and of four NEON `sdot`), with the f16 scales and the
+//! 6-bit sub-block scales unpacked to one byte per row beside them. Nothing is widened: the
+//! packed form is within 3% of the stored size, so it can replace the stored bytes.
+//!
+//! Lines of one (group, super-block), for row `r` and byte `i < 4` of each 4-byte slot:
+//!
+//! | type | lines | content                                                               |
+//! |------|------:|-----------------------------------------------------------------------|
+//! | all  | 0     | `d` of the 16 rows (f16), then `dmin` (Q4_K, Q5_K; zero for Q6_K)     |
+//! | Q4_K, Q5_K | 1–2, 3–4 | sub-block scales, then mins: byte `16·j + r` for sub-block `j` |
+//! | Q5_K | 5–12  | line `k`: `qh[4k + i]` of row `r` at byte `4r + i`                    |
+//! | Q4_K, Q5_K | 32 | line `8c + k`: `qs[32c + 4k + i]` (elements `64c + 4k + i` in the low nibbles, `64c + 32 + 4k + i` in the high ones) |
+//! | Q6_K | 1–4   | the 16 signed scales: byte `16·g + r` for group `g`                   |
+//! | Q6_K | 5–52  | per half `h` and `k < 8`, three lines: `ql[64h + 4k + i]`, `ql[64h + 32 + 4k + i]`, `qh[32h + 4k + i]` |
+//!
+//! The kernels (`x86_packed_k.rs`, `aarch64_packed_k.rs`) form exactly the integer sums of
+//! the scalar dot products in `crate::tensor::k_quants` and fold each super-block into the
+//! f32 accumulator with the scalar expression, so every output equals the scalar dot of its
+//! row with that token's Q8_K row, bit for bit. They read each Q8_K block's sums of 16 values
+//! (`bsums`, which the quantizer writes) for the mins and for Q6_K's offset of 32, as the
+//! scalar Q4_K/Q5_K products do for their mins.
+
+use super::{Isa, Line, OutPtr, GROUP};
+use crate::tensor::k_quants::{self, QK};
+use crate::tensor::{GgmlType, Matrix};
+use rayon::prelude::*;
+
+/// Lines per (group, super-block) for each type.
+const fn lines_per_block(t: GgmlType) -> usize {
+    match t {
+        GgmlType::Q4_K => 37,
+        GgmlType::Q5_K => 45,
+        GgmlType::Q6_K => 53,
+        _ => 0,
+    }
+}
+
+/// First line of the quants (Q4_K, Q5_K) or of the ql/qh triples (Q6_K).
+pub(super) const fn quant_line(t: GgmlType) -> usize {
+    match t {
+        GgmlType::Q5_K => 13,
+        _ => 5,
+    }
+}
+
+/// Q4_K, Q5_K or Q6_K weights in the packed layout (see the module documentation).
+pub struct PackedK {
+    pub dtype: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    /// Super-blocks per row.
+    pub nsb: usize,
+    pub groups: usize,
+    lines: Vec<Line>,
+}
+
+impl PackedK {
+    /// Whether `t` has a packed layout.
+    pub fn packs(t: GgmlType) -> bool {
+        lines_per_block(t) > 0
+    }
+
+    /// Whether `isa` has kernels for the packed layout.
+    pub fn isa_has_kernels(isa: Isa) -> bool {
+        matches!(isa, Isa::Avx2 | Isa::Avx512Vnni | Isa::Neon)
+    }
+
+    /// Repacks `m`; `None` for other types or a size that does not match the type.
+    pub fn pack(m: &Matrix) -> Option<PackedK> {
+        let t = m.dtype;
+        if !Self::packs(t) || m.cols % QK != 0 || m.rows == 0 {
+            return None;
+        }
+        let nsb = m.cols / QK;
+        let rb = m.row_bytes();
+        let data = m.bytes();
+        if data.len() != m.rows.checked_mul(rb)? {
+            return None;
+        }
+        let groups = m.rows.div_ceil(GROUP);
+        let per = lines_per_block(t);
+        let mut lines = vec![Line([0; 64]); groups * nsb * per];
+        let bb = t.type_size();
+        // Packing a whole model is a few hundred MB of shuffling: spread it over the cores.
+        lines
+            .par_chunks_mut(nsb * per)
+            .enumerate()
+            .for_each(|(g, gl)| {
+                for r in 0..GROUP.min(m.rows - g * GROUP) {
+                    let row = &data[(g * GROUP + r) * rb..(g * GROUP + r + 1) * rb];
+                    for (b, blk) in row.chunks_exact(bb).enumerate() {
+                        put_block(t, &mut gl[b * per..(b + 1) * per], r, blk);
+                    }
+                }
+            });
+        Some(PackedK {
+            dtype: t,
+            rows: m.rows,
+            cols: m.cols,
+            nsb,
+            groups,
+            lines,
+        })
+    }
+
+    /// The packed form stored on `m` by `prepare`, if any.
+    pub fn of(m: &Matrix) -> Option<&PackedK> {
+        m.prepared.as_ref()?.downcast_ref::<PackedK>()
+    }
+
+    /// Real rows in group `g` (16 except perhaps the last).
+    #[inline]
+    pub fn rows_in_group(&self, g: usize) -> usize {
+        GROUP.min(self.rows - g * GROUP)
+    }
+
+    /// Bytes of one (group, super-block).
+    #[inline]
+    pub fn block_bytes(&self) -> usize {
+        lines_per_block(self.dtype) * 64
+    }
+
+    /// All bytes of group `g`: `nsb` packed super-blocks of [`PackedK::block_bytes`].
+    #[inline]
+    pub fn group(&self, g: usize) -> &[u8] {
+        let per = lines_per_block(self.dtype);
+        let l = &self.lines[g * self.nsb * per..(g + 1) * self.nsb * per];
+        // SAFETY: `Line` is 64 plain bytes with no padding; the slice covers exactly them.
+        unsafe { std::slice::from_raw_parts(l.as_ptr() as *const u8, l.len() * 64) }
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.lines.len() * 64
+    }
+
+    /// `out[t * ldo + r] = w[r] · xq[t]` for rows `r0..r1` and tokens `t < n`, with `xq`
+    /// holding `n` Q8_K rows of `qrow` bytes (quantized by `k_quants::quantize_q8_k`), on
+    /// `isa`'s kernels. Returns `false`, computing nothing, where `isa` has none.
+    ///
+    /// # Safety
+    /// `isa` must be available on this CPU; `out` must be valid for writes at those offsets,
+    /// and no other thread may access them during the call.
+    #[allow(clippy::too_many_arguments, unused_variables)]
+    pub unsafe fn rows(
+        &self,
+        isa: Isa,
+        xq: &[u8],
+        qrow: usize,
+        n: usize,
+        r0: usize,
+        r1: usize,
+        out: OutPtr,
+        ldo: usize,
+    ) -> bool {
+        assert!(r0 <= r1 && r1 <= self.rows && qrow >= self.nsb * k_quants::Q8_K_BYTES);
+        assert!(xq.len() >= n * qrow && ldo >= r1);
+        let j = Job {
+            p: self,
+            xq: xq.as_ptr(),
+            qrow,
+            out: out.0,
+            ldo,
+            r0,
+            r1,
+        };
+        let (g0, g1) = (r0 / GROUP, r1.div_ceil(GROUP));
+        // SAFETY (all arms): the ISA is the caller's promise, the sizes were checked above,
+        // the output is the caller's.
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => unsafe { super::x86_packed_k::gemm_vnni(j, n, g0, g1) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { super::x86_packed_k::gemm_avx2(j, n, g0, g1) },
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => unsafe { super::aarch64_packed_k::gemm_sdot(j, n, g0, g1) },
+            _ => return false,
+        }
+        true
+    }
+
+    /// Row `r` in its stored layout, written to `out` (one row's bytes): the exact inverse
+    /// of the packing, for the products and lookups that read a single row.
+    pub fn stored_row(&self, r: usize, out: &mut [u8]) {
+        let (g, rr) = (r / GROUP, r % GROUP);
+        let per = lines_per_block(self.dtype);
+        let bb = self.dtype.type_size();
+        let gl = &self.lines[g * self.nsb * per..(g + 1) * self.nsb * per];
+        for (b, blk) in out.chunks_exact_mut(bb).take(self.nsb).enumerate() {
+            get_block(self.dtype, &gl[b * per..(b + 1) * per], rr, blk);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared by the kernels
+// ---------------------------------------------------------------------------------------
+
+/// Offset of the quants in a Q8_K block (after its f32 scale), and of its 16 block sums.
+const XQS: usize = 4;
+const XBS: usize = 4 + QK;
+
+/// The Q8_K scale of the block at `x`.
+///
+/// # Safety
+/// A whole Q8_K block must be readable at `x`.
+#[inline(always)]
+pub(super) unsafe fn x_d(x: *const u8) -> f32 {
+    // SAFETY: the first 4 bytes of the block.
+    unsafe { (x as *const f32).read_unaligned() }
+}
+
+/// Sum `g` of the 16 sums of 16 activation quants of the block at `x`.
+///
+/// # Safety
+/// As for [`x_d`].
+#[inline(always)]
+pub(super) unsafe fn x_bsum(x: *const u8, g: usize) -> i32 {
+    // SAFETY: inside the block's sums.
+    unsafe { (x.add(XBS + 2 * g) as *const i16).read_unaligned() as i32 }
+}
+
+/// Four activation quants at `x + XQS + e` as one i32, for a broadcast.
+///
+/// # Safety
+/// As for [`x_d`], with `e + 4 <= 256`.
+#[inline(always)]
+pub(super) unsafe fn x4(x: *const u8, e: usize) -> i32 {
+    // SAFETY: inside the block's quants.
+    unsafe { (x.add(XQS + e) as *const i32).read_unaligned() }
+}
+
+/// Writes the rows of `lanes` (rows `g·16 ..` of the output) that fall in `r0..r1`.
+///
+/// # Safety
+/// The caller owns those elements of the output row at `dst` (element `g·16` of it).
+#[inline(always)]
+pub(super) unsafe fn store_window(
+    dst: *mut f32,
+    lanes: &[f32; GROUP],
+    first: usize,
+    r0: usize,
+    r1: usize,
+) {
+    let lo = r0.max(first) - first;
+    let hi = r1.min(first + GROUP).saturating_sub(first);
+    if lo < hi {
+        // SAFETY: rows `first + lo .. first + hi` are inside `r0..r1`, the caller's.
+        unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr().add(lo), dst.add(lo), hi - lo) };
+    }
+}
+
+/// What one kernel call covers: tokens `t0..t0 + T` of `xq` (rows of `qrow` bytes), output
+/// rows `r0..r1` (clipped to the group), written at `out[t * ldo + r]`.
+#[derive(Clone, Copy)]
+pub(super) struct Job<'a> {
+    pub p: &'a PackedK,
+    pub xq: *const u8,
+    pub qrow: usize,
+    pub out: *mut f32,
+    pub ldo: usize,
+    pub r0: usize,
+    pub r1: usize,
+}
+
+// ---------------------------------------------------------------------------------------
+// Packing
+// ---------------------------------------------------------------------------------------
+
+/// Byte `i` of row `r`'s 4-byte slot in a line.
+#[inline]
+fn slot(r: usize, i: usize) -> usize {
+    4 * r + i
+}
+
+/// Writes row `r`'s stored block `blk` into one packed (group, super-block).
+fn put_block(t: GgmlType, l: &mut [Line], r: usize, blk: &[u8]) {
+    match t {
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            l[0].0[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+            l[0].0[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&blk[2..4]);
+            let (sc, mn) = k_quants::scale_min_k4(&blk[4..16]);
+            for j in 0..8 {
+                let at = 16 * j + r;
+                l[1 + at / 64].0[at % 64] = sc[j];
+                l[3 + at / 64].0[at % 64] = mn[j];
+            }
+            let (qh, qs) = if t == GgmlType::Q5_K {
+                (&blk[16..48], &blk[48..176])
+            } else {
+                (&blk[0..0], &blk[16..144])
+            };
+            for k in 0..8 {
+                for i in 0..4 {
+                    if !qh.is_empty() {
+                        l[5 + k].0[slot(r, i)] = qh[4 * k + i];
+                    }
+                    for c in 0..4 {
+                        l[quant_line(t) + 8 * c + k].0[slot(r, i)] = qs[32 * c + 4 * k + i];
+                    }
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            l[0].0[2 * r..2 * r + 2].copy_from_slice(&blk[208..210]);
+            for g in 0..16 {
+                let at = 16 * g + r;
+                l[1 + at / 64].0[at % 64] = blk[192 + g];
+            }
+            let (ql, qh) = (&blk[..128], &blk[128..192]);
+            for h in 0..2 {
+                for k in 0..8 {
+                    let base = 5 + (8 * h + k) * 3;
+                    for i in 0..4 {
+                        l[base].0[slot(r, i)] = ql[64 * h + 4 * k + i];
+                        l[base + 1].0[slot(r, i)] = ql[64 * h + 32 + 4 * k + i];
+                        l[base + 2].0[slot(r, i)] = qh[32 * h + 4 * k + i];
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Packs the 8 six-bit scales and mins of Q4_K/Q5_K back into their 12 stored bytes (the
+/// inverse of `k_quants::scale_min_k4`).
+fn pack_scale_min_k4(sc: &[u8; 8], mn: &[u8; 8], s: &mut [u8]) {
+    for j in 0..4 {
+        s[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
+        s[j + 4] = (mn[j] & 63) | ((mn[j + 4] >> 4) << 6);
+        s[j + 8] = (sc[j + 4] & 0x0f) | ((mn[j + 4] & 0x0f) << 4);
+    }
+}
+
+/// Reads row `r`'s stored block back out of one packed (group, super-block).
+fn get_block(t: GgmlType, l: &[Line], r: usize, blk: &mut [u8]) {
+    match t {
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            blk[0..2].copy_from_slice(&l[0].0[2 * r..2 * r + 2]);
+            blk[2..4].copy_from_slice(&l[0].0[32 + 2 * r..32 + 2 * r + 2]);
+            let (mut sc, mut mn) = ([0u8; 8], [0u8; 8]);
+            for j in 0..8 {
+                let at = 16 * j + r;
+                sc[j] = l[1 + at / 64].0[at % 64];
+                mn[j] = l[3 + at / 64].0[at % 64];
+            }
+            pack_scale_min_k4(&sc, &mn, &mut blk[4..16]);
+            let qs0 = if t == GgmlType::Q5_K { 48 } else { 16 };
+            for k in 0..8 {
+                for i in 0..4 {
+                    if t == GgmlType::Q5_K {
+                        blk[16 + 4 * k + i] = l[5 + k].0[slot(r, i)];
+                    }
+                    for c in 0..4 {
+                        blk[qs0 + 32 * c + 4 * k + i] = l[quant_line(t) + 8 * c + k].0[slot(r, i)];
+                    }
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            blk[208..210].copy_from_slice(&l[0].0[2 * r..2 * r + 2]);
+            for g in 0..16 {
+                let at = 16 * g + r;
+                blk[192 + g] = l[1 + at / 64].0[at % 64];
+            }
+            for h in 0..2 {
+                for k in 0..8 {
+                    let base = 5 + (8 * h + k) * 3;
+                    for i in 0..4 {
+                        blk[64 * h + 4 * k + i] = l[base].0[slot(r, i)];
+                        blk[64 * h + 32 + 4 * k + i] = l[base + 1].0[slot(r, i)];
+                        blk[128 + 32 * h + 4 * k + i] = l[base + 2].0[slot(r, i)];
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::TensorBytes;
+    use crate::tensor::k_quants::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
+
+    const STORED: [(GgmlType, usize); 3] = [
+        (GgmlType::Q4_K, Q4_K_BYTES),
+        (GgmlType::Q5_K, Q5_K_BYTES),
+        (GgmlType::Q6_K, Q6_K_BYTES),
+    ];
+
+    fn matrix(t: GgmlType, rows: usize, cols: usize, seed: u32) -> Matrix {
+        let mut state = seed | 1;
+        let rb = t.row_size(cols as u64).unwrap() as usize;
+        let data: Vec<u8> = (0..rows * rb)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                state as u8
+            })
+            .collect();
+        Matrix {
+            name: "w".into(),
+            dtype: t,
+            rows,
+            cols,
+            data: TensorBytes::from_vec(data),
+            prepared: None,
+        }
+    }
+
+    /// Packing then reading a row back gives the stored bytes, for every byte value the
+    /// fields can hold (random bytes; the 6-bit scale packing round-trips all 12 bytes).
+    #[test]
+    fn stored_rows_round_trip_through_the_packing() {
+        for (t, bb) in STORED {
+            for rows in [1usize, 15, 16, 17, 40] {
+                let m = matrix(t, rows, 512, rows as u32 * 7 + bb as u32);
+                let p = PackedK::pack(&m).unwrap();
+                let rb = m.row_bytes();
+                let mut back = vec![0u8; rb];
+                for r in 0..rows {
+                    p.stored_row(r, &mut back);
+                    assert_eq!(&back[..], m.row(r), "{t} row {r} of {rows}");
+                }
+            }
+        }
+    }
+
+    /// The packed form is within 3% of the stored bytes (plus the zero rows padding the
+    /// last group).
+    #[test]
+    fn packing_adds_under_three_percent() {
+        for (t, bb) in STORED {
+            let m = matrix(t, 64, 1024, 3);
+            let p = PackedK::pack(&m).unwrap();
+            let stored = 64 * 4 * bb;
+            assert!(
+                p.bytes() as f64 <= stored as f64 * 1.03,
+                "{t}: {} vs {stored}",
+                p.bytes()
+            );
+        }
+    }
+
+    #[test]
+    fn other_types_and_ragged_rows_are_not_packed() {
+        assert!(PackedK::pack(&matrix(GgmlType::Q8_0, 16, 256, 1)).is_none());
+        let mut m = matrix(GgmlType::Q4_K, 16, 256, 1);
+        m.cols = 128;
+        assert!(PackedK::pack(&m).is_none());
+    }
+}

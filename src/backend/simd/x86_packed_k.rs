@@ -1,0 +1,518 @@
+//! AVX-512 VNNI and AVX2 products of packed Q4_K, Q5_K and Q6_K weights ([`super::packed_k::PackedK`]) with
+//! Q8_K activation rows: a group of 16 weight rows against a tile of tokens, each weight line
+//! loaded and unpacked once for all the tokens of the tile.
+//!
+//! Integer sums (exact in i32, as in `crate::tensor::k_quants`):
+//! - VNNI: the unsigned weight codes (4, 5 or 6 bits) are `vpdpbusd`'s unsigned operand and
+//!   the activation's four bytes, broadcast, its signed one, so lane `r` accumulates row
+//!   `r`'s products of one sub-block; the sub-block's 6-bit (or signed 8-bit) scale then
+//!   multiplies the lane (`vpmulld`).
+//! - AVX2: eight rows a vector; `maddubs` forms pairs (at most 2·63·128, no saturation) and
+//!   `madd` against the row's scale, repeated in both 16-bit halves of its lane, forms the
+//!   scaled sum of four products directly.
+//!
+//! The mins (Q4_K, Q5_K) and Q6_K's offset of 32 are taken off with the activation block's
+//! sums of 16 values, as the scalar products take the mins. Each super-block is folded into
+//! the f32 accumulator with the scalar expression (separate multiplies, no FMA), block after
+//! block, so every output is bit-identical to the scalar dot product of its row.
+
+use super::packed_k::{quant_line, store_window, x4, x_bsum, x_d, Job};
+use super::GROUP;
+use crate::tensor::k_quants::Q8_K_BYTES;
+use crate::tensor::GgmlType;
+use std::arch::x86_64::*;
+
+/// Bit `bit` of each byte of `h` moved to bit 4 (the fifth bit of a Q5_K code), others 0.
+#[inline(always)]
+unsafe fn fifth_bit_avx2(h: __m256i, bit: usize) -> __m256i {
+    let m = _mm256_set1_epi8(0x10);
+    // 16-bit shifts move bits across bytes; the mask keeps only the wanted one.
+    _mm256_and_si256(
+        match bit {
+            0 => _mm256_slli_epi16(h, 4),
+            1 => _mm256_slli_epi16(h, 3),
+            2 => _mm256_slli_epi16(h, 2),
+            3 => _mm256_slli_epi16(h, 1),
+            4 => h,
+            5 => _mm256_srli_epi16(h, 1),
+            6 => _mm256_srli_epi16(h, 2),
+            _ => _mm256_srli_epi16(h, 3),
+        },
+        m,
+    )
+}
+
+/// Eight 8-bit scales at `p` (rows of one half-group) as i16 pairs `(s, s)` per i32 lane,
+/// so `madd` of byte pairs against them gives `s · (pair sum)` per lane.
+///
+/// # Safety
+/// 8 bytes at `p` must be readable; AVX2 enabled.
+#[inline(always)]
+unsafe fn scale_lanes_u8(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 8 bytes.
+    let v = _mm256_cvtepu8_epi32(unsafe { _mm_loadl_epi64(p as *const __m128i) });
+    _mm256_or_si256(v, _mm256_slli_epi32(v, 16))
+}
+
+/// As [`scale_lanes_u8`] for signed scales (Q6_K): the low 16 bits of each sign-extended
+/// scale, in both halves of its lane.
+///
+/// # Safety
+/// As for [`scale_lanes_u8`].
+#[inline(always)]
+unsafe fn scale_lanes_i8(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 8 bytes.
+    let v = _mm256_cvtepi8_epi32(unsafe { _mm_loadl_epi64(p as *const __m128i) });
+    let lo = _mm256_and_si256(v, _mm256_set1_epi32(0xffff));
+    _mm256_or_si256(lo, _mm256_slli_epi32(v, 16))
+}
+
+// ---------------------------------------------------------------------------------------
+// AVX-512 VNNI
+// ---------------------------------------------------------------------------------------
+
+/// Q4_K (`FIVE = false`) or Q5_K (`FIVE = true`), group `g`, tokens `t0..t0 + T`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn q45_vnni<const T: usize, const FIVE: bool>(j: Job<'_>, g: usize, t0: usize) {
+    let p = j.p;
+    let base = p.group(g).as_ptr();
+    let bb = p.block_bytes();
+    let ql = quant_line(p.dtype);
+    let m4 = _mm512_set1_epi8(0x0f);
+    let sixteen = _mm512_set1_epi8(0x10);
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..p.nsb {
+        // SAFETY: super-block `b` of group `g` and of each token's row exist (sizes checked
+        // by the caller).
+        let blk = unsafe { base.add(b * bb) };
+        // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
+        let x: [*const u8; T] =
+            std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
+        let mut isum = [_mm512_setzero_si512(); T];
+        for c in 0..4 {
+            let mut lo = [_mm512_setzero_si512(); T];
+            let mut hi = [_mm512_setzero_si512(); T];
+            for k in 0..8 {
+                // SAFETY (this block): every line read is inside the packed super-block, every
+                // activation byte inside the token's Q8_K block.
+                unsafe {
+                    let wv = _mm512_loadu_si512(blk.add((ql + 8 * c + k) * 64) as *const __m512i);
+                    let mut wl = _mm512_and_si512(wv, m4);
+                    let mut wh = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
+                    if FIVE {
+                        let h = _mm512_loadu_si512(blk.add((5 + k) * 64) as *const __m512i);
+                        let bit = |b: usize| _mm512_set1_epi8((1u32 << b) as u8 as i8);
+                        let kl = _mm512_test_epi8_mask(h, bit(2 * c));
+                        let kh = _mm512_test_epi8_mask(h, bit(2 * c + 1));
+                        wl = _mm512_mask_add_epi8(wl, kl, wl, sixteen);
+                        wh = _mm512_mask_add_epi8(wh, kh, wh, sixteen);
+                    }
+                    for t in 0..T {
+                        let xl = _mm512_set1_epi32(x4(x[t], 64 * c + 4 * k));
+                        let xh = _mm512_set1_epi32(x4(x[t], 64 * c + 32 + 4 * k));
+                        lo[t] = _mm512_dpbusd_epi32(lo[t], wl, xl);
+                        hi[t] = _mm512_dpbusd_epi32(hi[t], wh, xh);
+                    }
+                }
+                // Keep the loop line-major (as in the Q8_0 kernel): otherwise LLVM hoists all
+                // the loads and spills the accumulators.
+                std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+            }
+            // SAFETY: sub-block scales 2c and 2c+1 of the 16 rows (lines 1–2).
+            let (sl, sh) = unsafe {
+                (
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(64 + 32 * c) as *const __m128i)),
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                        blk.add(64 + 32 * c + 16) as *const __m128i
+                    )),
+                )
+            };
+            for t in 0..T {
+                let s =
+                    _mm512_add_epi32(_mm512_mullo_epi32(lo[t], sl), _mm512_mullo_epi32(hi[t], sh));
+                isum[t] = _mm512_add_epi32(isum[t], s);
+            }
+        }
+        let mut msum = [_mm512_setzero_si512(); T];
+        for jj in 0..8 {
+            // SAFETY: the mins of sub-block jj (lines 3–4); the activation sums.
+            unsafe {
+                let m =
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(192 + 16 * jj) as *const __m128i));
+                for t in 0..T {
+                    let bs = x_bsum(x[t], 2 * jj) + x_bsum(x[t], 2 * jj + 1);
+                    msum[t] =
+                        _mm512_add_epi32(msum[t], _mm512_mullo_epi32(m, _mm512_set1_epi32(bs)));
+                }
+            }
+        }
+        // SAFETY: line 0 holds the 16 d then the 16 dmin.
+        let (dw, dm) = unsafe {
+            (
+                _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i)),
+                _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i)),
+            )
+        };
+        for t in 0..T {
+            // SAFETY: the token's block scale.
+            let dx = _mm512_set1_ps(unsafe { x_d(x[t]) });
+            let a = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[t]));
+            let m = _mm512_mul_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(msum[t]));
+            acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(a, m));
+        }
+    }
+    for (t, a) in acc.iter().enumerate() {
+        let mut lanes = [0.0f32; GROUP];
+        // SAFETY: `lanes` holds 16 floats; the destination rows are the caller's.
+        unsafe {
+            _mm512_storeu_ps(lanes.as_mut_ptr(), *a);
+            store_window(
+                j.out.add((t0 + t) * j.ldo + g * GROUP),
+                &lanes,
+                g * GROUP,
+                j.r0,
+                j.r1,
+            );
+        }
+    }
+}
+
+/// Q6_K, group `g`, tokens `t0..t0 + T`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
+    let p = j.p;
+    let base = p.group(g).as_ptr();
+    let bb = p.block_bytes();
+    let m4 = _mm512_set1_epi8(0x0f);
+    let m30 = _mm512_set1_epi8(0x30);
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..p.nsb {
+        // SAFETY: as in `q45_vnni`.
+        let blk = unsafe { base.add(b * bb) };
+        // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
+        let x: [*const u8; T] =
+            std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
+        let mut isum = [_mm512_setzero_si512(); T];
+        for h in 0..2 {
+            for q in 0..2 {
+                // Four slots: elements 128h + 32s + 16q .. +16, group 8h + 2s + q.
+                let mut a = [[_mm512_setzero_si512(); 4]; T];
+                for kk in 0..4 {
+                    let k = 4 * q + kk;
+                    // SAFETY (this block): the three lines of (h, k) and the activation quants.
+                    unsafe {
+                        let l = blk.add((5 + (8 * h + k) * 3) * 64);
+                        let la = _mm512_loadu_si512(l as *const __m512i);
+                        let lb = _mm512_loadu_si512(l.add(64) as *const __m512i);
+                        let hh = _mm512_loadu_si512(l.add(128) as *const __m512i);
+                        let c = [
+                            _mm512_or_si512(
+                                _mm512_and_si512(la, m4),
+                                _mm512_and_si512(_mm512_slli_epi16(hh, 4), m30),
+                            ),
+                            _mm512_or_si512(
+                                _mm512_and_si512(lb, m4),
+                                _mm512_and_si512(_mm512_slli_epi16(hh, 2), m30),
+                            ),
+                            _mm512_or_si512(
+                                _mm512_and_si512(_mm512_srli_epi16(la, 4), m4),
+                                _mm512_and_si512(hh, m30),
+                            ),
+                            _mm512_or_si512(
+                                _mm512_and_si512(_mm512_srli_epi16(lb, 4), m4),
+                                _mm512_and_si512(_mm512_srli_epi16(hh, 2), m30),
+                            ),
+                        ];
+                        for t in 0..T {
+                            for s in 0..4 {
+                                let xv = _mm512_set1_epi32(x4(x[t], 128 * h + 32 * s + 4 * k));
+                                a[t][s] = _mm512_dpbusd_epi32(a[t][s], c[s], xv);
+                            }
+                        }
+                    }
+                    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+                }
+                for s in 0..4 {
+                    let gi = 8 * h + 2 * s + q;
+                    // SAFETY: group gi's 16 signed scales (lines 1–4); the activation sums.
+                    unsafe {
+                        let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(
+                            blk.add(64 + 16 * gi) as *const __m128i
+                        ));
+                        for t in 0..T {
+                            let off = _mm512_set1_epi32(32 * x_bsum(x[t], gi));
+                            let v = _mm512_sub_epi32(a[t][s], off);
+                            isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(v, sc));
+                        }
+                    }
+                }
+            }
+        }
+        // SAFETY: line 0 holds the 16 d.
+        let dw = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i)) };
+        for t in 0..T {
+            // SAFETY: the token's block scale.
+            let dx = _mm512_set1_ps(unsafe { x_d(x[t]) });
+            let v = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[t]));
+            acc[t] = _mm512_add_ps(acc[t], v);
+        }
+    }
+    for (t, a) in acc.iter().enumerate() {
+        let mut lanes = [0.0f32; GROUP];
+        // SAFETY: as in `q45_vnni`.
+        unsafe {
+            _mm512_storeu_ps(lanes.as_mut_ptr(), *a);
+            store_window(
+                j.out.add((t0 + t) * j.ldo + g * GROUP),
+                &lanes,
+                g * GROUP,
+                j.r0,
+                j.r1,
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// AVX2
+// ---------------------------------------------------------------------------------------
+
+/// Q4_K / Q5_K, rows `8·half ..` of group `g`, tokens `t0..t0 + T`, into `acc` lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q45_avx2_half<const T: usize, const FIVE: bool>(
+    j: Job<'_>,
+    g: usize,
+    t0: usize,
+    half: usize,
+) -> [__m256; T] {
+    let p = j.p;
+    let base = p.group(g).as_ptr();
+    let bb = p.block_bytes();
+    let ql = quant_line(p.dtype);
+    let m4 = _mm256_set1_epi8(0x0f);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..p.nsb {
+        // SAFETY: as in `q45_vnni`.
+        let blk = unsafe { base.add(b * bb) };
+        // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
+        let x: [*const u8; T] =
+            std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
+        let mut isum = [_mm256_setzero_si256(); T];
+        for c in 0..4 {
+            // SAFETY (this block): lines inside the super-block, bytes inside the tokens'
+            // Q8_K blocks.
+            unsafe {
+                let sl = scale_lanes_u8(blk.add(64 + 32 * c + 8 * half));
+                let sh = scale_lanes_u8(blk.add(64 + 32 * c + 16 + 8 * half));
+                for k in 0..8 {
+                    let wv = _mm256_loadu_si256(
+                        blk.add((ql + 8 * c + k) * 64 + 32 * half) as *const __m256i
+                    );
+                    let mut wl = _mm256_and_si256(wv, m4);
+                    let mut wh = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m4);
+                    if FIVE {
+                        let h =
+                            _mm256_loadu_si256(blk.add((5 + k) * 64 + 32 * half) as *const __m256i);
+                        wl = _mm256_or_si256(wl, fifth_bit_avx2(h, 2 * c));
+                        wh = _mm256_or_si256(wh, fifth_bit_avx2(h, 2 * c + 1));
+                    }
+                    for t in 0..T {
+                        let xl = _mm256_set1_epi32(x4(x[t], 64 * c + 4 * k));
+                        let xh = _mm256_set1_epi32(x4(x[t], 64 * c + 32 + 4 * k));
+                        let pl = _mm256_madd_epi16(_mm256_maddubs_epi16(wl, xl), sl);
+                        let ph = _mm256_madd_epi16(_mm256_maddubs_epi16(wh, xh), sh);
+                        isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(pl, ph));
+                    }
+                }
+            }
+        }
+        let mut msum = [_mm256_setzero_si256(); T];
+        for jj in 0..8 {
+            // SAFETY: the mins of sub-block jj for these 8 rows; the activation sums.
+            unsafe {
+                let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    blk.add(192 + 16 * jj + 8 * half) as *const __m128i
+                ));
+                for t in 0..T {
+                    let bs = x_bsum(x[t], 2 * jj) + x_bsum(x[t], 2 * jj + 1);
+                    msum[t] =
+                        _mm256_add_epi32(msum[t], _mm256_mullo_epi32(m, _mm256_set1_epi32(bs)));
+                }
+            }
+        }
+        // SAFETY: line 0: d of the 16 rows, then dmin.
+        let (dw, dm) = unsafe {
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i)),
+                _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * half) as *const __m128i)),
+            )
+        };
+        for t in 0..T {
+            // SAFETY: the token's block scale.
+            let dx = _mm256_set1_ps(unsafe { x_d(x[t]) });
+            let a = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t]));
+            let m = _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum[t]));
+            acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(a, m));
+        }
+    }
+    acc
+}
+
+/// Q6_K, rows `8·half ..` of group `g`, tokens `t0..t0 + T`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_avx2_half<const T: usize>(
+    j: Job<'_>,
+    g: usize,
+    t0: usize,
+    half: usize,
+) -> [__m256; T] {
+    let p = j.p;
+    let base = p.group(g).as_ptr();
+    let bb = p.block_bytes();
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m30 = _mm256_set1_epi8(0x30);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..p.nsb {
+        // SAFETY: as in `q45_vnni`.
+        let blk = unsafe { base.add(b * bb) };
+        // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
+        let x: [*const u8; T] =
+            std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
+        let mut isum = [_mm256_setzero_si256(); T];
+        for h in 0..2 {
+            for k in 0..8 {
+                // Slot s holds elements 128h + 32s + 4k .., in group 8h + 2s + k / 4.
+                // SAFETY (this block): the three lines of (h, k), the scales, the quants.
+                unsafe {
+                    let l = blk.add((5 + (8 * h + k) * 3) * 64 + 32 * half);
+                    let la = _mm256_loadu_si256(l as *const __m256i);
+                    let lb = _mm256_loadu_si256(l.add(64) as *const __m256i);
+                    let hh = _mm256_loadu_si256(l.add(128) as *const __m256i);
+                    let c = [
+                        _mm256_or_si256(
+                            _mm256_and_si256(la, m4),
+                            _mm256_and_si256(_mm256_slli_epi16(hh, 4), m30),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(lb, m4),
+                            _mm256_and_si256(_mm256_slli_epi16(hh, 2), m30),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(la, 4), m4),
+                            _mm256_and_si256(hh, m30),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(lb, 4), m4),
+                            _mm256_and_si256(_mm256_srli_epi16(hh, 2), m30),
+                        ),
+                    ];
+                    for s in 0..4 {
+                        let gi = 8 * h + 2 * s + k / 4;
+                        let sc = scale_lanes_i8(blk.add(64 + 16 * gi + 8 * half));
+                        for t in 0..T {
+                            let xv = _mm256_set1_epi32(x4(x[t], 128 * h + 32 * s + 4 * k));
+                            let v = _mm256_madd_epi16(_mm256_maddubs_epi16(c[s], xv), sc);
+                            isum[t] = _mm256_add_epi32(isum[t], v);
+                        }
+                    }
+                }
+            }
+        }
+        for gi in 0..16 {
+            // SAFETY: group gi's scales for these 8 rows; the activation sums.
+            unsafe {
+                let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                    blk.add(64 + 16 * gi + 8 * half) as *const __m128i
+                ));
+                for t in 0..T {
+                    let off = _mm256_set1_epi32(32 * x_bsum(x[t], gi));
+                    isum[t] = _mm256_sub_epi32(isum[t], _mm256_mullo_epi32(sc, off));
+                }
+            }
+        }
+        // SAFETY: line 0: d of the 16 rows.
+        let dw = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i)) };
+        for t in 0..T {
+            // SAFETY: the token's block scale.
+            let dx = _mm256_set1_ps(unsafe { x_d(x[t]) });
+            let v = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t]));
+            acc[t] = _mm256_add_ps(acc[t], v);
+        }
+    }
+    acc
+}
+
+/// Both halves of group `g` on AVX2, stored.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_avx2<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
+    let mut lanes = [[0.0f32; GROUP]; T];
+    for half in 0..2 {
+        // SAFETY: forwarded from the caller.
+        let acc = unsafe {
+            match j.p.dtype {
+                GgmlType::Q4_K => q45_avx2_half::<T, false>(j, g, t0, half),
+                GgmlType::Q5_K => q45_avx2_half::<T, true>(j, g, t0, half),
+                _ => q6_avx2_half::<T>(j, g, t0, half),
+            }
+        };
+        for (l, a) in lanes.iter_mut().zip(acc) {
+            // SAFETY: 8 floats at lane offset 8·half.
+            unsafe { _mm256_storeu_ps(l.as_mut_ptr().add(8 * half), a) };
+        }
+    }
+    for (t, l) in lanes.iter().enumerate() {
+        // SAFETY: the destination rows are the caller's.
+        unsafe {
+            store_window(
+                j.out.add((t0 + t) * j.ldo + g * GROUP),
+                l,
+                g * GROUP,
+                j.r0,
+                j.r1,
+            )
+        };
+    }
+}
+
+/// Group `g` on VNNI, stored.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn group_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match j.p.dtype {
+            GgmlType::Q4_K => q45_vnni::<T, false>(j, g, t0),
+            GgmlType::Q5_K => q45_vnni::<T, true>(j, g, t0),
+            _ => q6_vnni::<T>(j, g, t0),
+        }
+    }
+}
+
+/// The product for groups `g0..g1` and tokens `0..n`, AVX-512 VNNI.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI, AVX2, FMA and F16C must be present; `xq` must hold `n` Q8_K rows of
+/// `qrow` bytes covering `p.cols`; `out` must be writable at `t * ldo + r` for those tokens
+/// and the rows `r0..r1`, which no other thread touches during the call.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn gemm_vnni(j: Job<'_>, n: usize, g0: usize, g1: usize) {
+    for g in g0..g1 {
+        for_token_tiles!(n, t, [4, 2, 1], group_vnni(j, g, t));
+    }
+}
+
+/// The product for groups `g0..g1` and tokens `0..n`, AVX2.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be present; otherwise as for [`gemm_vnni`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn gemm_avx2(j: Job<'_>, n: usize, g0: usize, g1: usize) {
+    for g in g0..g1 {
+        for_token_tiles!(n, t, [4, 2, 1], group_avx2(j, g, t));
+    }
+}
