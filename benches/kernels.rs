@@ -119,7 +119,11 @@ fn quant_matrix(t: GgmlType, rows: usize, cols: usize) -> Matrix {
 }
 
 fn bench_quant(b: Bencher, be: &dyn Backend, t: GgmlType, rows: usize, cols: usize, n: usize) {
-    let w = quant_matrix(t, rows, cols);
+    let mut w = quant_matrix(t, rows, cols);
+    // As at load: the backend's own layout where it has one (the K-quants' packed groups).
+    if t != GgmlType::Q8_0 {
+        be.prepare(&mut w);
+    }
     let x = values(n * cols, 3);
     let mut out = vec![0.0f32; n * rows];
     b.counter(divan::counter::BytesCount::new(w.data.len()))
@@ -179,6 +183,24 @@ fn q5_k_matvec_896x4864(b: Bencher, k: &str) {
 #[divan::bench(args = kernels())]
 fn q6_k_matvec_896x4864(b: Bencher, k: &str) {
     bench_quant(b, backend(k).as_ref(), GgmlType::Q6_K, 896, 4864, 1);
+}
+
+// Prefill matmuls of the K-quants of a Q4_K_M / Q5_K_M file on Qwen3-0.6B's FFN up shape
+// (64 tokens through 3072 × 1024), beside Q8_0 on the same shape (`q8_matmul_64x3072x1024`).
+
+#[divan::bench(args = kernels(), sample_count = 10)]
+fn q4_k_matmul_64x3072x1024(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q4_K, 3072, 1024, 64);
+}
+
+#[divan::bench(args = kernels(), sample_count = 10)]
+fn q5_k_matmul_64x3072x1024(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q5_K, 3072, 1024, 64);
+}
+
+#[divan::bench(args = kernels(), sample_count = 10)]
+fn q6_k_matmul_64x3072x1024(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q6_K, 3072, 1024, 64);
 }
 
 /// A prefill matmul of the real model's most common type: 64 tokens through 4864 × 896.

@@ -207,6 +207,55 @@ fn every_type_has_a_kernel_and_the_scheme_of_the_scalar_code() {
     }
 }
 
+/// Each instruction set's activation quantizer writes the scalar quantizer's bytes: on the
+/// ranges of `activations`, on rows whose largest magnitude occurs twice with both signs (the
+/// first one sets the scale's sign), on values that land exactly on rounding ties, and on
+/// rows holding NaN and infinities.
+#[test]
+fn activation_quantizers_write_the_scalar_bytes_on_every_isa() {
+    let mut r = ChaCha8Rng::seed_from_u64(0xacc);
+    let n = 512;
+    let mut inputs: Vec<Vec<f32>> = (0..40).map(|_| activations(&mut r, n)).collect();
+    let mut twin = activations(&mut r, n);
+    twin[300] = 7.0;
+    twin[301] = -7.0;
+    inputs.push(twin.clone());
+    twin[300] = -7.0;
+    twin[301] = 7.0;
+    inputs.push(twin);
+    // With max = -127 the scale is exactly 1, so halves are ties (0.5, 1.5, 2.5, ...).
+    inputs.push(
+        (0..n)
+            .map(|i| {
+                if i == 0 {
+                    -127.0
+                } else {
+                    (i % 200) as f32 * 0.5 - 50.0
+                }
+            })
+            .collect(),
+    );
+    for special in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut x = activations(&mut r, n);
+        x[17] = special;
+        x[400] = special;
+        inputs.push(x);
+    }
+    for isa in Isa::available() {
+        let k = Kernels::new(isa);
+        for t in TYPES {
+            let (ours, scalar) = (k.quant_dot(t).unwrap(), tensor::quant_dot(t).unwrap());
+            let size = scalar.activation.row_size(n as u64).unwrap() as usize;
+            for (i, x) in inputs.iter().enumerate() {
+                let (mut a, mut b) = (vec![0u8; size], vec![0u8; size]);
+                (ours.quantize)(x, &mut a);
+                (scalar.quantize)(x, &mut b);
+                assert_eq!(a, b, "{isa:?} {t} ({}) input {i}", scalar.activation);
+            }
+        }
+    }
+}
+
 #[test]
 fn dot_kernels_are_bit_identical_to_vec_dot_on_every_isa() {
     let mut r = ChaCha8Rng::seed_from_u64(0x5eed);

@@ -71,6 +71,11 @@ mod avx2 {
     use super::super::x86_quants as k;
 
     every_type_kernels!(k; four: dot4_q4_0_q8_0, dot4_q5_0_q8_0);
+
+    pub(super) fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
+        // SAFETY: only reachable through `simd_quantize`, which checked the features.
+        unsafe { k::quantize_q8_k(x, out) }
+    }
 }
 
 /// Safe entry points to the NEON kernels.
@@ -118,6 +123,18 @@ fn simd_dot(isa: Isa, weight: GgmlType) -> Option<DotFn> {
             Q6_K => neon::dot_q6_k_q8_k,
             _ => return None,
         }),
+        _ => None,
+    }
+}
+
+/// The vector quantizer for activations of type `act` on `isa`, where there is one (each
+/// writes exactly the bytes of the scalar quantizer).
+fn simd_quantize(isa: Isa, act: GgmlType) -> Option<fn(&[f32], &mut [u8])> {
+    match (isa, act) {
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2 | Isa::Avx512Vnni, GgmlType::Q8_K) if Isa::Avx2.is_available() => {
+            Some(avx2::quantize_q8_k)
+        }
         _ => None,
     }
 }
@@ -172,6 +189,9 @@ impl Kernels {
         let mut k = tensor::quant_dot(weight)?;
         if let Some(dot) = simd_dot(self.isa, weight) {
             k.dot = dot;
+        }
+        if let Some(quantize) = simd_quantize(self.isa, k.activation) {
+            k.quantize = quantize;
         }
         Some(k)
     }

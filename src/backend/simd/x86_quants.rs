@@ -784,3 +784,73 @@ legacy_dot4!(
     /// Q5_0 weights · Q8_0 activations for four rows, as `legacy::dot_q5_0_q8_0` per row.
     dot4_q5_0_q8_0, Q5_0_BYTES, codes_q5_0, 16
 );
+
+/// Q8_K quantization identical to `k_quants::quantize_q8_k` byte for byte: the largest
+/// magnitude by a vector max (a NaN lane never wins, as in the scalar comparison), the first
+/// element of that magnitude as `max`, then per 16 values `round(iscale · v)` clamped to
+/// [−128, 127] (the conversion rounds to nearest, ties to even, as the scalar code does;
+/// clamping before or after rounding to integer bounds is the same), NaN to 0 as the scalar
+/// cast does, and the group's sum.
+///
+/// # Safety
+/// AVX2 must be present.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
+    let sign = _mm256_set1_ps(-0.0);
+    for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(Q8_K_BYTES)) {
+        let p = xb.as_ptr();
+        let mut m = _mm256_setzero_ps();
+        // SAFETY (this block and the loops below): indices below 256 are inside the block.
+        unsafe {
+            for i in (0..256).step_by(8) {
+                // `max_ps` returns its second operand when the first is NaN.
+                m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(i))), m);
+            }
+        }
+        let mut lanes = [0f32; 8];
+        // SAFETY: 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
+        let amax = lanes.iter().fold(0f32, |a, &b| if b > a { b } else { a });
+        if amax == 0.0 {
+            ob.fill(0);
+            continue;
+        }
+        let mut max = 0f32;
+        let target = _mm256_set1_ps(amax);
+        for i in (0..256).step_by(8) {
+            // SAFETY: as above.
+            let v = unsafe { _mm256_loadu_ps(p.add(i)) };
+            let eq =
+                _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, v), target, _CMP_EQ_OQ));
+            if eq != 0 {
+                max = xb[i + eq.trailing_zeros() as usize];
+                break;
+            }
+        }
+        let iscale = -127.0 / max;
+        let s = _mm256_set1_ps(iscale);
+        let (lo, hi) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
+        for g in 0..16 {
+            let q = |i: usize| {
+                // SAFETY: as above.
+                let y = _mm256_mul_ps(s, unsafe { _mm256_loadu_ps(p.add(16 * g + i)) });
+                let ordered = _mm256_cmp_ps(y, y, _CMP_ORD_Q);
+                let c = _mm256_min_ps(_mm256_max_ps(y, lo), hi);
+                _mm256_cvtps_epi32(_mm256_and_ps(c, ordered))
+            };
+            let (a, b) = (q(0), q(8));
+            let w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8);
+            let w8 = _mm256_permute4x64_epi64(_mm256_packs_epi16(w16, w16), 0x08);
+            // SAFETY: bytes 4 + 16g .. +16 of the output block.
+            unsafe {
+                _mm_storeu_si128(
+                    ob.as_mut_ptr().add(Q8K_QS + 16 * g) as *mut __m128i,
+                    _mm256_castsi256_si128(w8),
+                )
+            };
+            let sum = hsum_i32(_mm256_add_epi32(a, b)) as i16;
+            ob[Q8K_BSUMS + 2 * g..Q8K_BSUMS + 2 * g + 2].copy_from_slice(&sum.to_le_bytes());
+        }
+        ob[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    }
+}
