@@ -393,6 +393,60 @@ fn a_prompts_attention_in_one_call_equals_its_tokens_one_by_one_bit_for_bit() {
     }
 }
 
+/// Past a thousand cached positions the softmax runs in partitions folded in order, and the
+/// pool splits a decode step's partitions across threads when there are too few KV heads to
+/// share out: every thread count, the parallel backend and a single thread give the same
+/// bits, for one decoding token and for a short prompt chunk, and stay within the softmax
+/// error of the scalar reference.
+#[test]
+fn long_attention_split_by_positions_is_bit_identical_at_any_thread_count() {
+    let mut r = rng(7);
+    let scalar = ScalarBackend::new();
+    for (n_heads, n_kv, hd) in [(14, 2, 64), (16, 1, 32), (4, 2, 16)] {
+        for (n_tokens, pos0) in [(1, 2347), (1, 1023), (1, 1024), (5, 2100)] {
+            let (shape, q, k, v) =
+                attention_inputs(&mut r, (n_heads, n_kv, hd), n_tokens, pos0, pos0 + n_tokens);
+            let (ks, vs) = (Stored::new(&k, hd), Stored::new(&v, hd));
+            for (kr, vr) in type_pairs(&ks, &vs) {
+                let kv = KvLayer { k: kr, v: vr };
+                let mut want = vec![0.0; q.len()];
+                scalar.attention(&shape, &q, kv, &mut want);
+                for isa in Isa::available() {
+                    let mut one = vec![f32::NAN; q.len()];
+                    simd(isa).attention(&shape, &q, kv, &mut one);
+                    for (a, b) in one.iter().zip(&want) {
+                        assert!(
+                            (a - b).abs() < 2e-5,
+                            "{isa:?} hd {hd} pos {pos0}: {a} vs {b}"
+                        );
+                    }
+                    let mut others: Vec<(String, Box<dyn Backend>)> = (1..=4)
+                        .map(|t| {
+                            let be: Box<dyn Backend> = Box::new(PoolBackend::new(simd(isa), t));
+                            (format!("pool/{t}"), be)
+                        })
+                        .collect();
+                    others.push((
+                        "parallel/3".into(),
+                        Box::new(ParallelBackend::new(simd(isa), 3)),
+                    ));
+                    for (name, be) in &others {
+                        let mut got = vec![f32::NAN; q.len()];
+                        be.attention(&shape, &q, kv, &mut got);
+                        assert_eq!(
+                            bits(&got),
+                            bits(&one),
+                            "{isa:?} {name} {:?}/{:?} heads {n_heads}/{n_kv} hd {hd} n {n_tokens} pos {pos0}",
+                            kr.kind(),
+                            vr.kind()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Whole models
 // ---------------------------------------------------------------------------------------

@@ -164,6 +164,11 @@ impl PoolBackend {
     }
 }
 
+thread_local! {
+    /// Partial softmaxes of a split attention call, grown to the largest call and reused.
+    static SPLIT_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl Backend for PoolBackend {
     fn name(&self) -> &str {
         "pool"
@@ -235,6 +240,36 @@ impl Backend for PoolBackend {
         let len = out.len();
         let o = OutPtr(out.as_mut_ptr());
         let items = k.attention_items(shape);
+        let parts = k.attention_parts(shape);
+        let threads = self.pool.n_threads();
+        if parts > 1 && threads > 1 && items < 2 * threads {
+            // Too few KV heads to keep the threads busy: split each head's positions too.
+            // The partial softmaxes are folded in partition order, the bits of one thread.
+            let per = k.attention_part_floats(shape);
+            let split_items = shape.n_kv_heads * parts;
+            return SPLIT_SCRATCH.with(|c| {
+                let mut scratch = c.borrow_mut();
+                if scratch.len() < split_items * per {
+                    scratch.resize(split_items * per, 0.0);
+                }
+                let sp = OutPtr(scratch.as_mut_ptr());
+                let nc = self.chunks(split_items);
+                self.pool.run(nc, &|c| {
+                    let (i0, i1) = split(split_items, c, nc);
+                    // SAFETY: items write only their own part of the scratch, which
+                    // outlives the job.
+                    unsafe { k.attention_partial(shape, q, kv, sp, i0, i1) };
+                });
+                let heads = shape.n_kv_heads;
+                let nc = self.chunks(heads);
+                self.pool.run(nc, &|c| {
+                    let range = split(heads, c, nc);
+                    // SAFETY: every item was written above; each KV head's output rows are
+                    // this chunk's alone, and `out` outlives the job.
+                    unsafe { k.attention_merge(shape, q, kv, sp, o, len, range) };
+                });
+            });
+        }
         let nc = self.chunks(items);
         self.pool.run(nc, &|c| {
             let (i0, i1) = split(items, c, nc);

@@ -674,14 +674,7 @@ unsafe fn weigh_values<V: KvLoad, const U: usize>(
 /// # Safety
 /// As for [`attend_rows`], with `k` and `v` holding the rows.
 pub unsafe fn attend_rows_any(s: &AttentionShape, rows: &[AttnRow], k: KvRows<'_>, v: KvRows<'_>) {
-    fn ptr(r: KvRows<'_>) -> *const u8 {
-        match r {
-            KvRows::F32(s) => s.as_ptr().cast(),
-            KvRows::F16(s) => s.as_ptr().cast(),
-            KvRows::Q8_0(s) => s.as_ptr(),
-        }
-    }
-    let (kp, vp) = (ptr(k), ptr(v));
+    let (kp, vp) = (kv_ptr(k), kv_ptr(v));
     use KvRows::{F16, F32, Q8_0};
     // SAFETY (every arm): the caller's promise, with the loaders of the rows' own types.
     unsafe {
@@ -696,6 +689,15 @@ pub unsafe fn attend_rows_any(s: &AttentionShape, rows: &[AttnRow], k: KvRows<'_
             (Q8_0(_), F16(_)) => attend_rows::<Q8Rows, F16Rows>(s, rows, kp, vp),
             (Q8_0(_), Q8_0(_)) => attend_rows::<Q8Rows, Q8Rows>(s, rows, kp, vp),
         }
+    }
+}
+
+/// The first byte of cached rows, for the loaders.
+fn kv_ptr(r: KvRows<'_>) -> *const u8 {
+    match r {
+        KvRows::F32(s) => s.as_ptr().cast(),
+        KvRows::F16(s) => s.as_ptr().cast(),
+        KvRows::Q8_0(s) => s.as_ptr(),
     }
 }
 
@@ -840,35 +842,80 @@ unsafe fn widen_rows<L: KvLoad>(src: *const u8, n: usize, hd: usize, dst: *mut f
     }
 }
 
+/// Positions per attention partition. Each row's softmax runs over the partitions one at a
+/// time and folds each into its running total in order ([`fold_part`]), so a long row can be
+/// split across threads by partitions ([`attend_rows_partial`], [`merge_parts`]) and still
+/// give the bits of one thread. A multiple of [`CHUNK`], so chunks never straddle two.
+pub const PART: usize = 1024;
+
+/// Largest head size (the scalar reference's limit): the per-row partition buffers live on
+/// the stack.
+const MAX_HD: usize = crate::backend::scalar::MAX_HEAD_DIM;
+
+/// One partition's softmax state for one row: its running max, its sum of exponentials and
+/// (in a buffer beside) its unnormalized weighted values.
+#[derive(Clone, Copy)]
+pub struct PartState {
+    pub max: f32,
+    pub denom: f32,
+}
+
+impl PartState {
+    pub const EMPTY: PartState = PartState {
+        max: f32::NEG_INFINITY,
+        denom: 0.0,
+    };
+}
+
+/// Positions `p0..p1` (clipped to each row's `kv_len`; a multiple of [`CHUNK`] apart unless
+/// `p1` ends the rows) for every row: online softmax over chunks from an empty state, the
+/// unnormalized weighted values of row `h` into `bufs + h * hd`. Rows that see no position
+/// of the range are left [`PartState::EMPTY`] (and their buffer untouched).
+///
+/// # Safety
+/// As for [`attend_rows`]; `bufs` has room for `rows.len() * hd` floats.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
+unsafe fn attend_part<K: KvLoad, V: KvLoad>(
     s: &AttentionShape,
     rows: &[AttnRow],
     k: *const u8,
     v: *const u8,
+    (p0, p1): (usize, usize),
+    bufs: *mut f32,
+    state: &mut [PartState; MAX_ROWS],
 ) {
     let hd = s.head_dim;
-    debug_assert!(rows.len() <= MAX_ROWS && hd % 8 == 0);
-    let kv_max = rows.iter().map(|r| r.kv_len).max().unwrap_or(0);
-    let mut max = [f32::NEG_INFINITY; MAX_ROWS];
-    let mut denom = [0.0f32; MAX_ROWS];
+    let kv_end = rows.iter().map(|r| r.kv_len).max().unwrap_or(0).min(p1);
     let mut p = [[0.0f32; CHUNK]; MAX_ROWS];
-    for r in rows {
-        // SAFETY: each output row is `hd` floats of the caller's.
-        unsafe { std::ptr::write_bytes(r.out, 0, hd) };
+    // The rows as `row_chunk` sees them: writing into this partition's buffers.
+    let mut part_rows = [AttnRow {
+        q: std::ptr::null(),
+        out: std::ptr::null_mut(),
+        kv_len: 0,
+    }; MAX_ROWS];
+    for (h, r) in rows.iter().enumerate() {
+        state[h] = PartState::EMPTY;
+        // SAFETY: row h's buffer is inside `bufs`.
+        let out = unsafe { bufs.add(h * hd) };
+        part_rows[h] = AttnRow { out, ..*r };
+        if r.kv_len > p0 {
+            // SAFETY: as above.
+            unsafe { std::ptr::write_bytes(out, 0, hd) };
+        }
     }
+    let rows = &part_rows[..rows.len()];
     let (krb, vrb) = (K::row_bytes(hd), V::row_bytes(hd));
     let widen = !(K::IS_F32 && V::IS_F32) && hd <= WIDEN_MAX_HD;
     let mut kbuf = [std::mem::MaybeUninit::<f32>::uninit(); CHUNK * WIDEN_MAX_HD];
     let mut vbuf = [std::mem::MaybeUninit::<f32>::uninit(); CHUNK * WIDEN_MAX_HD];
-    let mut c0 = 0;
-    while c0 < kv_max {
-        // SAFETY (whole loop): chunk rows c0 .. c0 + n < kv_max are inside `k` and `v`; each
+    let mut c0 = p0;
+    while c0 < kv_end {
+        // SAFETY (whole loop): chunk rows c0 .. c0 + n < kv_end are inside `k` and `v`; each
         // row's use of them is covered by `row_chunk`'s contract.
         unsafe {
             let (kc, vc) = (k.add(c0 * krb), v.add(c0 * vrb));
             if widen {
-                let n = CHUNK.min(kv_max - c0);
+                let n = CHUNK.min(kv_end - c0);
                 let kw: *const u8 = if K::IS_F32 {
                     kc
                 } else {
@@ -882,6 +929,7 @@ unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
                     vbuf.as_ptr().cast()
                 };
                 for (h, row) in rows.iter().enumerate().filter(|(_, r)| r.kv_len > c0) {
+                    let st = &mut state[h];
                     row_chunk::<F32Rows, F32Rows>(
                         s,
                         row,
@@ -889,30 +937,169 @@ unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
                         kw,
                         vw,
                         &mut p[h],
-                        &mut max[h],
-                        &mut denom[h],
+                        &mut st.max,
+                        &mut st.denom,
                     );
                 }
             } else {
                 for (h, row) in rows.iter().enumerate().filter(|(_, r)| r.kv_len > c0) {
-                    row_chunk::<K, V>(s, row, c0, kc, vc, &mut p[h], &mut max[h], &mut denom[h]);
+                    let st = &mut state[h];
+                    row_chunk::<K, V>(s, row, c0, kc, vc, &mut p[h], &mut st.max, &mut st.denom);
                 }
             }
         }
         c0 += CHUNK;
     }
+}
+
+/// Folds one partition (`part`, values at `buf`) into a row's running total (`total`,
+/// values at `out`), as the online softmax folds chunks: both rescaled to the larger max.
+/// The first partition is taken as it is, and an empty one changes nothing.
+///
+/// # Safety
+/// AVX2 present; `out` and `buf` hold `hd` floats (`hd` a multiple of 8).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn fold_part(
+    hd: usize,
+    total: &mut PartState,
+    out: *mut f32,
+    part: PartState,
+    buf: *const f32,
+) {
+    if part.max == f32::NEG_INFINITY {
+        return;
+    }
+    if total.max == f32::NEG_INFINITY {
+        *total = part;
+        // SAFETY: both hold hd floats and do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(buf, out, hd) };
+        return;
+    }
+    let m = total.max.max(part.max);
+    let e = exp256(_mm256_setr_ps(
+        total.max - m,
+        part.max - m,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+    ));
+    let mut ab = [0f32; 8];
+    // SAFETY: 8 floats.
+    unsafe { _mm256_storeu_ps(ab.as_mut_ptr(), e) };
+    let (a, b) = (ab[0], ab[1]);
+    total.denom = total.denom * a + part.denom * b;
+    total.max = m;
+    let (av, bv) = (_mm256_set1_ps(a), _mm256_set1_ps(b));
+    let mut d = 0;
+    // SAFETY: d + 8 <= hd.
+    unsafe {
+        while d < hd {
+            let o = _mm256_mul_ps(_mm256_loadu_ps(out.add(d)), av);
+            let p = _mm256_mul_ps(_mm256_loadu_ps(buf.add(d)), bv);
+            _mm256_storeu_ps(out.add(d), _mm256_add_ps(o, p));
+            d += 8;
+        }
+    }
+}
+
+/// `out · (1 / denom)` for a finished row.
+///
+/// # Safety
+/// AVX2 present; `out` holds `hd` floats (`hd` a multiple of 8).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn normalize_row(hd: usize, total: PartState, out: *mut f32) {
+    let inv = _mm256_set1_ps(1.0 / total.denom);
+    let mut d = 0;
+    // SAFETY: d + 8 <= hd.
+    unsafe {
+        while d < hd {
+            _mm256_storeu_ps(out.add(d), _mm256_mul_ps(_mm256_loadu_ps(out.add(d)), inv));
+            d += 8;
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
+    s: &AttentionShape,
+    rows: &[AttnRow],
+    k: *const u8,
+    v: *const u8,
+) {
+    let hd = s.head_dim;
+    debug_assert!(rows.len() <= MAX_ROWS && hd % 8 == 0 && hd <= MAX_HD);
+    let kv_max = rows.iter().map(|r| r.kv_len).max().unwrap_or(0);
+    let mut total = [PartState::EMPTY; MAX_ROWS];
+    let mut state = [PartState::EMPTY; MAX_ROWS];
+    let mut bufs = [std::mem::MaybeUninit::<f32>::uninit(); MAX_ROWS * MAX_HD];
+    let bp: *mut f32 = bufs.as_mut_ptr().cast();
+    let mut p0 = 0;
+    while p0 < kv_max {
+        let p1 = (p0 + PART).min(kv_max);
+        // SAFETY: the caller's promise; `bufs` holds MAX_ROWS rows of up to MAX_HD floats.
+        unsafe { attend_part::<K, V>(s, rows, k, v, (p0, p1), bp, &mut state) };
+        for (h, row) in rows.iter().enumerate() {
+            // SAFETY: row h's output and buffer hold hd floats.
+            unsafe { fold_part(hd, &mut total[h], row.out, state[h], bp.add(h * hd)) };
+        }
+        p0 = p1;
+    }
     for (h, row) in rows.iter().enumerate() {
-        let inv = _mm256_set1_ps(1.0 / denom[h]);
-        let mut d = 0;
         // SAFETY: each output row has hd floats.
-        unsafe {
-            let orow = row.out;
-            while d < hd {
-                _mm256_storeu_ps(
-                    orow.add(d),
-                    _mm256_mul_ps(_mm256_loadu_ps(orow.add(d)), inv),
-                );
-                d += 8;
+        unsafe { normalize_row(hd, total[h], row.out) };
+    }
+}
+
+/// One partition (`p0..p1`) of [`attend_rows`]: each row's state to `state` and its
+/// unnormalized values to `bufs + h * hd`, for [`merge_parts`] to fold in order.
+///
+/// # Safety
+/// As for [`attend_rows_any`]; `bufs` has room for `rows.len() * hd` floats.
+pub unsafe fn attend_rows_partial(
+    s: &AttentionShape,
+    rows: &[AttnRow],
+    k: KvRows<'_>,
+    v: KvRows<'_>,
+    range: (usize, usize),
+    bufs: *mut f32,
+    state: &mut [PartState; MAX_ROWS],
+) {
+    let (kp, vp) = (kv_ptr(k), kv_ptr(v));
+    use KvRows::{F16, F32, Q8_0};
+    // SAFETY (every arm): the caller's promise, with the loaders of the rows' own types.
+    unsafe {
+        match (k, v) {
+            (F32(_), F32(_)) => {
+                attend_part::<F32Rows, F32Rows>(s, rows, kp, vp, range, bufs, state)
+            }
+            (F32(_), F16(_)) => {
+                attend_part::<F32Rows, F16Rows>(s, rows, kp, vp, range, bufs, state)
+            }
+            (F32(_), Q8_0(_)) => {
+                attend_part::<F32Rows, Q8Rows>(s, rows, kp, vp, range, bufs, state)
+            }
+            (F16(_), F32(_)) => {
+                attend_part::<F16Rows, F32Rows>(s, rows, kp, vp, range, bufs, state)
+            }
+            (F16(_), F16(_)) => {
+                attend_part::<F16Rows, F16Rows>(s, rows, kp, vp, range, bufs, state)
+            }
+            (F16(_), Q8_0(_)) => {
+                attend_part::<F16Rows, Q8Rows>(s, rows, kp, vp, range, bufs, state)
+            }
+            (Q8_0(_), F32(_)) => {
+                attend_part::<Q8Rows, F32Rows>(s, rows, kp, vp, range, bufs, state)
+            }
+            (Q8_0(_), F16(_)) => {
+                attend_part::<Q8Rows, F16Rows>(s, rows, kp, vp, range, bufs, state)
+            }
+            (Q8_0(_), Q8_0(_)) => {
+                attend_part::<Q8Rows, Q8Rows>(s, rows, kp, vp, range, bufs, state)
             }
         }
     }
