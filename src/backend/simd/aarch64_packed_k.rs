@@ -12,7 +12,7 @@
 //! The packed f16 scales are widened with `half` (exact), four at a time.
 
 use super::aarch64::sdot;
-use super::packed_k::{quant_line, store_window, x4, x_bsum, x_d, Job};
+use super::packed_k::{quant_line, store_window, x4, x_bsum, x_d, x_min_pair, Job};
 use super::GROUP;
 use crate::tensor::k_quants::Q8_K_BYTES;
 use crate::tensor::GgmlType;
@@ -125,13 +125,17 @@ unsafe fn q45_quarter<const T: usize, const FIVE: bool>(
             }
         }
         let mut msum = [vdupq_n_s32(0); T];
-        for jj in 0..8 {
-            // SAFETY: the mins of sub-block jj of these rows; the activation sums.
+        for pp in 0..4 {
+            // SAFETY: the mins of sub-blocks 2pp, 2pp+1 of these rows (8 bytes: a pair per
+            // row); the activation sums.
             unsafe {
-                let m = widen4_u8(blk.add(192 + 16 * jj + 4 * qr));
+                let m = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(blk.add(192 + 32 * pp + 8 * qr))));
                 for t in 0..T {
-                    let bs = x_bsum(x[t], 2 * jj) + x_bsum(x[t], 2 * jj + 1);
-                    msum[t] = vmlaq_s32(msum[t], m, vdupq_n_s32(bs));
+                    // (a, b) per row: the two sub-blocks' activation sums, as i16 lanes.
+                    let bs = vreinterpretq_s16_s32(vdupq_n_s32(x_min_pair(x[t], pp)));
+                    let lo = vmull_s16(vget_low_s16(m), vget_low_s16(bs));
+                    let hi = vmull_s16(vget_high_s16(m), vget_high_s16(bs));
+                    msum[t] = vaddq_s32(msum[t], vpaddq_s32(lo, hi));
                 }
             }
         }

@@ -10,7 +10,8 @@
 //! | type | lines | content                                                               |
 //! |------|------:|-----------------------------------------------------------------------|
 //! | all  | 0     | `d` of the 16 rows (f16), then `dmin` (Q4_K, Q5_K; zero for Q6_K)     |
-//! | Q4_K, Q5_K | 1–2, 3–4 | sub-block scales, then mins: byte `16·j + r` for sub-block `j` |
+//! | Q4_K, Q5_K | 1–2 | sub-block scales: byte `16·j + r` for sub-block `j`            |
+//! | Q4_K, Q5_K | 3–4 | mins in pairs of sub-blocks: byte `32·p + 2r + e` holds the min of sub-block `2p + e`, so one widening gives the 16-bit pairs of `vpdpwssd` / `madd` |
 //! | Q5_K | 5–12  | line `k`: `qh[4k + i]` of row `r` at byte `4r + i`                    |
 //! | Q4_K, Q5_K | 32 | line `8c + k`: `qs[32c + 4k + i]` (elements `64c + 4k + i` in the low nibbles, `64c + 32 + 4k + i` in the high ones) |
 //! | Q6_K | 1–4   | the 16 signed scales: byte `16·g + r` for group `g`                   |
@@ -223,6 +224,24 @@ pub(super) unsafe fn x_bsum(x: *const u8, g: usize) -> i32 {
     unsafe { (x.add(XBS + 2 * g) as *const i16).read_unaligned() as i32 }
 }
 
+/// The sums of 32 activation values of sub-blocks `2p` and `2p + 1` (each the sum of two
+/// 16-value sums, at most 32·128 in magnitude) as the two i16 halves of one i32, for the
+/// min terms' 16-bit pair products.
+///
+/// # Safety
+/// As for [`x_d`].
+#[inline(always)]
+pub(super) unsafe fn x_min_pair(x: *const u8, p: usize) -> i32 {
+    // SAFETY: forwarded.
+    let (a, b) = unsafe {
+        (
+            x_bsum(x, 4 * p) + x_bsum(x, 4 * p + 1),
+            x_bsum(x, 4 * p + 2) + x_bsum(x, 4 * p + 3),
+        )
+    };
+    ((a as u32 & 0xffff) | ((b as u32) << 16)) as i32
+}
+
 /// Four activation quants at `x + XQS + e` as one i32, for a broadcast.
 ///
 /// # Safety
@@ -276,6 +295,12 @@ fn slot(r: usize, i: usize) -> usize {
     4 * r + i
 }
 
+/// Offset of the min of sub-block `j` of row `r` in lines 3–4 (Q4_K, Q5_K).
+#[inline]
+fn min_at(j: usize, r: usize) -> usize {
+    32 * (j / 2) + 2 * r + j % 2
+}
+
 /// Writes row `r`'s stored block `blk` into one packed (group, super-block).
 fn put_block(t: GgmlType, l: &mut [Line], r: usize, blk: &[u8]) {
     match t {
@@ -286,7 +311,8 @@ fn put_block(t: GgmlType, l: &mut [Line], r: usize, blk: &[u8]) {
             for j in 0..8 {
                 let at = 16 * j + r;
                 l[1 + at / 64].0[at % 64] = sc[j];
-                l[3 + at / 64].0[at % 64] = mn[j];
+                let am = min_at(j, r);
+                l[3 + am / 64].0[am % 64] = mn[j];
             }
             let (qh, qs) = if t == GgmlType::Q5_K {
                 (&blk[16..48], &blk[48..176])
@@ -346,7 +372,8 @@ fn get_block(t: GgmlType, l: &[Line], r: usize, blk: &mut [u8]) {
             for j in 0..8 {
                 let at = 16 * j + r;
                 sc[j] = l[1 + at / 64].0[at % 64];
-                mn[j] = l[3 + at / 64].0[at % 64];
+                let am = min_at(j, r);
+                mn[j] = l[3 + am / 64].0[am % 64];
             }
             pack_scale_min_k4(&sc, &mn, &mut blk[4..16]);
             let qs0 = if t == GgmlType::Q5_K { 48 } else { 16 };

@@ -11,12 +11,13 @@
 //!   `madd` against the row's scale, repeated in both 16-bit halves of its lane, forms the
 //!   scaled sum of four products directly.
 //!
-//! The mins (Q4_K, Q5_K) and Q6_K's offset of 32 are taken off with the activation block's
-//! sums of 16 values, as the scalar products take the mins. Each super-block is folded into
+//! The mins (Q4_K, Q5_K) are products of 16-bit pairs (`vpdpwssd` / `madd`: two sub-blocks'
+//! mins against their activation sums) and Q6_K's offset of 32 is taken off with the
+//! activation block's sums of 16 values, as the scalar products take the mins. Each super-block is folded into
 //! the f32 accumulator with the scalar expression (separate multiplies, no FMA), block after
 //! block, so every output is bit-identical to the scalar dot product of its row.
 
-use super::packed_k::{quant_line, store_window, x4, x_bsum, x_d, Job};
+use super::packed_k::{quant_line, store_window, x4, x_bsum, x_d, x_min_pair, Job};
 use super::GROUP;
 use crate::tensor::k_quants::Q8_K_BYTES;
 use crate::tensor::GgmlType;
@@ -135,15 +136,15 @@ unsafe fn q45_vnni<const T: usize, const FIVE: bool>(j: Job<'_>, g: usize, t0: u
             }
         }
         let mut msum = [_mm512_setzero_si512(); T];
-        for jj in 0..8 {
-            // SAFETY: the mins of sub-block jj (lines 3–4); the activation sums.
+        for pp in 0..4 {
+            // SAFETY: the mins of sub-blocks 2pp, 2pp+1 (lines 3–4); the activation sums.
             unsafe {
-                let m =
-                    _mm512_cvtepu8_epi32(_mm_loadu_si128(blk.add(192 + 16 * jj) as *const __m128i));
+                let m = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
+                    blk.add(192 + 32 * pp) as *const __m256i
+                ));
                 for t in 0..T {
-                    let bs = x_bsum(x[t], 2 * jj) + x_bsum(x[t], 2 * jj + 1);
-                    msum[t] =
-                        _mm512_add_epi32(msum[t], _mm512_mullo_epi32(m, _mm512_set1_epi32(bs)));
+                    let bs = _mm512_set1_epi32(x_min_pair(x[t], pp));
+                    msum[t] = _mm512_dpwssd_epi32(msum[t], m, bs);
                 }
             }
         }
@@ -330,16 +331,15 @@ unsafe fn q45_avx2_half<const T: usize, const FIVE: bool>(
             }
         }
         let mut msum = [_mm256_setzero_si256(); T];
-        for jj in 0..8 {
-            // SAFETY: the mins of sub-block jj for these 8 rows; the activation sums.
+        for pp in 0..4 {
+            // SAFETY: the mins of sub-blocks 2pp, 2pp+1 for these 8 rows; the activation sums.
             unsafe {
-                let m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                    blk.add(192 + 16 * jj + 8 * half) as *const __m128i
+                let m = _mm256_cvtepu8_epi16(_mm_loadu_si128(
+                    blk.add(192 + 32 * pp + 16 * half) as *const __m128i
                 ));
                 for t in 0..T {
-                    let bs = x_bsum(x[t], 2 * jj) + x_bsum(x[t], 2 * jj + 1);
-                    msum[t] =
-                        _mm256_add_epi32(msum[t], _mm256_mullo_epi32(m, _mm256_set1_epi32(bs)));
+                    let bs = _mm256_set1_epi32(x_min_pair(x[t], pp));
+                    msum[t] = _mm256_add_epi32(msum[t], _mm256_madd_epi16(m, bs));
                 }
             }
         }
