@@ -242,6 +242,18 @@ pub(super) unsafe fn x_min_pair(x: *const u8, p: usize) -> i32 {
     ((a as u32 & 0xffff) | ((b as u32) << 16)) as i32
 }
 
+/// The activation sums of 16-value groups `2p` and `2p + 1` as the two i16 halves of one
+/// i32 (as stored).
+///
+/// # Safety
+/// As for [`x_d`].
+#[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) unsafe fn x_bsum_pair(x: *const u8, p: usize) -> i32 {
+    // SAFETY: inside the block's sums.
+    unsafe { (x.add(XBS + 4 * p) as *const i32).read_unaligned() }
+}
+
 /// Four activation quants at `x + XQS + e` as one i32, for a broadcast.
 ///
 /// # Safety

@@ -17,7 +17,7 @@
 //! the f32 accumulator with the scalar expression (separate multiplies, no FMA), block after
 //! block, so every output is bit-identical to the scalar dot product of its row.
 
-use super::packed_k::{quant_line, store_window, x4, x_bsum, x_d, x_min_pair, Job};
+use super::packed_k::{quant_line, store_window, x4, x_bsum_pair, x_d, x_min_pair, Job};
 use super::GROUP;
 use crate::tensor::k_quants::Q8_K_BYTES;
 use crate::tensor::GgmlType;
@@ -243,13 +243,30 @@ unsafe fn q6_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
                             blk.add(64 + 16 * gi) as *const __m128i
                         ));
                         for t in 0..T {
-                            let off = _mm512_set1_epi32(32 * x_bsum(x[t], gi));
-                            let v = _mm512_sub_epi32(a[t][s], off);
-                            isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(v, sc));
+                            isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(a[t][s], sc));
                         }
                     }
                 }
             }
+        }
+        // The offset of 32: isum −= 32 · Σ_g sc_g · Σx_g, the scales of groups 2p, 2p+1
+        // interleaved into 16-bit pairs per row against the activation's pair of sums.
+        let mut corr = [_mm512_setzero_si512(); T];
+        for pp in 0..8 {
+            // SAFETY: the scales of groups 2pp, 2pp+1 (lines 1–4); the activation sums.
+            unsafe {
+                let a = _mm_loadu_si128(blk.add(64 + 32 * pp) as *const __m128i);
+                let b = _mm_loadu_si128(blk.add(64 + 32 * pp + 16) as *const __m128i);
+                let pairs = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
+                let sc = _mm512_cvtepi8_epi16(pairs);
+                for t in 0..T {
+                    let bs = _mm512_set1_epi32(x_bsum_pair(x[t], pp));
+                    corr[t] = _mm512_dpwssd_epi32(corr[t], sc, bs);
+                }
+            }
+        }
+        for t in 0..T {
+            isum[t] = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(corr[t], 5));
         }
         // SAFETY: line 0 holds the 16 d.
         let dw = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i)) };
@@ -422,17 +439,22 @@ unsafe fn q6_avx2_half<const T: usize>(
                 }
             }
         }
-        for gi in 0..16 {
-            // SAFETY: group gi's scales for these 8 rows; the activation sums.
+        // The offset of 32, as in `q6_vnni`: scale pairs of groups 2p, 2p+1 per row.
+        let mut corr = [_mm256_setzero_si256(); T];
+        for pp in 0..8 {
+            // SAFETY: the scales of groups 2pp, 2pp+1 for these 8 rows; the activation sums.
             unsafe {
-                let sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                    blk.add(64 + 16 * gi + 8 * half) as *const __m128i
-                ));
+                let a = _mm_loadl_epi64(blk.add(64 + 32 * pp + 8 * half) as *const __m128i);
+                let b = _mm_loadl_epi64(blk.add(64 + 32 * pp + 16 + 8 * half) as *const __m128i);
+                let sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
                 for t in 0..T {
-                    let off = _mm256_set1_epi32(32 * x_bsum(x[t], gi));
-                    isum[t] = _mm256_sub_epi32(isum[t], _mm256_mullo_epi32(sc, off));
+                    let bs = _mm256_set1_epi32(x_bsum_pair(x[t], pp));
+                    corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(sc, bs));
                 }
             }
+        }
+        for t in 0..T {
+            isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(corr[t], 5));
         }
         // SAFETY: line 0: d of the 16 rows.
         let dw = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i)) };
