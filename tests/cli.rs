@@ -187,12 +187,12 @@ fn errors_are_one_clear_line() {
     );
 
     let mut w = GgufWriter::new();
-    w.add("general.architecture", Value::String("llama".into()));
-    let llama = dir.path().join("llama.gguf");
-    w.write_to(&llama).unwrap();
+    w.add("general.architecture", Value::String("gptneox".into()));
+    let other = dir.path().join("gptneox.gguf");
+    w.write_to(&other).unwrap();
     assert_clean_error(
-        &inferno(&["generate", "--model", llama.to_str().unwrap(), "x"]),
-        "unsupported architecture \"llama\"",
+        &inferno(&["generate", "--model", other.to_str().unwrap(), "x"]),
+        "unsupported architecture \"gptneox\" (supported: qwen3, qwen2, llama)",
     );
 
     let m = model.to_str().unwrap();

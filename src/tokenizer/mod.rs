@@ -48,7 +48,7 @@ pub enum TokenizerError {
     /// `tokenizer.ggml.pre` names a pre-tokenizer this crate cannot reproduce.
     #[error(
         "unsupported pre-tokenizer `{0}`: supported are qwen2, deepseek-r1-qwen, llama3, \
-         llama-bpe, smaug-bpe, falcon3, pixtral, gpt-2, phi-2 and default"
+         llama-bpe, smaug-bpe, falcon3, pixtral, smollm, gpt-2, phi-2 and default"
     )]
     UnsupportedPreTokenizer(String),
     /// The vocabulary or merges could not be assembled into a tokenizer.

@@ -4,6 +4,7 @@
 use tokenizers::normalizers::unicode::NFC;
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
@@ -27,6 +28,9 @@ pub(crate) enum PreTokenizerKind {
     Llama3,
     /// Original GPT-2: the byte-level pre-tokenizer's own regex.
     Gpt2,
+    /// SmolLM / SmolLM2: every digit split off, then the
+    /// GPT-2 byte-level regex (`Sequence[Digits(individual), ByteLevel(use_regex)]`).
+    SmolLm,
 }
 
 impl PreTokenizerKind {
@@ -44,6 +48,7 @@ impl PreTokenizerKind {
                 Ok(Self::Llama3)
             }
             Some("default" | "gpt2" | "gpt-2" | "phi-2") => Ok(Self::Gpt2),
+            Some("smollm") => Ok(Self::SmolLm),
             Some(other) => Err(TokenizerError::UnsupportedPreTokenizer(other.to_owned())),
         }
     }
@@ -72,6 +77,14 @@ impl PreTokenizerKind {
                 Sequence::new(vec![split(LLAMA3_PATTERN)?.into(), byte_level().into()]).into(),
             ),
             Self::Gpt2 => (None, ByteLevel::new(false, false, true).into()),
+            Self::SmolLm => (
+                None,
+                Sequence::new(vec![
+                    Digits::new(true).into(),
+                    ByteLevel::new(false, false, true).into(),
+                ])
+                .into(),
+            ),
         })
     }
 }
@@ -98,6 +111,10 @@ mod tests {
             PreTokenizerKind::from_name(None).unwrap(),
             PreTokenizerKind::Gpt2
         );
+        assert_eq!(
+            PreTokenizerKind::from_name(Some("smollm")).unwrap(),
+            PreTokenizerKind::SmolLm
+        );
         let err = PreTokenizerKind::from_name(Some("chatglm-bpe")).unwrap_err();
         assert!(err.to_string().contains("chatglm-bpe"), "{err}");
     }
@@ -108,6 +125,7 @@ mod tests {
             PreTokenizerKind::Qwen2,
             PreTokenizerKind::Llama3,
             PreTokenizerKind::Gpt2,
+            PreTokenizerKind::SmolLm,
         ] {
             kind.build().unwrap();
         }
