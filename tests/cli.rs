@@ -194,6 +194,17 @@ fn errors_are_one_clear_line() {
         &inferno(&["generate", "--model", other.to_str().unwrap(), "x"]),
         "unsupported architecture \"gptneox\" (supported: qwen3, qwen2, llama)",
     );
+    // synth knows two architectures and each one's presets.
+    let out = dir.path().join("never.gguf");
+    let o = out.to_str().unwrap();
+    assert_clean_error(
+        &inferno(&["synth", "--arch", "gptneox", "-o", o]),
+        "unknown --arch \"gptneox\" (synthesized: qwen3, llama)",
+    );
+    assert_clean_error(
+        &inferno(&["synth", "--arch", "llama", "--preset", "demo", "-o", o]),
+        "unknown --preset \"demo\" for llama (available: 1b)",
+    );
 
     let m = model.to_str().unwrap();
     let long = "a".repeat(300);
