@@ -266,7 +266,7 @@ impl Tokenizer {
             let bpe = BPE::builder()
                 .vocab_and_merges(vocab, merges)
                 .byte_fallback(false)
-                .ignore_merges(false)
+                .ignore_merges(pre_kind.ignore_merges())
                 .build()
                 .map_err(|e| TokenizerError::Build(e.to_string()))?;
             let (texts, bytes) = join_worker(packed)?;

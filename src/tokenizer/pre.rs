@@ -24,8 +24,11 @@ const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
 pub(crate) enum PreTokenizerKind {
     /// Qwen2 family: NFC, then the Qwen2 split, then byte-level mapping.
     Qwen2,
-    /// Llama 3 family: the Llama 3 split, then byte-level mapping.
+    /// Llama 3 family: the Llama 3 split, then byte-level mapping; a pre-token that is a
+    /// whole vocabulary entry is taken as it is (`ignore_merges`).
     Llama3,
+    /// Smaug: Llama 3's split, but the BPE merges always apply.
+    Smaug,
     /// Original GPT-2: the byte-level pre-tokenizer's own regex.
     Gpt2,
     /// SmolLM / SmolLM2: every digit split off, then the
@@ -44,13 +47,19 @@ impl PreTokenizerKind {
         match name {
             None => Ok(Self::Gpt2),
             Some("qwen2" | "deepseek-r1-qwen") => Ok(Self::Qwen2),
-            Some("llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe" | "falcon3" | "pixtral") => {
-                Ok(Self::Llama3)
-            }
+            Some("llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral") => Ok(Self::Llama3),
+            Some("smaug-bpe") => Ok(Self::Smaug),
             Some("default" | "gpt2" | "gpt-2" | "phi-2") => Ok(Self::Gpt2),
             Some("smollm") => Ok(Self::SmolLm),
             Some(other) => Err(TokenizerError::UnsupportedPreTokenizer(other.to_owned())),
         }
+    }
+
+    /// Whether the BPE model takes a pre-token found whole in the vocabulary without merging
+    /// it (Hugging Face's `ignore_merges`, llama.cpp's per-family flag): Llama 3's
+    /// tokenizer.json sets it, the others here do not.
+    pub(crate) fn ignore_merges(self) -> bool {
+        self == Self::Llama3
     }
 
     /// Builds the normalizer (if any) and the pre-tokenizer for this family.
@@ -72,7 +81,7 @@ impl PreTokenizerKind {
                 Some(NFC.into()),
                 Sequence::new(vec![split(QWEN2_PATTERN)?.into(), byte_level().into()]).into(),
             ),
-            Self::Llama3 => (
+            Self::Llama3 | Self::Smaug => (
                 None,
                 Sequence::new(vec![split(LLAMA3_PATTERN)?.into(), byte_level().into()]).into(),
             ),
@@ -124,6 +133,7 @@ mod tests {
         for kind in [
             PreTokenizerKind::Qwen2,
             PreTokenizerKind::Llama3,
+            PreTokenizerKind::Smaug,
             PreTokenizerKind::Gpt2,
             PreTokenizerKind::SmolLm,
         ] {
