@@ -115,7 +115,9 @@ fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
     for _ in 0..n {
         let id = argmax(&row) as u32;
         got.push(id);
-        model.forward(&mut st, &[id], Logits::Last(&mut row)).unwrap();
+        model
+            .forward(&mut st, &[id], Logits::Last(&mut row))
+            .unwrap();
     }
     got
 }
@@ -151,7 +153,10 @@ fn llama_files_load_with_their_rope_scaling_biases_and_output() {
         let model = Model::load(&open(&file), cpu("scalar")).expect("loads");
         let c = &model.config;
         assert_eq!(c.arch, Architecture::Llama, "{file}");
-        assert_eq!((c.n_heads, c.n_kv_heads, c.head_dim, c.n_layers), (4, 2, 16, 2));
+        assert_eq!(
+            (c.n_heads, c.n_kv_heads, c.head_dim, c.n_layers),
+            (4, 2, 16, 2)
+        );
         let w = &model.weights;
         let biased = e["config"]["attention_bias"].as_bool().unwrap();
         for l in &w.layers {
@@ -172,7 +177,10 @@ fn llama_files_load_with_their_rope_scaling_biases_and_output() {
                 assert_eq!(f.len(), 8);
                 assert_eq!(f[0], 1.0, "the highest frequency is kept");
                 assert_eq!(f[7], 8.0, "the lowest is divided by the factor");
-                assert!(f.iter().any(|&x| x > 1.0 && x < 8.0), "a blended band: {f:?}");
+                assert!(
+                    f.iter().any(|&x| x > 1.0 && x < 8.0),
+                    "a blended band: {f:?}"
+                );
                 assert_eq!(c.rope_scaling, RopeScaling::None);
             }
             "linear" => {
@@ -299,9 +307,17 @@ fn llama_logits_match_transformers_on_the_gpu() {
             let hf = read_f32(seq["hf_logits"].as_str().unwrap());
             s.add(&logits(&model, &ids, 64), &hf, vocab);
         }
-        println!("gpu {file}: rel {:.2e}, argmax {}/{}", s.max_rel, s.agree, s.total);
+        println!(
+            "gpu {file}: rel {:.2e}, argmax {}/{}",
+            s.max_rel, s.agree, s.total
+        );
         assert!(s.max_rel <= tolerance(&dtype), "gpu {file}: {}", s.max_rel);
-        assert!(s.agree * 10 >= s.total * 9, "gpu {file}: argmax {}/{}", s.agree, s.total);
+        assert!(
+            s.agree * 10 >= s.total * 9,
+            "gpu {file}: argmax {}/{}",
+            s.agree,
+            s.total
+        );
         if dtype == "f32" {
             let prompt = ids(&e["greedy"]["prompt"]);
             let want = ids(&e["greedy"]["hf"]);
@@ -340,7 +356,10 @@ fn llama3_metadata(meta: &mut Vec<(String, Value)>) {
     ));
     meta.push(("llama.rope.scaling.factor".into(), Value::F32(8.0)));
     meta.push(("llama.rope.scaling.low_freq_factor".into(), Value::F32(1.0)));
-    meta.push(("llama.rope.scaling.high_freq_factor".into(), Value::F32(4.0)));
+    meta.push((
+        "llama.rope.scaling.high_freq_factor".into(),
+        Value::F32(4.0),
+    ));
     meta.push((
         "llama.rope.scaling.original_context_length".into(),
         Value::U32(64),
@@ -373,7 +392,10 @@ fn llama3_rope_scaling_from_metadata_equals_the_rope_freqs_tensor() {
     assert!(err <= 1e-4, "llama3 scaling from metadata: {err}");
     let unscaled = rewritten(file, Some("rope_freqs.weight"), |_| {});
     let err = llama3_error(&unscaled);
-    assert!(err > 1e-2, "without scaling the logits are within {err} of transformers");
+    assert!(
+        err > 1e-2,
+        "without scaling the logits are within {err} of transformers"
+    );
 }
 
 #[test]
@@ -387,7 +409,10 @@ fn ambiguous_or_unknown_rope_scaling_is_refused() {
     let msg = err(&both);
     assert!(msg.contains("rope_freqs.weight"), "{msg}");
     let yarn = rewritten(file, Some("rope_freqs.weight"), |m| {
-        m.push(("llama.rope.scaling.type".into(), Value::String("yarn".into())));
+        m.push((
+            "llama.rope.scaling.type".into(),
+            Value::String("yarn".into()),
+        ));
     });
     let msg = err(&yarn);
     assert!(msg.contains("yarn") && msg.contains("llama3"), "{msg}");

@@ -102,7 +102,10 @@ fn smollm2_chat_prompt_is_llama_cpp_s() {
         .collect();
     let rendered = template.render(&messages, true, None).expect("render");
     assert_eq!(rendered, chat["rendered"].as_str().unwrap());
-    assert_eq!(tok.encode(&rendered, true).unwrap(), ids(&chat["prompt_ids"]));
+    assert_eq!(
+        tok.encode(&rendered, true).unwrap(),
+        ids(&chat["prompt_ids"])
+    );
     assert!(!tok.add_bos(), "SmolLM2 adds no BOS");
 }
 
@@ -123,7 +126,9 @@ fn greedy(model: &Model, tok: &Tokenizer, prompt: &[u32], max: usize) -> Vec<u32
             break;
         }
         out.push(id);
-        model.forward(&mut st, &[id], Logits::Last(&mut row)).unwrap();
+        model
+            .forward(&mut st, &[id], Logits::Last(&mut row))
+            .unwrap();
     }
     out
 }
@@ -150,7 +155,10 @@ fn smollm2_answers_the_capital_of_france() {
         let mut model = Model::load(&g, be).expect("SmolLM2 loads");
         let c = &model.config;
         assert_eq!(c.arch, Architecture::Llama);
-        assert_eq!((c.n_layers, c.hidden, c.n_heads, c.n_kv_heads), (30, 576, 9, 3));
+        assert_eq!(
+            (c.n_layers, c.hidden, c.n_heads, c.n_kv_heads),
+            (30, 576, 9, 3)
+        );
         assert!(model.weights.tied_embeddings);
         for f32_cache in [true, false] {
             if f32_cache {

@@ -45,7 +45,9 @@ pub const SUPPORTED_ARCHITECTURES: &[&str] = &["qwen3", "qwen2", "llama"];
 pub enum RopeScaling {
     None,
     /// Every frequency divided by `factor` (positions interpolated).
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// Llama 3.1's scheme: low frequencies divided by `factor`, high ones kept, a smooth
     /// blend between the two wavelength bounds `original_context / {low,high}_freq_factor`.
     Llama3 {
@@ -179,7 +181,10 @@ impl ModelConfig {
                 original_context,
             } => {
                 let ok = |v: f32| v.is_finite() && v > 0.0;
-                if !(ok(factor) && ok(low_freq_factor) && ok(high_freq_factor) && ok(original_context))
+                if !(ok(factor)
+                    && ok(low_freq_factor)
+                    && ok(high_freq_factor)
+                    && ok(original_context))
                     || high_freq_factor <= low_freq_factor
                 {
                     return bad(format!(

@@ -549,7 +549,11 @@ mod tests {
         let be = crate::backend::create_backend("scalar", &Default::default()).unwrap();
         let model = crate::model::Model::load(&g, be).unwrap();
         assert_eq!(model.config.arch, Architecture::Llama);
-        let f = model.weights.rope_freqs.as_ref().expect("rope_freqs.weight");
+        let f = model
+            .weights
+            .rope_freqs
+            .as_ref()
+            .expect("rope_freqs.weight");
         assert_eq!((f[0], f[7]), (1.0, 32.0));
         assert!(model.weights.layers[0].q_norm.is_none());
         let mut st = model.new_state(4, 4);
