@@ -223,7 +223,10 @@ fn kv_cache_types_stay_within_their_error_of_transformers() {
             let mut model = load_model(file, "scalar");
             if let Err(e) = model.set_kv_types((kv, kv)) {
                 assert_eq!(kv, KvType::Q8_0, "{name}: {kv} refused: {e}");
-                assert!(!model.config.head_dim.is_multiple_of(32), "{name}: q8_0 refused: {e}");
+                assert!(
+                    !model.config.head_dim.is_multiple_of(32),
+                    "{name}: q8_0 refused: {e}"
+                );
                 report += &format!("{name} {kv}: refused ({e})\n");
                 continue;
             }
