@@ -6,13 +6,14 @@
 //! - its chat template renders the prompt as llama.cpp renders it, to the same ids;
 //! - the checkpoint itself loads and answers "What is the capital of France? Answer in one
 //!   sentence." with "The capital of France is Paris." under greedy decoding, on every CPU
-//!   backend.
+//!   backend, and on the GPU backend.
 //!
 //! The checkpoint (98 MB) is found through `INFERNO_TEST_SMOLLM2` or in the cache that
 //! `scripts/fetch-smollm2.sh` fills (scripts/test runs it). When it is absent the model test
 //! passes with a notice, except under `CI=true`, where it fails: CI must run it.
 
-use inferno::backend::{create_backend, BackendOptions, KvType};
+use inferno::backend::gpu::GpuBackend;
+use inferno::backend::{create_backend, BackendOptions, Device, KvType};
 use inferno::gguf::GgufFile;
 use inferno::model::{Architecture, Logits, Model};
 use inferno::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
@@ -133,8 +134,8 @@ fn greedy(model: &Model, tok: &Tokenizer, prompt: &[u32], max: usize) -> Vec<u32
     out
 }
 
-#[test]
-fn smollm2_answers_the_capital_of_france() {
+/// The checkpoint, or `None` (with a notice) where it is absent outside CI.
+fn checkpoint() -> Option<GgufFile> {
     let Some(path) = model_path() else {
         assert!(
             !in_ci(),
@@ -143,9 +144,14 @@ fn smollm2_answers_the_capital_of_france() {
         eprintln!(
             "SKIPPED: {FILE} not found (set INFERNO_TEST_SMOLLM2 or run scripts/fetch-smollm2.sh)"
         );
-        return;
+        return None;
     };
-    let g = GgufFile::open(&path).expect("open the checkpoint");
+    Some(GgufFile::open(&path).expect("open the checkpoint"))
+}
+
+#[test]
+fn smollm2_answers_the_capital_of_france() {
+    let Some(g) = checkpoint() else { return };
     let tok = Tokenizer::from_gguf(&g).unwrap();
     let chat = json("chat.json");
     let prompt = ids(&chat["prompt_ids"]);
@@ -179,4 +185,31 @@ fn smollm2_answers_the_capital_of_france() {
             );
         }
     }
+}
+
+#[test]
+fn smollm2_answers_the_capital_of_france_on_the_gpu() {
+    if std::env::var("INFERNO_TEST_GPU").is_ok_and(|v| v == "0") {
+        eprintln!("SKIPPED: INFERNO_TEST_GPU=0 declares that this machine has no GPU adapter");
+        return;
+    }
+    let Some(g) = checkpoint() else { return };
+    let gpu = match GpuBackend::new() {
+        Ok(b) => Device::gpu(std::sync::Arc::new(b)),
+        Err(e) => panic!(
+            "{e}\n(the gpu tests need an adapter: scripts/test installs Mesa's lavapipe; \
+             set INFERNO_TEST_GPU=0 only on a machine without one)"
+        ),
+    };
+    let tok = Tokenizer::from_gguf(&g).unwrap();
+    let prompt = ids(&json("chat.json")["prompt_ids"]);
+    let model = Model::load(&g, gpu).expect("SmolLM2 loads on the gpu");
+    let text = tok
+        .decode(&greedy(&model, &tok, &prompt, 10), false)
+        .unwrap();
+    println!("gpu: {text:?}");
+    assert!(
+        text.starts_with("The capital of France is Paris."),
+        "gpu: {text:?}"
+    );
 }
