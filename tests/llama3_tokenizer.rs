@@ -3,8 +3,9 @@
 //! strings (`tests/fixtures/llama3_tokenizer`, made by `gen_llama3_tokenizer.py`; llama.cpp
 //! agrees with every case too).
 
+use inferno::engine::request::{prompt_tokens, Prompt};
 use inferno::gguf::GgufFile;
-use inferno::tokenizer::Tokenizer;
+use inferno::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -68,4 +69,50 @@ fn llama3_special_tokens() {
     // Without parse_special the control tokens' text is ordinary text.
     let plain = tok.encode("<|eot_id|>", false).unwrap();
     assert!(plain.len() > 1 && !plain.contains(&eot), "{plain:?}");
+}
+
+/// The file's chat template renders as transformers' `apply_chat_template` does, to HF's ids,
+/// and a chat prompt starts with one BOS although the tokenizer adds BOS and the template
+/// writes it too.
+#[test]
+fn llama3_chat_template_renders_like_transformers_with_one_bos() {
+    let g = GgufFile::open(fixture("llama3-vocab.gguf")).unwrap();
+    let tok = Tokenizer::from_gguf(&g).unwrap();
+    let template = ChatTemplate::for_model(&g);
+    let text = std::fs::read_to_string(fixture("chat.json")).expect("chat.json");
+    let chat: Value = serde_json::from_str(&text).unwrap();
+    let bos = tok.bos_id().unwrap();
+    for c in chat["conversations"].as_array().unwrap() {
+        let name = c["name"].as_str().unwrap();
+        let messages: Vec<ChatMessage> = c["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        let gen = c["add_generation_prompt"].as_bool().unwrap();
+        let rendered = template.render(&messages, gen, None).expect("render");
+        assert_eq!(rendered, c["rendered"].as_str().unwrap(), "{name}");
+        let want = ids(&c["ids"]);
+        assert_eq!(tok.encode(&rendered, true).unwrap(), want, "{name}");
+        if gen {
+            let prompt = Prompt::Chat {
+                messages,
+                enable_thinking: None,
+            };
+            let got = prompt_tokens(&tok, &template, &prompt).unwrap();
+            assert_eq!(got, want, "{name}: the request's tokens");
+            assert_eq!(
+                got.iter().filter(|&&t| t == bos).count(),
+                1,
+                "{name}: one BOS"
+            );
+        }
+    }
+    // Plain text still gets the tokenizer's BOS.
+    let plain = Prompt::Text {
+        text: "Hello".into(),
+        parse_special: false,
+    };
+    assert_eq!(prompt_tokens(&tok, &template, &plain).unwrap()[0], bos);
 }
