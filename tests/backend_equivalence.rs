@@ -455,11 +455,19 @@ fn synth_models() -> Vec<(String, GgufFile)> {
     common::synth_models()
 }
 
-/// Fixture models made by `tests/fixtures/models/gen_models.py`, when they are present.
+/// Fixture models made by `tests/fixtures/models/gen_models.py` and
+/// `tests/fixtures/llama/gen_llama.py`, when they are present.
 fn fixture_models() -> Vec<(String, GgufFile)> {
-    let dir = common::models_dir();
     let mut out = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(&dir) {
+    for dir in [common::models_dir(), common::fixtures().join("llama")] {
+        out.extend(gguf_files_in(&dir));
+    }
+    out
+}
+
+fn gguf_files_in(dir: &std::path::Path) -> Vec<(String, GgufFile)> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
         let mut names: Vec<String> = entries
             .filter_map(|e| e.ok())
             .map(|e| e.file_name().to_string_lossy().into_owned())

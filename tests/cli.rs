@@ -187,12 +187,23 @@ fn errors_are_one_clear_line() {
     );
 
     let mut w = GgufWriter::new();
-    w.add("general.architecture", Value::String("llama".into()));
-    let llama = dir.path().join("llama.gguf");
-    w.write_to(&llama).unwrap();
+    w.add("general.architecture", Value::String("gptneox".into()));
+    let other = dir.path().join("gptneox.gguf");
+    w.write_to(&other).unwrap();
     assert_clean_error(
-        &inferno(&["generate", "--model", llama.to_str().unwrap(), "x"]),
-        "unsupported architecture \"llama\"",
+        &inferno(&["generate", "--model", other.to_str().unwrap(), "x"]),
+        "unsupported architecture \"gptneox\" (supported: qwen3, qwen2, llama)",
+    );
+    // synth knows two architectures and each one's presets.
+    let out = dir.path().join("never.gguf");
+    let o = out.to_str().unwrap();
+    assert_clean_error(
+        &inferno(&["synth", "--arch", "gptneox", "-o", o]),
+        "unknown --arch \"gptneox\" (synthesized: qwen3, llama)",
+    );
+    assert_clean_error(
+        &inferno(&["synth", "--arch", "llama", "--preset", "demo", "-o", o]),
+        "unknown --preset \"demo\" for llama (available: 1b)",
     );
 
     let m = model.to_str().unwrap();

@@ -429,6 +429,7 @@ fn cmd_info(a: InfoArgs) -> Result<()> {
             println!("  vocab: {}", c.vocab);
             println!("  context_length: {}", c.context_length);
             println!("  rope_theta: {}", c.rope_theta);
+            println!("  rope_scaling: {:?}", c.rope_scaling);
             println!("  rms_eps: {:e}", c.rms_eps);
         }
         Err(e) => println!("  (not runnable: {e})"),

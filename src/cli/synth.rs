@@ -1,7 +1,8 @@
 //! `inferno synth`: writes a random-weight GGUF of a real model's shape, so benchmarks need
 //! no download.
 
-use crate::model::synth::{self, SynthSpec, PRESETS};
+use crate::model::synth::{self, SynthSpec, LLAMA_PRESETS, PRESETS};
+use crate::model::Architecture;
 use crate::tensor::GgmlType;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -9,12 +10,13 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// Architecture of the file (only qwen3 is synthesized).
+    /// Architecture of the file: qwen3 or llama.
     #[arg(long, default_value = "qwen3")]
     pub arch: String,
-    /// Shape preset: 0.6b (exactly Qwen3-0.6B's shape) or demo (a small model).
-    #[arg(long, default_value = "0.6b")]
-    pub preset: String,
+    /// Shape preset. qwen3: 0.6b (exactly Qwen3-0.6B's shape, the default) or demo (a small
+    /// model); llama: 1b (exactly Llama-3.2-1B's shape, the default).
+    #[arg(long)]
+    pub preset: Option<String>,
     /// Type of the weight matrices: q8_0, f16, bf16 or f32.
     #[arg(long, default_value = "q8_0")]
     pub dtype: String,
@@ -27,16 +29,19 @@ pub struct SynthArgs {
 }
 
 pub fn cmd_synth(a: SynthArgs) -> Result<()> {
-    if a.arch != "qwen3" {
-        bail!("unknown --arch {:?} (synthesized: qwen3)", a.arch);
-    }
+    let (arch, presets) = match a.arch.as_str() {
+        "qwen3" => (Architecture::Qwen3, PRESETS),
+        "llama" => (Architecture::Llama, LLAMA_PRESETS),
+        _ => bail!("unknown --arch {:?} (synthesized: qwen3, llama)", a.arch),
+    };
     let dtype =
         GgmlType::from_name(&a.dtype).with_context(|| format!("unknown --dtype {:?}", a.dtype))?;
-    let Some(mut spec) = SynthSpec::preset(&a.preset, dtype) else {
+    let preset = a.preset.as_deref().unwrap_or(presets[0]);
+    let Some(mut spec) = SynthSpec::preset_for(arch, preset, dtype) else {
         bail!(
-            "unknown --preset {:?} (available: {})",
-            a.preset,
-            PRESETS.join(", ")
+            "unknown --preset {preset:?} for {} (available: {})",
+            a.arch,
+            presets.join(", ")
         );
     };
     spec.seed = a.seed;

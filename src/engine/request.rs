@@ -107,8 +107,8 @@ pub enum RequestError {
     },
 }
 
-/// The prompt's tokens: BOS where the tokenizer adds one, then the text (or the rendered
-/// chat) encoded. Never empty.
+/// The prompt's tokens: BOS where the tokenizer adds one (unless a rendered chat starts with
+/// it already), then the text (or the rendered chat) encoded. Never empty.
 pub fn prompt_tokens(
     tokenizer: &Tokenizer,
     chat_template: &ChatTemplate,
@@ -141,15 +141,20 @@ pub fn prompt_tokens(
             (rendered.as_str(), true)
         }
     };
-    let mut tokens = Vec::new();
-    if tokenizer.add_bos() {
-        tokens.extend(tokenizer.bos_id());
+    let encoded = tokenizer
+        .encode(text, parse_special)
+        .map_err(|e| RequestError::Tokenize(e.to_string()))?;
+    let mut tokens = Vec::with_capacity(encoded.len() + 1);
+    if let Some(bos) = tokenizer.bos_id().filter(|_| tokenizer.add_bos()) {
+        // A chat template that writes BOS itself (Llama 3's) gets no second one: transformers
+        // tokenizes its rendering without special tokens, llama.cpp strips the template's.
+        let template_wrote_it =
+            matches!(prompt, Prompt::Chat { .. }) && encoded.first() == Some(&bos);
+        if !template_wrote_it {
+            tokens.push(bos);
+        }
     }
-    tokens.extend(
-        tokenizer
-            .encode(text, parse_special)
-            .map_err(|e| RequestError::Tokenize(e.to_string()))?,
-    );
+    tokens.extend(encoded);
     if tokens.is_empty() {
         return Err(RequestError::Empty);
     }

@@ -1,4 +1,5 @@
-//! Hyper-parameters of a Qwen-family model, read from GGUF metadata.
+//! Hyper-parameters of a decoder-only model (Qwen3, Qwen2, Llama), read from GGUF metadata,
+//! including how RoPE frequencies are scaled.
 
 use super::ModelError;
 use crate::gguf::GgufFile;
@@ -10,6 +11,10 @@ pub enum Architecture {
     Qwen3,
     /// Qwen2 / Qwen2.5: biases on the Q, K and V projections, no Q/K norm.
     Qwen2,
+    /// Llama 2/3.x, Mistral, SmolLM: no Q/K norm, projection biases only where the file has
+    /// them, Q/K rows stored permuted for interleaved-pair RoPE, RoPE frequencies that may be
+    /// scaled (linear, Llama 3, or per-dimension factors in `rope_freqs.weight`).
+    Llama,
 }
 
 impl Architecture {
@@ -17,6 +22,7 @@ impl Architecture {
         match name {
             "qwen3" => Some(Self::Qwen3),
             "qwen2" => Some(Self::Qwen2),
+            "llama" => Some(Self::Llama),
             _ => None,
         }
     }
@@ -25,11 +31,32 @@ impl Architecture {
         match self {
             Self::Qwen3 => "qwen3",
             Self::Qwen2 => "qwen2",
+            Self::Llama => "llama",
         }
     }
 }
 
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["qwen3", "qwen2"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["qwen3", "qwen2", "llama"];
+
+/// How the RoPE inverse frequencies `base^(-2i/d)` are rescaled for a longer context
+/// (`{arch}.rope.scaling.*`). A `rope_freqs.weight` tensor (per-dimension divisors, what
+/// llama.cpp's converter writes for Llama 3.x) is applied on top by the model, not here.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Every frequency divided by `factor` (positions interpolated).
+    Linear {
+        factor: f32,
+    },
+    /// Llama 3.1's scheme: low frequencies divided by `factor`, high ones kept, a smooth
+    /// blend between the two wavelength bounds `original_context / {low,high}_freq_factor`.
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_context: f32,
+    },
+}
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -43,6 +70,7 @@ pub struct ModelConfig {
     pub vocab: usize,
     pub context_length: usize,
     pub rope_theta: f32,
+    pub rope_scaling: RopeScaling,
     pub rms_eps: f32,
 }
 
@@ -72,6 +100,16 @@ impl ModelConfig {
             Some(_) => gguf.get_f32(&key("rope.freq_base"))?,
             None => 10_000.0,
         };
+        let rope_scaling = read_rope_scaling(gguf, p)?;
+        if let Some(v) = gguf.get(&key("rope.dimension_count")) {
+            let dims = v.as_u64().unwrap_or(0) as usize;
+            if dims != head_dim {
+                return Err(ModelError::BadConfig(format!(
+                    "rope.dimension_count {dims} differs from the head size {head_dim}: \
+                     partial RoPE is not supported"
+                )));
+            }
+        }
         let vocab = match gguf.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()) {
             Some(tokens) => tokens.len(),
             None => 0,
@@ -87,6 +125,7 @@ impl ModelConfig {
             vocab,
             context_length: gguf.get_u64(&key("context_length"))? as usize,
             rope_theta,
+            rope_scaling,
             rms_eps: gguf.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
         };
         cfg.validate()?;
@@ -128,6 +167,34 @@ impl ModelConfig {
                 self.rope_theta
             ));
         }
+        match self.rope_scaling {
+            RopeScaling::None => {}
+            RopeScaling::Linear { factor } => {
+                if !(factor.is_finite() && factor > 0.0) {
+                    return bad(format!("rope.scaling.factor {factor} must be positive"));
+                }
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_context,
+            } => {
+                let ok = |v: f32| v.is_finite() && v > 0.0;
+                if !(ok(factor)
+                    && ok(low_freq_factor)
+                    && ok(high_freq_factor)
+                    && ok(original_context))
+                    || high_freq_factor <= low_freq_factor
+                {
+                    return bad(format!(
+                        "llama3 rope scaling (factor {factor}, low {low_freq_factor}, high \
+                         {high_freq_factor}, original context {original_context}) needs positive \
+                         values and high > low"
+                    ));
+                }
+            }
+        }
         if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
             return bad(format!(
                 "layer_norm_rms_epsilon {} is invalid",
@@ -145,10 +212,82 @@ impl ModelConfig {
         self.n_kv_heads * self.head_dim
     }
 
-    /// RoPE inverse frequencies, formed in f32 as the reference implementation does.
+    /// RoPE inverse frequencies after the metadata's scaling, formed in f32 step by step as
+    /// transformers forms them (`_compute_default_rope_parameters`, and for Llama 3
+    /// `_compute_llama3_parameters`).
     pub fn rope_inv_freq(&self) -> Vec<f32> {
-        (0..self.head_dim / 2)
-            .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f32 / self.head_dim as f32))
-            .collect()
+        let base = (0..self.head_dim / 2)
+            .map(|i| 1.0 / self.rope_theta.powf((2 * i) as f32 / self.head_dim as f32));
+        match self.rope_scaling {
+            RopeScaling::None => base.collect(),
+            RopeScaling::Linear { factor } => base.map(|f| f / factor).collect(),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_context,
+            } => {
+                let low_wavelen = original_context / low_freq_factor;
+                let high_wavelen = original_context / high_freq_factor;
+                base.map(|f| {
+                    let wavelen = 2.0 * std::f32::consts::PI / f;
+                    if wavelen < high_wavelen {
+                        f
+                    } else if wavelen > low_wavelen {
+                        f / factor
+                    } else {
+                        let smooth = (original_context / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        (1.0 - smooth) * f / factor + smooth * f
+                    }
+                })
+                .collect()
+            }
+        }
+    }
+}
+
+/// Reads `{arch}.rope.scaling.*`. `type` is llama.cpp's `none`/`linear` (with `factor`), or
+/// `llama3` with `factor`, `original_context_length` and this engine's
+/// `low_freq_factor`/`high_freq_factor` keys (default 1 and 4, Llama 3.1's values); other
+/// types (YaRN, LongRoPE) are refused rather than run unscaled.
+fn read_rope_scaling(gguf: &GgufFile, arch: &str) -> Result<RopeScaling, ModelError> {
+    let key = |k: &str| format!("{arch}.rope.scaling.{k}");
+    let f32_or = |k: &str, default: f32| -> Result<f32, ModelError> {
+        match gguf.get(&key(k)) {
+            Some(_) => Ok(gguf.get_f32(&key(k))?),
+            None => Ok(default),
+        }
+    };
+    let kind = match gguf.get(&key("type")) {
+        Some(_) => gguf.get_str(&key("type"))?.to_string(),
+        None => return Ok(RopeScaling::None),
+    };
+    match kind.as_str() {
+        "none" => Ok(RopeScaling::None),
+        "linear" => {
+            let factor = f32_or("factor", 1.0)?;
+            Ok(RopeScaling::Linear { factor })
+        }
+        "llama3" => {
+            let original_context = match gguf.get(&key("original_context_length")) {
+                Some(_) => gguf.get_u64(&key("original_context_length"))? as f32,
+                None => {
+                    return Err(ModelError::BadConfig(format!(
+                        "llama3 rope scaling needs {}",
+                        key("original_context_length")
+                    )))
+                }
+            };
+            Ok(RopeScaling::Llama3 {
+                factor: f32_or("factor", 8.0)?,
+                low_freq_factor: f32_or("low_freq_factor", 1.0)?,
+                high_freq_factor: f32_or("high_freq_factor", 4.0)?,
+                original_context,
+            })
+        }
+        other => Err(ModelError::BadConfig(format!(
+            "rope scaling type {other:?} is not supported (supported: none, linear, llama3)"
+        ))),
     }
 }

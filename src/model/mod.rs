@@ -1,5 +1,6 @@
 //! The model: hyper-parameters ([`config`]), weights ([`weights`]) and the forward pass
-//! shared by the Qwen architectures ([`qwen`]), for one sequence or a batch of them. The
+//! shared by the Qwen3, Qwen2 and Llama architectures ([`qwen`]), for one sequence or a
+//! batch of them. The
 //! pass is written against `backend::exec`, so it runs on every device; the model knows no
 //! device itself.
 

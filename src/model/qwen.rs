@@ -1,4 +1,4 @@
-//! The Qwen2/Qwen3 decoder-only transformer.
+//! The decoder-only transformer shared by Qwen3, Qwen2 and Llama.
 //!
 //! Each block is pre-norm attention then pre-norm SwiGLU MLP, both added to the residual:
 //!
@@ -7,7 +7,10 @@
 //! y = h + Wdown · (SiLU(Wgate·m) ⊙ Wup·m)                         where m = RMSNorm(h)
 //! ```
 //!
-//! Qwen3 adds the per-head Q/K RMSNorm; Qwen2 has biases on the Q/K/V projections instead.
+//! Qwen3 adds the per-head Q/K RMSNorm; Qwen2 has biases on the Q/K/V projections instead;
+//! Llama has neither (biases where a checkpoint has them, the output projection's too) and
+//! may scale its RoPE frequencies. The weights' loader puts Llama's permuted Q/K rows back in
+//! transformers' order, so one RoPE serves all three.
 //!
 //! The pass is written once, against the executor interface (`backend::exec`): the host
 //! executor runs each operation with the CPU kernels as it is issued, the GPU executor
@@ -91,7 +94,25 @@ impl Model {
         }
         device.check_head_dim(config.head_dim)?;
         let weights = ModelWeights::load(gguf, &config, &device)?;
-        let inv_freq = config.rope_inv_freq();
+        let mut inv_freq = config.rope_inv_freq();
+        if let Some(factors) = &weights.rope_freqs {
+            if config.rope_scaling != super::config::RopeScaling::None {
+                return Err(ModelError::BadConfig(
+                    "the file has both rope_freqs.weight and rope.scaling metadata; \
+                     only one may say how RoPE is scaled"
+                        .into(),
+                ));
+            }
+            if let Some(bad) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                return Err(ModelError::BadConfig(format!(
+                    "rope_freqs.weight holds {bad}; the factors must be positive"
+                )));
+            }
+            // llama.cpp divides each dimension's angle by its factor.
+            for (f, d) in inv_freq.iter_mut().zip(factors) {
+                *f /= d;
+            }
+        }
         let kv_types = Self::default_kv_types(weights.main_dtype());
         device.check_kv_types(kv_types, config.head_dim)?;
         Ok(Self {
@@ -294,10 +315,10 @@ impl Model {
         ex.matmul(&lw.wq, XN, n, Q);
         ex.matmul(&lw.wk, XN, n, K);
         ex.matmul(&lw.wv, XN, n, V);
-        if let (Some(bq), Some(bk), Some(bv)) = (&lw.bq, &lw.bk, &lw.bv) {
-            ex.add_bias(Q, n, bq);
-            ex.add_bias(K, n, bk);
-            ex.add_bias(V, n, bv);
+        for (buf, bias) in [(Q, &lw.bq), (K, &lw.bk), (V, &lw.bv)] {
+            if let Some(b) = bias {
+                ex.add_bias(buf, n, b);
+            }
         }
         if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
             ex.rms_norm(Q, Q, n * c.n_heads, qn, c.rms_eps);
@@ -309,6 +330,9 @@ impl Model {
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         ex.attention(l, Q, ATTN, c.n_heads, scale);
         ex.matmul(&lw.wo, ATTN, n, XN);
+        if let Some(bo) = &lw.bo {
+            ex.add_bias(XN, n, bo);
+        }
         ex.add(X, XN, n);
     }
 

@@ -1,6 +1,10 @@
 //! Random-weight models of a real model's shape: benchmarks need no download, and the
 //! service has a built-in demo model. Deterministic for a given seed.
 //!
+//! Two architectures: `qwen3` (Qwen3-0.6B's shape, and the demo) and `llama` (Llama-3.2-1B's
+//! shape, with its Llama 3 RoPE scaling written as llama.cpp's converter writes it, a
+//! `rope_freqs.weight` tensor).
+//!
 //! The vocabulary is byte-level (the 256 byte tokens of GPT-2's byte encoding, no merges)
 //! plus the Qwen special tokens, padded to the preset's vocabulary size.
 //!
@@ -14,6 +18,7 @@
 //! only no longer one repeated character.
 
 use crate::gguf::{GgufError, GgufWriter, Value};
+use crate::model::Architecture;
 use crate::tensor::{float, q8_0, GgmlType};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -21,6 +26,7 @@ use rand_chacha::ChaCha8Rng;
 #[derive(Clone, Debug, PartialEq)]
 pub struct SynthSpec {
     pub name: String,
+    pub arch: Architecture,
     pub n_layers: usize,
     pub hidden: usize,
     pub ffn: usize,
@@ -41,6 +47,11 @@ pub struct SynthSpec {
 }
 
 pub const PRESETS: &[&str] = &["0.6b", "demo"];
+/// The presets of `--arch llama`.
+pub const LLAMA_PRESETS: &[&str] = &["1b"];
+
+/// Llama 3.2's RoPE scaling: factor, low and high frequency factors, original context.
+const LLAMA3_ROPE: (f64, f64, f64, f64) = (32.0, 1.0, 4.0, 8192.0);
 
 /// Special tokens appended after the 256 byte tokens.
 const SPECIALS: &[(&str, i32)] = &[
@@ -56,6 +67,7 @@ impl SynthSpec {
     pub fn preset(name: &str, dtype: GgmlType) -> Option<Self> {
         let base = Self {
             name: format!("synthetic-qwen3-{name}"),
+            arch: Architecture::Qwen3,
             n_layers: 28,
             hidden: 1024,
             ffn: 3072,
@@ -90,13 +102,45 @@ impl SynthSpec {
         }
     }
 
+    /// A preset of `arch`: [`SynthSpec::preset`] for qwen3; for llama `1b`, exactly
+    /// Llama-3.2-1B's shape (16 layers, hidden 2048, 32/8 heads of 64, FFN 8192, vocabulary
+    /// 128,256, tied, RoPE base 5e5 with Llama 3 scaling).
+    pub fn preset_for(arch: Architecture, name: &str, dtype: GgmlType) -> Option<Self> {
+        match (arch, name) {
+            (Architecture::Qwen3, _) => Self::preset(name, dtype),
+            (Architecture::Llama, "1b") => Some(Self {
+                name: "synthetic-llama-3.2-1b".into(),
+                arch,
+                n_layers: 16,
+                hidden: 2048,
+                ffn: 8192,
+                n_heads: 32,
+                n_kv_heads: 8,
+                head_dim: 64,
+                vocab: 128_256,
+                context_length: 131_072,
+                rope_theta: 500_000.0,
+                rms_eps: 1e-5,
+                tied: true,
+                dtype,
+                seed: 42,
+                readable: false,
+            }),
+            _ => None,
+        }
+    }
+
     pub fn n_params(&self) -> usize {
         let (h, qd, kvd) = (
             self.hidden,
             self.n_heads * self.head_dim,
             self.n_kv_heads * self.head_dim,
         );
-        let layer = h * qd * 2 + h * kvd * 2 + 3 * h * self.ffn + 2 * h + 2 * self.head_dim;
+        let qk_norms = match self.arch {
+            Architecture::Qwen3 => 2 * self.head_dim,
+            _ => 0,
+        };
+        let layer = h * qd * 2 + h * kvd * 2 + 3 * h * self.ffn + 2 * h + qk_norms;
         let out = if self.tied { 0 } else { self.vocab * h };
         self.vocab * h + self.n_layers * layer + h + out
     }
@@ -280,9 +324,16 @@ pub fn build_with_progress(
             "Q8_0 needs row lengths that are multiples of 32 (hidden {h}, q {qd}, ffn {ffn})"
         )));
     }
+    if !matches!(spec.arch, Architecture::Qwen3 | Architecture::Llama) {
+        return Err(SynthError::Shape(format!(
+            "architecture {} is not synthesized (qwen3, llama)",
+            spec.arch.name()
+        )));
+    }
+    let llama = spec.arch == Architecture::Llama;
     let mut rng = ChaCha8Rng::seed_from_u64(spec.seed);
     let mut w = GgufWriter::new();
-    let a = "qwen3";
+    let a = spec.arch.name();
     w.add("general.architecture", Value::String(a.into()));
     w.add("general.name", Value::String(spec.name.clone()));
     w.add(
@@ -313,6 +364,12 @@ pub fn build_with_progress(
         Value::U32(spec.head_dim as u32),
     );
     w.add(format!("{a}.rope.freq_base"), Value::F32(spec.rope_theta));
+    if llama {
+        w.add(
+            format!("{a}.rope.dimension_count"),
+            Value::U32(spec.head_dim as u32),
+        );
+    }
     w.add(
         format!("{a}.attention.layer_norm_rms_epsilon"),
         Value::F32(spec.rms_eps),
@@ -352,6 +409,16 @@ pub fn build_with_progress(
         dt,
         encode(&emb, dt),
     )?;
+    if llama {
+        let factors = llama3_rope_factors(spec.rope_theta, spec.head_dim);
+        let bytes = factors.iter().flat_map(|f| f.to_le_bytes()).collect();
+        w.add_tensor(
+            "rope_freqs.weight",
+            &[factors.len() as u64],
+            GgmlType::F32,
+            bytes,
+        )?;
+    }
     progress(1, parts);
     for i in 0..spec.n_layers {
         let n = |s: &str| format!("blk.{i}.{s}");
@@ -366,18 +433,20 @@ pub fn build_with_progress(
         mat(&mut w, &n("attn_v.weight"), kvd, h, &mut rng)?;
         mat(&mut w, &n("attn_output.weight"), h, qd, &mut rng)?;
         let hd = spec.head_dim;
-        w.add_tensor(
-            n("attn_q_norm.weight"),
-            &[hd as u64],
-            GgmlType::F32,
-            random_gain(&mut rng, hd),
-        )?;
-        w.add_tensor(
-            n("attn_k_norm.weight"),
-            &[hd as u64],
-            GgmlType::F32,
-            random_gain(&mut rng, hd),
-        )?;
+        if !llama {
+            w.add_tensor(
+                n("attn_q_norm.weight"),
+                &[hd as u64],
+                GgmlType::F32,
+                random_gain(&mut rng, hd),
+            )?;
+            w.add_tensor(
+                n("attn_k_norm.weight"),
+                &[hd as u64],
+                GgmlType::F32,
+                random_gain(&mut rng, hd),
+            )?;
+        }
         w.add_tensor(
             n("ffn_norm.weight"),
             &[h as u64],
@@ -403,6 +472,27 @@ pub fn build_with_progress(
     }
     progress(parts, parts);
     Ok(w)
+}
+
+/// The divisor of each RoPE frequency under Llama 3.2's scaling ([`LLAMA3_ROPE`]), as
+/// llama.cpp's converter computes `rope_freqs.weight` (in f64, stored as f32).
+fn llama3_rope_factors(theta: f32, head_dim: usize) -> Vec<f32> {
+    let (factor, low, high, old) = LLAMA3_ROPE;
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = 1.0 / (theta as f64).powf((2 * i) as f64 / head_dim as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            let f = if wavelen < old / high {
+                1.0
+            } else if wavelen > old / low {
+                factor
+            } else {
+                let smooth = (old / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            };
+            f as f32
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -438,6 +528,41 @@ mod tests {
             .collect();
         assert_eq!(seen, want);
         assert_eq!(with, build(&spec).unwrap().to_bytes());
+    }
+
+    #[test]
+    fn llama_preset_has_llama_3_2_1b_parameter_count_and_a_small_one_runs() {
+        let spec = SynthSpec::preset_for(Architecture::Llama, "1b", GgmlType::Q8_0).unwrap();
+        assert_eq!(spec.n_params(), 1_235_814_400);
+        let small = SynthSpec {
+            n_layers: 2,
+            hidden: 64,
+            ffn: 128,
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 16,
+            vocab: 256 + SPECIALS.len(),
+            context_length: 64,
+            ..spec
+        };
+        let g = GgufFile::from_bytes(build(&small).unwrap().to_bytes()).unwrap();
+        let be = crate::backend::create_backend("scalar", &Default::default()).unwrap();
+        let model = crate::model::Model::load(&g, be).unwrap();
+        assert_eq!(model.config.arch, Architecture::Llama);
+        let f = model
+            .weights
+            .rope_freqs
+            .as_ref()
+            .expect("rope_freqs.weight");
+        assert_eq!((f[0], f[7]), (1.0, 32.0));
+        assert!(model.weights.layers[0].q_norm.is_none());
+        let mut st = model.new_state(4, 4);
+        let mut out = vec![0.0; model.config.vocab];
+        model
+            .forward(&mut st, &[1, 2, 3], crate::model::Logits::Last(&mut out))
+            .unwrap();
+        assert!(out.iter().all(|v| v.is_finite()));
+        assert!(SynthSpec::preset_for(Architecture::Llama, "0.6b", GgmlType::Q8_0).is_none());
     }
 
     #[test]

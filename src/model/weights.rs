@@ -1,8 +1,15 @@
 //! The model's tensors, looked up by their GGUF names and checked against the config.
+//!
+//! Llama files store the Q and K projection rows permuted (llama.cpp's converter reorders
+//! each head so that RoPE rotates adjacent pairs); they are put back in transformers' order
+//! here, so every backend runs one RoPE (pairs `i`, `i + d/2`) for every architecture. The
+//! permutation only moves whole rows (each quantized independently), so it is exact for
+//! every weight type, and a query·key dot product does not depend on the order of the
+//! dimensions it sums over.
 
 use super::{Architecture, ModelConfig, ModelError};
 use crate::backend::Device;
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, TensorBytes};
 use crate::tensor::{self, GgmlType, Matrix, Vector};
 
 /// One transformer block's weights.
@@ -12,10 +19,11 @@ pub struct LayerWeights {
     pub wk: Matrix,
     pub wv: Matrix,
     pub wo: Matrix,
-    /// Qwen2's projection biases.
+    /// Projection biases (Qwen2's Q/K/V; Llama's only where the checkpoint has them).
     pub bq: Option<Vector>,
     pub bk: Option<Vector>,
     pub bv: Option<Vector>,
+    pub bo: Option<Vector>,
     /// Qwen3's per-head RMSNorm gains on queries and keys.
     pub q_norm: Option<Vector>,
     pub k_norm: Option<Vector>,
@@ -32,6 +40,8 @@ pub struct ModelWeights {
     /// The LM head: `output.weight`, or the token embedding when the model ties them.
     pub output: Matrix,
     pub tied_embeddings: bool,
+    /// `rope_freqs.weight`: a divisor per RoPE frequency (Llama 3.x as converted by llama.cpp).
+    pub rope_freqs: Option<Vec<f32>>,
 }
 
 struct Loader<'a> {
@@ -42,6 +52,29 @@ struct Loader<'a> {
 impl Loader<'_> {
     /// A 2-D matrix with `rows` rows of `cols` values.
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, ModelError> {
+        self.matrix_rows(name, rows, cols, None)
+    }
+
+    /// A matrix whose rows are Q or K heads of `head_dim` rows each in llama.cpp's
+    /// interleaved order, read back into transformers' order (see the module doc).
+    fn head_matrix(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        head_dim: usize,
+    ) -> Result<Matrix, ModelError> {
+        self.matrix_rows(name, rows, cols, Some(head_dim))
+    }
+
+    /// A matrix, its rows unpermuted by heads of `heads` rows when given.
+    fn matrix_rows(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        heads: Option<usize>,
+    ) -> Result<Matrix, ModelError> {
         let info = self
             .gguf
             .tensor_info(name)
@@ -69,12 +102,46 @@ impl Loader<'_> {
             data: self.gguf.tensor_data(name)?,
             prepared: None,
         };
+        if let Some(head_dim) = heads {
+            let rb = m.row_bytes();
+            let src = m.data.as_slice();
+            let mut out = Vec::with_capacity(src.len());
+            for r in 0..rows {
+                let from = unpermuted_row(r, head_dim);
+                out.extend_from_slice(&src[from * rb..(from + 1) * rb]);
+            }
+            m.data = TensorBytes::from_vec(out);
+        }
         self.device.prepare_matrix(&mut m)?;
         Ok(m)
     }
 
+    /// A bias of Q or K heads, reordered as [`Loader::head_matrix`] reorders rows.
+    fn optional_head_vector(
+        &self,
+        name: &str,
+        len: usize,
+        head_dim: usize,
+    ) -> Result<Option<Vector>, ModelError> {
+        if self.gguf.tensor_info(name).is_none() {
+            return Ok(None);
+        }
+        let raw = self.raw_vector(name, len)?;
+        let v: Vec<f32> = (0..len).map(|r| raw[unpermuted_row(r, head_dim)]).collect();
+        let mut v = Vector::new(name, v);
+        self.device.prepare_vector(&mut v)?;
+        Ok(Some(v))
+    }
+
     /// A 1-D vector of `len` values (norm gains, biases), widened to f32.
     fn vector(&self, name: &str, len: usize) -> Result<Vector, ModelError> {
+        let mut v = Vector::new(name, self.raw_vector(name, len)?);
+        self.device.prepare_vector(&mut v)?;
+        Ok(v)
+    }
+
+    /// The values of a 1-D tensor of `len` values, widened to f32.
+    fn raw_vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
         let info = self
             .gguf
             .tensor_info(name)
@@ -102,9 +169,7 @@ impl Loader<'_> {
             &mut out,
         )
         .map_err(|_| unsupported())?;
-        let mut v = Vector::new(name, out);
-        self.device.prepare_vector(&mut v)?;
-        Ok(v)
+        Ok(out)
     }
 
     fn optional_vector(&self, name: &str, len: usize) -> Result<Option<Vector>, ModelError> {
@@ -115,6 +180,15 @@ impl Loader<'_> {
     }
 }
 
+/// Where row `r` (in transformers' order) of a permuted Q/K matrix is stored: within each
+/// head, transformers' row `j * d/2 + i` (half `j`, pair `i`) is llama.cpp's row `2i + j`.
+fn unpermuted_row(r: usize, head_dim: usize) -> usize {
+    let half = head_dim / 2;
+    let (head, k) = (r / head_dim, r % head_dim);
+    let (j, i) = (k / half, k % half);
+    head * head_dim + 2 * i + j
+}
+
 impl ModelWeights {
     pub fn load(gguf: &GgufFile, cfg: &ModelConfig, device: &Device) -> Result<Self, ModelError> {
         let ld = Loader { gguf, device };
@@ -123,10 +197,11 @@ impl ModelWeights {
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for i in 0..cfg.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
-            let (q_norm, k_norm, bq, bk, bv) = match cfg.arch {
+            let (q_norm, k_norm, bq, bk, bv, bo) = match cfg.arch {
                 Architecture::Qwen3 => (
                     Some(ld.vector(&n("attn_q_norm.weight"), hd)?),
                     Some(ld.vector(&n("attn_k_norm.weight"), hd)?),
+                    None,
                     None,
                     None,
                     None,
@@ -137,17 +212,37 @@ impl ModelWeights {
                     ld.optional_vector(&n("attn_q.bias"), qd)?,
                     ld.optional_vector(&n("attn_k.bias"), kvd)?,
                     ld.optional_vector(&n("attn_v.bias"), kvd)?,
+                    None,
+                ),
+                Architecture::Llama => (
+                    None,
+                    None,
+                    ld.optional_head_vector(&n("attn_q.bias"), qd, hd)?,
+                    ld.optional_head_vector(&n("attn_k.bias"), kvd, hd)?,
+                    ld.optional_vector(&n("attn_v.bias"), kvd)?,
+                    ld.optional_vector(&n("attn_output.bias"), h)?,
+                ),
+            };
+            let (wq, wk) = match cfg.arch {
+                Architecture::Llama => (
+                    ld.head_matrix(&n("attn_q.weight"), qd, h, hd)?,
+                    ld.head_matrix(&n("attn_k.weight"), kvd, h, hd)?,
+                ),
+                _ => (
+                    ld.matrix(&n("attn_q.weight"), qd, h)?,
+                    ld.matrix(&n("attn_k.weight"), kvd, h)?,
                 ),
             };
             layers.push(LayerWeights {
                 attn_norm: ld.vector(&n("attn_norm.weight"), h)?,
-                wq: ld.matrix(&n("attn_q.weight"), qd, h)?,
-                wk: ld.matrix(&n("attn_k.weight"), kvd, h)?,
+                wq,
+                wk,
                 wv: ld.matrix(&n("attn_v.weight"), kvd, h)?,
                 wo: ld.matrix(&n("attn_output.weight"), h, qd)?,
                 bq,
                 bk,
                 bv,
+                bo,
                 q_norm,
                 k_norm,
                 ffn_norm: ld.vector(&n("ffn_norm.weight"), h)?,
@@ -160,12 +255,17 @@ impl ModelWeights {
             Some(_) => (ld.matrix("output.weight", cfg.vocab, h)?, false),
             None => (token_embd.clone(), true),
         };
+        let rope_freqs = match gguf.tensor_info("rope_freqs.weight") {
+            Some(_) => Some(ld.raw_vector("rope_freqs.weight", hd / 2)?),
+            None => None,
+        };
         Ok(Self {
             token_embd,
             layers,
             output_norm: ld.vector("output_norm.weight", h)?,
             output,
             tied_embeddings,
+            rope_freqs,
         })
     }
 

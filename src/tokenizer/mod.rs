@@ -1,6 +1,7 @@
 //! Text ↔ token conversion for GGUF models: the byte-level BPE tokenizer
-//! rebuilt from GGUF metadata, the incremental (streaming) detokenizer, and
-//! the chat template renderer.
+//! (`gpt2` vocabularies) and the SentencePiece BPE tokenizer (`llama`
+//! vocabularies: Llama 2, Mistral) rebuilt from GGUF metadata, the incremental
+//! (streaming) detokenizer, and the chat template renderer.
 //!
 //! Encoding runs the Hugging Face `tokenizers` pipeline pieces (added-token
 //! extraction, normalizer, pre-tokenizer, BPE model), configured to be
@@ -42,13 +43,14 @@ pub enum TokenizerError {
     },
     /// `tokenizer.ggml.model` names a tokenizer family this crate cannot run.
     #[error(
-        "unsupported tokenizer model `{0}`: only `gpt2` (byte-level BPE) vocabularies are supported"
+        "unsupported tokenizer model `{0}`: supported are `gpt2` (byte-level BPE) and `llama` \
+         (SentencePiece BPE)"
     )]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer this crate cannot reproduce.
     #[error(
         "unsupported pre-tokenizer `{0}`: supported are qwen2, deepseek-r1-qwen, llama3, \
-         llama-bpe, smaug-bpe, falcon3, pixtral, gpt-2, phi-2 and default"
+         llama-bpe, smaug-bpe, falcon3, pixtral, smollm, gpt-2, phi-2 and default"
     )]
     UnsupportedPreTokenizer(String),
     /// The vocabulary or merges could not be assembled into a tokenizer.
@@ -160,7 +162,8 @@ impl Packed {
 pub struct Tokenizer {
     model: BPE,
     normalizer: Option<NormalizerWrapper>,
-    pre_tokenizer: PreTokenizerWrapper,
+    /// None for SentencePiece vocabularies: their normalizer does all the splitting there is.
+    pre_tokenizer: Option<PreTokenizerWrapper>,
     /// Matches control and user-defined tokens atomically in the input.
     added: AddedVocabulary,
     /// The same tokens, but control-token text is left to the BPE as
@@ -179,6 +182,9 @@ pub struct Tokenizer {
     add_bos: bool,
     /// Sorted, deduplicated end-of-generation ids.
     eog: Vec<u32>,
+    /// SentencePiece with a space prefix: decoding drops the one leading space the
+    /// encoder's prefix became (Hugging Face's `Strip` decoder, llama.cpp's first token).
+    strip_leading_space: bool,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -204,10 +210,25 @@ impl Tokenizer {
     /// pre-tokenizer names are refused.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self, TokenizerError> {
         let model = required_str(gguf, "tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(model.to_owned()));
-        }
-        let pre_kind = PreTokenizerKind::from_name(optional_str(gguf, "tokenizer.ggml.pre")?)?;
+        let spm = match model {
+            "gpt2" => false,
+            "llama" => true,
+            _ => return Err(TokenizerError::UnsupportedModel(model.to_owned())),
+        };
+        // SentencePiece files name a pre-tokenizer too (`default`), which they do not use.
+        let pre_kind = match spm {
+            true => None,
+            false => Some(PreTokenizerKind::from_name(optional_str(
+                gguf,
+                "tokenizer.ggml.pre",
+            )?)?),
+        };
+        let add_space_prefix = match gguf.get("tokenizer.ggml.add_space_prefix") {
+            None => true,
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| invalid("tokenizer.ggml.add_space_prefix", "expected a boolean"))?,
+        };
 
         let token_values = required_array(gguf, "tokenizer.ggml.tokens")?;
         let n_vocab = token_values.len();
@@ -254,31 +275,59 @@ impl Tokenizer {
             }
         };
 
-        let merge_values = required_array(gguf, "tokenizer.ggml.merges")?;
+        // SentencePiece files carry scores instead of merges.
+        let merge_source = match spm {
+            false => MergeSource::Listed(required_array(gguf, "tokenizer.ggml.merges")?),
+            true => MergeSource::Scores(read_scores(gguf, n_vocab)?),
+        };
+        let unk = match spm {
+            false => None,
+            true => types
+                .iter()
+                .position(|t| *t == TokenType::Unknown)
+                .map(|i| tokens[i].to_string()),
+        };
         // Parsing merges and packing token bytes are independent of building
         // the vocabulary map, so they run on helper threads meanwhile; the
         // BPE build itself is serial.
         let (bpe, texts, bytes) = std::thread::scope(|s| {
-            let merges = s.spawn(|| parse_merges(merge_values));
-            let packed = s.spawn(|| pack_tokens(&tokens));
+            let merges = s.spawn(|| match &merge_source {
+                MergeSource::Listed(values) => parse_merges(values),
+                MergeSource::Scores(scores) => Ok(spm_merges(&tokens, scores)),
+            });
+            let packed = s.spawn(|| pack_tokens(&tokens, spm.then_some(&types[..])));
             let vocab = build_vocab(&tokens);
             let merges = join_worker(merges)??;
-            let bpe = BPE::builder()
+            let mut builder = BPE::builder()
                 .vocab_and_merges(vocab, merges)
-                .byte_fallback(false)
-                .ignore_merges(false)
+                .byte_fallback(spm)
+                .ignore_merges(pre_kind.is_some_and(|k| k.ignore_merges()));
+            if let Some(unk) = unk {
+                builder = builder.unk_token(unk).fuse_unk(true);
+            }
+            let bpe = builder
                 .build()
                 .map_err(|e| TokenizerError::Build(e.to_string()))?;
             let (texts, bytes) = join_worker(packed)?;
             Ok::<_, TokenizerError>((bpe, texts, bytes))
         })?;
 
-        let (normalizer, pre_tokenizer) = pre_kind.build()?;
+        let (normalizer, pre_tokenizer) = match pre_kind {
+            Some(kind) => {
+                let (n, p) = kind.build()?;
+                (n, Some(p))
+            }
+            None => (Some(spm_normalizer(add_space_prefix)?), None),
+        };
 
         let mut specials = Vec::new();
         let mut user_defined = Vec::new();
         for (t, ty) in tokens.iter().zip(&types) {
             match ty {
+                // SentencePiece's `<unk>` is matched whole as Hugging Face's converter does.
+                TokenType::Unknown if spm => {
+                    specials.push(AddedToken::from(*t, true).normalized(false));
+                }
                 TokenType::Control => {
                     specials.push(AddedToken::from(*t, true).normalized(false));
                 }
@@ -331,7 +380,8 @@ impl Tokenizer {
         let eom = special_id("tokenizer.ggml.eom_token_id")?;
         let pad = special_id("tokenizer.ggml.padding_token_id")?;
         let add_bos = match gguf.get("tokenizer.ggml.add_bos_token") {
-            None => false,
+            // llama.cpp's default: SentencePiece models start with BOS.
+            None => spm,
             Some(v) => v
                 .as_bool()
                 .ok_or_else(|| invalid("tokenizer.ggml.add_bos_token", "expected a boolean"))?,
@@ -362,6 +412,7 @@ impl Tokenizer {
             pad,
             add_bos,
             eog,
+            strip_leading_space: spm && add_space_prefix,
         })
     }
 
@@ -383,9 +434,9 @@ impl Tokenizer {
         let encode_error = |e: tokenizers::Error| TokenizerError::Encode(e.to_string());
         // The same stages, in the same order, as `tokenizers::Tokenizer::encode`.
         let mut pieces = added.extract_and_normalize(self.normalizer.as_ref(), text);
-        self.pre_tokenizer
-            .pre_tokenize(&mut pieces)
-            .map_err(encode_error)?;
+        if let Some(pre) = &self.pre_tokenizer {
+            pre.pre_tokenize(&mut pieces).map_err(encode_error)?;
+        }
         pieces
             .tokenize(|piece| self.model.tokenize(piece.get()))
             .map_err(encode_error)?;
@@ -413,6 +464,9 @@ impl Tokenizer {
                 continue;
             }
             buf.extend_from_slice(piece);
+        }
+        if self.strip_leading_space && buf.first() == Some(&b' ') {
+            buf.remove(0);
         }
         Ok(match String::from_utf8(buf) {
             Ok(s) => s,
@@ -526,17 +580,110 @@ fn build_vocab(tokens: &[&str]) -> Vocab {
 }
 
 /// Packs every token's raw text and decoded bytes.
-fn pack_tokens(tokens: &[&str]) -> (Packed, Packed) {
+/// Each token's text and the bytes it decodes to: byte-level BPE maps characters back to
+/// bytes; SentencePiece (`spm_types` given) writes `▁` for a space and `<0xAB>` pieces for
+/// raw bytes.
+fn pack_tokens(tokens: &[&str], spm_types: Option<&[TokenType]>) -> (Packed, Packed) {
     let total: usize = tokens.iter().map(|t| t.len()).sum();
     let mut texts = Packed::with_capacity(tokens.len(), total);
     let mut bytes = Packed::with_capacity(tokens.len(), total);
-    for t in tokens {
+    for (i, t) in tokens.iter().enumerate() {
         texts.data.extend_from_slice(t.as_bytes());
         texts.seal();
-        byte_level::token_bytes_into(t, &mut bytes.data);
+        match spm_types {
+            None => byte_level::token_bytes_into(t, &mut bytes.data),
+            Some(types) => match (types[i], spm_byte(t)) {
+                (TokenType::Byte, Some(b)) => bytes.data.push(b),
+                _ => {
+                    let mut buf = [0u8; 4];
+                    for c in t.chars() {
+                        let c = if c == SPM_SPACE { ' ' } else { c };
+                        bytes
+                            .data
+                            .extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                    }
+                }
+            },
+        }
         bytes.seal();
     }
     (texts, bytes)
+}
+
+/// SentencePiece's stand-in for a space.
+const SPM_SPACE: char = '\u{2581}';
+
+/// The byte a SentencePiece byte piece (`<0x0A>`) stands for.
+fn spm_byte(piece: &str) -> Option<u8> {
+    let hex = piece.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
+}
+
+/// Where a vocabulary's merges come from.
+enum MergeSource<'a> {
+    /// `tokenizer.ggml.merges`, in rank order.
+    Listed(&'a [Value]),
+    /// `tokenizer.ggml.scores` of a SentencePiece vocabulary.
+    Scores(Vec<f32>),
+}
+
+fn read_scores(gguf: &GgufFile, n_vocab: usize) -> Result<Vec<f32>, TokenizerError> {
+    const KEY: &str = "tokenizer.ggml.scores";
+    let values = required_array(gguf, KEY)?;
+    if values.len() != n_vocab {
+        return Err(invalid(
+            KEY,
+            format!("has {} entries for {n_vocab} tokens", values.len()),
+        ));
+    }
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| match v {
+            Value::F32(f) if f.is_finite() => Ok(*f),
+            _ => Err(invalid(KEY, format!("entry {i} is not a finite float"))),
+        })
+        .collect()
+}
+
+/// BPE merges equivalent to SentencePiece's rule (repeatedly join the adjacent pair whose
+/// union is the highest-scoring piece, leftmost first): every split of a piece into two
+/// pieces is a merge, ranked by the joined piece's score (higher first), then by the ids
+/// of its halves; the same order transformers' converter gives a Llama `tokenizer.model`.
+fn spm_merges(tokens: &[&str], scores: &[f32]) -> Vec<(String, String)> {
+    let ids: std::collections::HashMap<&str, usize> =
+        tokens.iter().enumerate().map(|(i, t)| (*t, i)).collect();
+    let mut merges: Vec<(f32, usize, usize, usize)> = Vec::new();
+    for (id, piece) in tokens.iter().enumerate() {
+        for (at, _) in piece.char_indices().skip(1) {
+            let (l, r) = piece.split_at(at);
+            if let (Some(&li), Some(&ri)) = (ids.get(l), ids.get(r)) {
+                merges.push((scores[id], li, ri, id));
+            }
+        }
+    }
+    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    merges
+        .into_iter()
+        .map(|(_, l, r, _)| (tokens[l].to_string(), tokens[r].to_string()))
+        .collect()
+}
+
+/// SentencePiece's normalization as Hugging Face's Llama converter writes it: a `▁` before
+/// each piece of text (when the vocabulary asks for a space prefix), spaces as `▁`.
+fn spm_normalizer(add_space_prefix: bool) -> Result<NormalizerWrapper, TokenizerError> {
+    use tokenizers::normalizers::{Prepend, Replace, Sequence};
+    let replace = Replace::new(" ", SPM_SPACE.to_string())
+        .map_err(|e| TokenizerError::Build(format!("space replacement: {e}")))?;
+    let mut steps: Vec<NormalizerWrapper> = Vec::new();
+    if add_space_prefix {
+        steps.push(Prepend::new(SPM_SPACE.to_string()).into());
+    }
+    steps.push(replace.into());
+    Ok(Sequence::new(steps).into())
 }
 
 fn join_worker<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> Result<T, TokenizerError> {

@@ -4,6 +4,7 @@
 use tokenizers::normalizers::unicode::NFC;
 use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
@@ -23,10 +24,16 @@ const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
 pub(crate) enum PreTokenizerKind {
     /// Qwen2 family: NFC, then the Qwen2 split, then byte-level mapping.
     Qwen2,
-    /// Llama 3 family: the Llama 3 split, then byte-level mapping.
+    /// Llama 3 family: the Llama 3 split, then byte-level mapping; a pre-token that is a
+    /// whole vocabulary entry is taken as it is (`ignore_merges`).
     Llama3,
+    /// Smaug: Llama 3's split, but the BPE merges always apply.
+    Smaug,
     /// Original GPT-2: the byte-level pre-tokenizer's own regex.
     Gpt2,
+    /// SmolLM / SmolLM2: every digit split off, then the
+    /// GPT-2 byte-level regex (`Sequence[Digits(individual), ByteLevel(use_regex)]`).
+    SmolLm,
 }
 
 impl PreTokenizerKind {
@@ -40,12 +47,19 @@ impl PreTokenizerKind {
         match name {
             None => Ok(Self::Gpt2),
             Some("qwen2" | "deepseek-r1-qwen") => Ok(Self::Qwen2),
-            Some("llama3" | "llama-v3" | "llama-bpe" | "smaug-bpe" | "falcon3" | "pixtral") => {
-                Ok(Self::Llama3)
-            }
+            Some("llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral") => Ok(Self::Llama3),
+            Some("smaug-bpe") => Ok(Self::Smaug),
             Some("default" | "gpt2" | "gpt-2" | "phi-2") => Ok(Self::Gpt2),
+            Some("smollm") => Ok(Self::SmolLm),
             Some(other) => Err(TokenizerError::UnsupportedPreTokenizer(other.to_owned())),
         }
+    }
+
+    /// Whether the BPE model takes a pre-token found whole in the vocabulary without merging
+    /// it (Hugging Face's `ignore_merges`, llama.cpp's per-family flag): Llama 3's
+    /// tokenizer.json sets it, the others here do not.
+    pub(crate) fn ignore_merges(self) -> bool {
+        self == Self::Llama3
     }
 
     /// Builds the normalizer (if any) and the pre-tokenizer for this family.
@@ -67,11 +81,19 @@ impl PreTokenizerKind {
                 Some(NFC.into()),
                 Sequence::new(vec![split(QWEN2_PATTERN)?.into(), byte_level().into()]).into(),
             ),
-            Self::Llama3 => (
+            Self::Llama3 | Self::Smaug => (
                 None,
                 Sequence::new(vec![split(LLAMA3_PATTERN)?.into(), byte_level().into()]).into(),
             ),
             Self::Gpt2 => (None, ByteLevel::new(false, false, true).into()),
+            Self::SmolLm => (
+                None,
+                Sequence::new(vec![
+                    Digits::new(true).into(),
+                    ByteLevel::new(false, false, true).into(),
+                ])
+                .into(),
+            ),
         })
     }
 }
@@ -98,6 +120,10 @@ mod tests {
             PreTokenizerKind::from_name(None).unwrap(),
             PreTokenizerKind::Gpt2
         );
+        assert_eq!(
+            PreTokenizerKind::from_name(Some("smollm")).unwrap(),
+            PreTokenizerKind::SmolLm
+        );
         let err = PreTokenizerKind::from_name(Some("chatglm-bpe")).unwrap_err();
         assert!(err.to_string().contains("chatglm-bpe"), "{err}");
     }
@@ -107,7 +133,9 @@ mod tests {
         for kind in [
             PreTokenizerKind::Qwen2,
             PreTokenizerKind::Llama3,
+            PreTokenizerKind::Smaug,
             PreTokenizerKind::Gpt2,
+            PreTokenizerKind::SmolLm,
         ] {
             kind.build().unwrap();
         }

@@ -18,6 +18,9 @@ pub struct StreamDecoder<'a> {
     /// between calls, so this buffer never grows past a token's length.
     pending: Vec<u8>,
     skip_special: bool,
+    /// Whether the next bytes are the first of the text (SentencePiece drops their
+    /// leading space, as the full decode does).
+    at_start: bool,
 }
 
 impl<'a> StreamDecoder<'a> {
@@ -26,6 +29,7 @@ impl<'a> StreamDecoder<'a> {
             tokenizer,
             pending: Vec::with_capacity(64),
             skip_special: false,
+            at_start: true,
         }
     }
 
@@ -68,6 +72,13 @@ impl<'a> StreamDecoder<'a> {
         if self.skip_special && self.tokenizer.is_control(id) {
             return Ok(());
         }
+        let mut piece = piece;
+        if self.at_start && !piece.is_empty() {
+            self.at_start = false;
+            if self.tokenizer.strip_leading_space && piece[0] == b' ' {
+                piece = &piece[1..];
+            }
+        }
         if self.pending.is_empty() {
             // Fast path: a token that is whole characters needs no buffering.
             if let Ok(s) = std::str::from_utf8(piece) {
@@ -92,6 +103,7 @@ impl<'a> StreamDecoder<'a> {
     pub fn finish_into(&mut self, out: &mut String) {
         out.push_str(&String::from_utf8_lossy(&self.pending));
         self.pending.clear();
+        self.at_start = true;
     }
 
     /// Whether bytes of an unfinished character are buffered.
