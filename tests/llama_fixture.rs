@@ -408,14 +408,25 @@ fn ambiguous_or_unknown_rope_scaling_is_refused() {
     let both = rewritten(file, None, llama3_metadata);
     let msg = err(&both);
     assert!(msg.contains("rope_freqs.weight"), "{msg}");
-    let yarn = rewritten(file, Some("rope_freqs.weight"), |m| {
+    let unknown = rewritten(file, Some("rope_freqs.weight"), |m| {
+        m.push((
+            "llama.rope.scaling.type".into(),
+            Value::String("longrope".into()),
+        ));
+    });
+    let msg = err(&unknown);
+    assert!(
+        msg.contains("longrope") && msg.contains("llama3") && msg.contains("yarn"),
+        "{msg}"
+    );
+    let yarn_without_context = rewritten(file, Some("rope_freqs.weight"), |m| {
         m.push((
             "llama.rope.scaling.type".into(),
             Value::String("yarn".into()),
         ));
     });
-    let msg = err(&yarn);
-    assert!(msg.contains("yarn") && msg.contains("llama3"), "{msg}");
+    let msg = err(&yarn_without_context);
+    assert!(msg.contains("original_context_length"), "{msg}");
     let partial = rewritten(file, None, |m| {
         for (k, v) in m.iter_mut() {
             if k == "llama.rope.dimension_count" {

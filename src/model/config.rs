@@ -56,6 +56,19 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_context: f32,
     },
+    /// YaRN (Qwen3 past 32k, and many long-context fine-tunes): frequencies whose wavelength
+    /// fits many times in the original context are kept (extrapolated), those that fit
+    /// fewer than `beta_slow` times are divided by `factor` (interpolated), with a linear ramp
+    /// over the dimensions between; and the attention logits are sharpened by
+    /// `attn_factor²` (cos and sin are both scaled by `attn_factor`, `0.1·ln(factor) + 1`
+    /// unless the file says otherwise).
+    Yarn {
+        factor: f32,
+        original_context: f32,
+        beta_fast: f32,
+        beta_slow: f32,
+        attn_factor: f32,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -174,6 +187,7 @@ impl ModelConfig {
                     return bad(format!("rope.scaling.factor {factor} must be positive"));
                 }
             }
+            RopeScaling::Yarn { .. } => {}
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -193,6 +207,29 @@ impl ModelConfig {
                          values and high > low"
                     ));
                 }
+            }
+        }
+        if let RopeScaling::Yarn {
+            factor,
+            original_context,
+            beta_fast,
+            beta_slow,
+            attn_factor,
+        } = self.rope_scaling
+        {
+            let ok = |v: f32| v.is_finite() && v > 0.0;
+            if !(ok(factor)
+                && ok(original_context)
+                && ok(beta_fast)
+                && ok(beta_slow)
+                && ok(attn_factor))
+                || beta_fast <= beta_slow
+            {
+                return bad(format!(
+                    "yarn rope scaling (factor {factor}, original context {original_context}, \
+                     beta fast {beta_fast} / slow {beta_slow}, attention factor {attn_factor}) \
+                     needs positive values and beta fast > slow"
+                ));
             }
         }
         if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
@@ -243,14 +280,54 @@ impl ModelConfig {
                 })
                 .collect()
             }
+            RopeScaling::Yarn {
+                factor,
+                original_context,
+                beta_fast,
+                beta_slow,
+                ..
+            } => {
+                // transformers' `_compute_yarn_parameters`: the correction range in f64,
+                // truncated to whole dimensions, then the blend in f32.
+                let dim = self.head_dim as f64;
+                let base = self.rope_theta as f64;
+                let correction_dim = |rotations: f64| {
+                    dim * (original_context as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                        / (2.0 * base.ln())
+                };
+                let low = correction_dim(beta_fast as f64).floor().max(0.0) as f32;
+                let high = correction_dim(beta_slow as f64).ceil().min(dim - 1.0) as f32;
+                let high = if low == high { high + 0.001 } else { high };
+                (0..self.head_dim / 2)
+                    .map(|i| {
+                        let pos_freq = self.rope_theta.powf((2 * i) as f32 / self.head_dim as f32);
+                        let extrapolation = 1.0 / pos_freq;
+                        let interpolation = 1.0 / (factor * pos_freq);
+                        let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                        let keep = 1.0 - ramp;
+                        interpolation * (1.0 - keep) + extrapolation * keep
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// The factor attention logits are multiplied by beyond `1/√head_dim`: YaRN's
+    /// attention factor squared (it scales the rotated queries and keys alike), else 1.
+    pub fn attention_logit_factor(&self) -> f32 {
+        match self.rope_scaling {
+            RopeScaling::Yarn { attn_factor, .. } => attn_factor * attn_factor,
+            _ => 1.0,
         }
     }
 }
 
 /// Reads `{arch}.rope.scaling.*`. `type` is llama.cpp's `none`/`linear` (with `factor`), or
 /// `llama3` with `factor`, `original_context_length` and this engine's
-/// `low_freq_factor`/`high_freq_factor` keys (default 1 and 4, Llama 3.1's values); other
-/// types (YaRN, LongRoPE) are refused rather than run unscaled.
+/// `low_freq_factor`/`high_freq_factor` keys (default 1 and 4, Llama 3.1's values), or `yarn`
+/// with `factor`, `original_context_length` and llama.cpp's optional `yarn_beta_fast`,
+/// `yarn_beta_slow` and `yarn_attn_factor` (a multiplier of the default attention factor, as
+/// in llama.cpp); other types (LongRoPE) are refused rather than run unscaled.
 fn read_rope_scaling(gguf: &GgufFile, arch: &str) -> Result<RopeScaling, ModelError> {
     let key = |k: &str| format!("{arch}.rope.scaling.{k}");
     let f32_or = |k: &str, default: f32| -> Result<f32, ModelError> {
@@ -286,8 +363,36 @@ fn read_rope_scaling(gguf: &GgufFile, arch: &str) -> Result<RopeScaling, ModelEr
                 original_context,
             })
         }
+        "yarn" => {
+            let original_context = match gguf.get(&key("original_context_length")) {
+                Some(_) => gguf.get_u64(&key("original_context_length"))? as f32,
+                None => {
+                    return Err(ModelError::BadConfig(format!(
+                        "yarn rope scaling needs {}",
+                        key("original_context_length")
+                    )))
+                }
+            };
+            let factor = f32_or("factor", 1.0)?;
+            // llama.cpp's keys; its default attention factor is YaRN's 0.1·ln(factor) + 1.
+            let default_attn = if factor > 1.0 {
+                0.1 * factor.ln() + 1.0
+            } else {
+                1.0
+            };
+            Ok(RopeScaling::Yarn {
+                factor,
+                original_context,
+                beta_fast: f32_or("yarn_beta_fast", 32.0)?,
+                beta_slow: f32_or("yarn_beta_slow", 1.0)?,
+                attn_factor: match gguf.get(&key("yarn_attn_factor")) {
+                    Some(_) => gguf.get_f32(&key("yarn_attn_factor"))? * default_attn,
+                    None => default_attn,
+                },
+            })
+        }
         other => Err(ModelError::BadConfig(format!(
-            "rope scaling type {other:?} is not supported (supported: none, linear, llama3)"
+            "rope scaling type {other:?} is not supported (supported: none, linear, llama3, yarn)"
         ))),
     }
 }

@@ -327,7 +327,7 @@ impl Model {
         ex.rope(Q, c.n_heads, c.head_dim, &self.inv_freq);
         ex.rope(K, c.n_kv_heads, c.head_dim, &self.inv_freq);
         ex.store_kv(l, K, V);
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let scale = c.attention_logit_factor() / (c.head_dim as f32).sqrt();
         ex.attention(l, Q, ATTN, c.n_heads, scale);
         ex.matmul(&lw.wo, ATTN, n, XN);
         if let Some(bo) = &lw.bo {
