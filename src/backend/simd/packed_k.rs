@@ -183,6 +183,26 @@ impl PackedK {
         true
     }
 
+    /// Row `r` dequantized into `out` (`cols` values), one stored block at a time through a
+    /// stack buffer: the embedding lookup of a packed (tied) embedding, allocation-free.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> bool {
+        if r >= self.rows || out.len() < self.cols {
+            return false;
+        }
+        let (g, rr) = (r / GROUP, r % GROUP);
+        let per = lines_per_block(self.dtype);
+        let gl = &self.lines[g * self.nsb * per..(g + 1) * self.nsb * per];
+        let bb = self.dtype.type_size();
+        let mut blk = [0u8; k_quants::Q6_K_BYTES];
+        for (b, o) in out.chunks_exact_mut(QK).take(self.nsb).enumerate() {
+            get_block(self.dtype, &gl[b * per..(b + 1) * per], rr, &mut blk[..bb]);
+            if crate::tensor::dequantize_row(self.dtype, &blk[..bb], o).is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
     /// Row `r` in its stored layout, written to `out` (one row's bytes): the exact inverse
     /// of the packing, for the products and lookups that read a single row.
     pub fn stored_row(&self, r: usize, out: &mut [u8]) {
@@ -469,6 +489,23 @@ mod tests {
                     assert_eq!(&back[..], m.row(r), "{t} row {r} of {rows}");
                 }
             }
+        }
+    }
+
+    /// Looking a row up in the packed form gives the stored row's values.
+    #[test]
+    fn rows_dequantize_from_the_packing_as_from_the_stored_bytes() {
+        for (t, _) in STORED {
+            let m = matrix(t, 20, 768, 11);
+            let p = PackedK::pack(&m).unwrap();
+            let (mut a, mut b) = (vec![0f32; 768], vec![0f32; 768]);
+            for r in [0, 7, 16, 19] {
+                assert!(p.dequantize_row(r, &mut a));
+                crate::tensor::dequantize_row(t, m.row(r), &mut b).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{t} row {r}");
+            }
+            assert!(!p.dequantize_row(20, &mut a));
         }
     }
 
