@@ -282,7 +282,7 @@ fn quantize_rewrites_matrices_and_keeps_the_rest() {
         want.get_array("tokenizer.ggml.tokens").unwrap().len()
     );
 
-    let o = inferno(&["quantize", "-m", src, "-o", dst, "--dtype", "q4_k"]);
+    let o = inferno(&["quantize", "-m", src, "-o", dst, "--dtype", "q3_k"]);
     assert_clean_error(&o, "cannot write");
 }
 
