@@ -25,6 +25,18 @@ fn rnd(y: f32) -> i32 {
     round_ties_even_small(y) as i32
 }
 
+/// The largest and smallest values by plain comparison (the first of equal values wins).
+/// `f32::max`/`min` may return either zero for ±0, and which one can differ between
+/// optimisation levels; that sign reaches the stored f16 fields, and the output must not
+/// depend on how the crate was built.
+fn largest(x: &[f32]) -> f32 {
+    x.iter().fold(x[0], |m, &v| if v > m { v } else { m })
+}
+
+fn smallest(x: &[f32]) -> f32 {
+    x.iter().fold(x[0], |m, &v| if v < m { v } else { m })
+}
+
 /// Errors unless `x` fills whole super-blocks, `out` holds exactly their bytes and every
 /// value is finite (a NaN or infinity would silently become a zero block otherwise).
 fn check(dtype: GgmlType, x: &[f32], out: &[u8], block_bytes: usize) -> Result<(), TensorError> {
@@ -142,8 +154,9 @@ fn offset_block(x: &[f32], nmax: u8, first: f32, steps: usize) -> OffsetBlock {
         }
         (scale[j], offset[j]) = fit_offset(xs, &w, nmax, first, steps);
     }
-    let max_scale = scale.iter().copied().fold(0f32, f32::max);
-    let max_offset = offset.iter().copied().fold(0f32, f32::max);
+    // Both are ≥ 0 by construction; `+ 0.0` turns a −0 into +0 (see `largest`).
+    let max_scale = largest(&scale).max(0.0) + 0.0;
+    let max_offset = largest(&offset).max(0.0) + 0.0;
     let dmin = f16::from_f32(max_offset / 63.0);
     // The plain choice puts the largest sub-block scale at 63; a slightly larger or
     // smaller super-block scale can suit the other seven better, so a few are tried.
@@ -225,6 +238,10 @@ fn refine_offset(
     ] {
         try_codes(s0 + ds, m0 + dm, &mut best, lv);
     }
+    // No offset, or nothing at all: better when `d` or `dmin` is so coarse (an f16
+    // subnormal) that every non-zero code overshoots.
+    try_codes(best.1, 0, &mut best, lv);
+    try_codes(0, 0, &mut best, lv);
     // Least squares of x on (l, −1) for the current levels, twice (the levels move).
     for _ in 0..2 {
         let (n, sl, sll, sx, sxl) = lv.iter().zip(xs).fold(
@@ -269,10 +286,9 @@ fn fit_offset(x: &[f32], w: &[f32], nmax: u8, first: f32, steps: usize) -> (f32,
     let n = nmax as f32;
     // The offset only ever moves the range down to include zero: an all-positive group is
     // fitted from 0, since a positive offset would waste the format's (non-negative) min.
-    let lo = x.iter().copied().fold(x[0], f32::min).min(0.0);
-    let hi = x.iter().copied().fold(x[0], f32::max);
+    let (lo, hi) = (smallest(x).min(0.0) + 0.0, largest(x));
     if hi == lo {
-        return (0.0, -lo);
+        return (0.0, 0.0 - lo);
     }
     let (sw, swx) = x
         .iter()
@@ -323,7 +339,8 @@ fn fit_offset(x: &[f32], w: &[f32], nmax: u8, first: f32, steps: usize) -> (f32,
             (best, scale, min) = (err, s, m);
         }
     }
-    (scale, -min)
+    // `0 − min` rather than `−min`: a zero offset is then +0 whatever the sign of `min`.
+    (scale, 0.0 - min)
 }
 
 /// Chooses a Q6_K super-block for 256 values: f16 bits of `d`, the sixteen signed 8-bit

@@ -169,8 +169,9 @@ pub fn quantize_q5_0(x: &[f32], out: &mut [u8]) {
 /// `m` is the block's minimum, `d = (max − min) / 31`, levels round half up.
 pub fn quantize_q5_1(x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x.chunks_exact(BLOCK).zip(out.chunks_exact_mut(Q5_1_BYTES)) {
-        let min = xb.iter().copied().fold(f32::INFINITY, f32::min);
-        let max = xb.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        // Plain comparisons, not f32::min/max, whose choice between ±0 may vary by build.
+        let min = xb.iter().fold(xb[0], |m, &v| if v < m { v } else { m });
+        let max = xb.iter().fold(xb[0], |m, &v| if v > m { v } else { m });
         let d = (max - min) / 31.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let mut q = [0u8; BLOCK];
