@@ -78,7 +78,9 @@ def main() -> int:
     for ftype in args.types.split(","):
         ours_path, theirs_path = work / f"inferno-{ftype}.gguf", work / f"llama-{ftype}.gguf"
         if not (args.reuse and theirs_path.exists()):
-            subprocess.run([args.llama_quantize, str(model), str(theirs_path), ftype, str(args.threads)],
+            # --allow-requantize: a quantized input (e.g. Q8_0) is dequantized first, as ours.
+            subprocess.run([args.llama_quantize, "--allow-requantize", str(model), str(theirs_path),
+                            ftype, str(args.threads)],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if not (args.reuse and ours_path.exists()):
             subprocess.run([str(args.inferno), "quantize", "-m", str(model), "-o", str(ours_path),

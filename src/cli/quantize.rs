@@ -125,7 +125,7 @@ fn convert(from: GgmlType, src: &[u8], cols: usize, to: GgmlType) -> Result<Vec<
         .row_size(cols as u64)
         .with_context(|| format!("{cols} columns do not fill whole {from} blocks"))?
         as usize;
-    if row_bytes == 0 || src.len() % row_bytes != 0 {
+    if row_bytes == 0 || !src.len().is_multiple_of(row_bytes) {
         bail!("{} bytes are not whole rows of {row_bytes}", src.len());
     }
     let rows: Vec<Vec<u8>> = src

@@ -40,7 +40,7 @@ fn smallest(x: &[f32]) -> f32 {
 /// Errors unless `x` fills whole super-blocks, `out` holds exactly their bytes and every
 /// value is finite (a NaN or infinity would silently become a zero block otherwise).
 fn check(dtype: GgmlType, x: &[f32], out: &[u8], block_bytes: usize) -> Result<(), TensorError> {
-    if x.len() % QK != 0 {
+    if !x.len().is_multiple_of(QK) {
         return Err(TensorError::PartialBlock { dtype, n: x.len() });
     }
     let expected = x.len() / QK * block_bytes;

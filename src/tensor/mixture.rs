@@ -126,7 +126,7 @@ fn use_more_bits(i: usize, n: usize) -> bool {
 /// they do not: Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, then F16.
 fn fit_rows(t: GgmlType, cols: u64) -> GgmlType {
     use GgmlType::*;
-    let fits = |t: GgmlType| cols % t.block_size() as u64 == 0;
+    let fits = |t: GgmlType| cols.is_multiple_of(t.block_size() as u64);
     if fits(t) {
         return t;
     }
@@ -197,7 +197,7 @@ pub fn plan(scheme: Scheme, tensors: &[(&str, &[u64])], n_layer: usize) -> Vec<O
 /// The output projection (and a tied embedding) in every K mixture: Q6_K, or Q8_0 when
 /// rows do not split into 256-value blocks.
 fn output_type(cols: u64) -> GgmlType {
-    if cols % 256 == 0 {
+    if cols.is_multiple_of(256) {
         GgmlType::Q6_K
     } else {
         GgmlType::Q8_0

@@ -139,9 +139,18 @@ pub fn encode(vals: &[f32], dtype: GgmlType) -> Result<Vec<u8>, TensorError> {
         GgmlType::F32 => return Ok(float::f32_to_le_bytes(vals)),
         GgmlType::F16 => return Ok(float::f32_to_f16_bytes(vals)),
         GgmlType::BF16 => return Ok(float::f32_to_bf16_bytes(vals)),
-        GgmlType::Q8_0 => |x, o| Ok(q8_0::quantize(x, o)),
-        GgmlType::Q5_0 => |x, o| Ok(legacy::quantize_q5_0(x, o)),
-        GgmlType::Q5_1 => |x, o| Ok(legacy::quantize_q5_1(x, o)),
+        GgmlType::Q8_0 => |x, o| {
+            q8_0::quantize(x, o);
+            Ok(())
+        },
+        GgmlType::Q5_0 => |x, o| {
+            legacy::quantize_q5_0(x, o);
+            Ok(())
+        },
+        GgmlType::Q5_1 => |x, o| {
+            legacy::quantize_q5_1(x, o);
+            Ok(())
+        },
         GgmlType::Q4_K => k_quantize::quantize_q4_k,
         GgmlType::Q5_K => k_quantize::quantize_q5_k,
         GgmlType::Q6_K => k_quantize::quantize_q6_k,
