@@ -6,9 +6,12 @@
 //! candidate step sizes around `range / nmax` are tried, and for each one the levels it
 //! rounds to give a least-squares scale and offset. The per-sub-block scales are then
 //! themselves quantized to 6 bits (Q4_K/Q5_K) or 8 bits (Q6_K) against one f16 super-block
-//! scale, which moves them slightly; a last pass therefore tries each stored sub-block
-//! scale and its two neighbours and keeps whichever reconstructs the sub-block with the
-//! least squared error, re-rounding the values to the scale finally stored.
+//! scale, which moves them slightly. Where the reference stops there (re-rounding the
+//! values to the stored codes), a last pass here also tries, per sub-block, the codes'
+//! neighbours, the codes of a least-squares refit to the chosen levels and (Q4_K/Q5_K) a
+//! zero min, and, per super-block, three f16 scales; it keeps whatever reconstructs the
+//! block with the least plain squared error. The result is deterministic: no step depends
+//! on the build or the thread count.
 
 use super::k_quants::{round_ties_even_small, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK};
 use super::{GgmlType, TensorError};
