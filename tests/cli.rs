@@ -293,8 +293,86 @@ fn quantize_rewrites_matrices_and_keeps_the_rest() {
         want.get_array("tokenizer.ggml.tokens").unwrap().len()
     );
 
-    let o = inferno(&["quantize", "-m", src, "-o", dst, "--dtype", "q4_k"]);
+    let o = inferno(&["quantize", "-m", src, "-o", dst, "--dtype", "q3_k"]);
     assert_clean_error(&o, "cannot write");
+}
+
+/// `quantize --dtype q4_k_m` gives each tensor the type the mixture rules choose (some
+/// Q6_K, most Q4_K, norms kept), writes exactly what the library quantizer writes for the
+/// dequantized input rows, records llama.cpp's file type 15, and the result generates.
+#[test]
+fn quantize_to_q4_k_m_follows_the_mixture_and_generates() {
+    use inferno::gguf::GgufFile;
+    use inferno::tensor::{self, mixture};
+    let dir = tempfile::tempdir().unwrap();
+    let f32_path = dir.path().join("demo-f32.gguf");
+    let out = dir.path().join("demo-q4_k_m.gguf");
+    let spec = SynthSpec::preset("demo", GgmlType::F32).unwrap();
+    synth::build(&spec).unwrap().write_to(&f32_path).unwrap();
+    let (src, dst) = (f32_path.to_str().unwrap(), out.to_str().unwrap());
+    let o = inferno(&["quantize", "-m", src, "-o", dst, "--dtype", "q4_k_m"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let input = GgufFile::open(&f32_path).unwrap();
+    let got = GgufFile::open(&out).unwrap();
+    assert_eq!(got.get_u64("general.file_type").unwrap(), 15);
+    let list: Vec<(&str, &[u64])> = input
+        .tensors()
+        .iter()
+        .map(|t| (t.name.as_str(), t.dims.as_slice()))
+        .collect();
+    let layers = input.get_u64("qwen3.block_count").unwrap() as usize;
+    let plan = mixture::plan(mixture::Scheme::Q4KM, &list, layers);
+    let mut count = std::collections::HashMap::new();
+    for (t, want) in input.tensors().iter().zip(plan) {
+        let g = got.tensor_info(&t.name).expect("tensor kept");
+        assert_eq!(g.dims, t.dims, "{}", t.name);
+        let data = got.tensor_data(&t.name).unwrap();
+        match want {
+            None => {
+                assert_eq!(g.dtype, t.dtype, "{}", t.name);
+                assert_eq!(
+                    data.as_slice(),
+                    input.tensor_data(&t.name).unwrap().as_slice()
+                );
+            }
+            Some(dt) => {
+                assert_eq!(g.dtype, dt, "{}", t.name);
+                let mut vals = vec![0f32; t.n_elements() as usize];
+                let raw = input.tensor_data(&t.name).unwrap();
+                tensor::dequantize_row(t.dtype, raw.as_slice(), &mut vals).unwrap();
+                let cols = t.dims[0] as usize;
+                let want: Vec<u8> = vals
+                    .chunks(cols)
+                    .flat_map(|row| tensor::encode(row, dt).unwrap())
+                    .collect();
+                assert_eq!(data.as_slice(), &want[..], "{}", t.name);
+            }
+        }
+        *count.entry(g.dtype).or_insert(0usize) += 1;
+    }
+    // The demo model's shapes all split into 256-value blocks: no fallback types.
+    assert!(count[&GgmlType::Q6_K] >= 2, "{count:?}");
+    assert!(count[&GgmlType::Q4_K] > count[&GgmlType::Q6_K], "{count:?}");
+    assert!(count[&GgmlType::F32] > 0, "{count:?}");
+    assert_eq!(count.len(), 3, "{count:?}");
+
+    let o = inferno(&[
+        "generate",
+        "--model",
+        dst,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "8",
+        "--ignore-eos",
+        "--output",
+        "json",
+        "Hello",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 8);
 }
 
 #[test]

@@ -305,3 +305,127 @@ fn the_dispatch_rejects_bad_sizes_and_types_without_panicking() {
     assert!(tensor::vec_dot(F32, &[0u8; 4], &q).is_err());
     assert_eq!(tensor::vec_dot(Q4_K, &[0u8; 144], &q).unwrap(), 0.0);
 }
+
+/// The weight quantizers (`tensor::encode`) on `tests/fixtures/quants/quantize.*`, made by
+/// `gen_quantize.py`: for Q4_K, Q5_K and Q6_K the committed blocks are what the quantizer
+/// writes for the committed input today, and gguf-py's dequantization of those blocks equals
+/// ours bit for bit (so llama.cpp reads our files as we do); the error against the input is
+/// also bounded per row. For Q5_0 and Q5_1 (the short-row fallbacks) the quantizer
+/// reproduces gguf-py's own quantization byte for byte.
+fn quantize_fixture() -> (Value, Vec<f32>) {
+    let text = std::fs::read_to_string(dir().join("quantize.json"))
+        .expect("tests/fixtures/quants/quantize.json (run gen_quantize.py)");
+    let m: Value = serde_json::from_str(&text).expect("quantize.json is JSON");
+    let x = f32s(&read(m["input"].as_str().unwrap()));
+    let (rows, cols) = (m["rows"].as_u64().unwrap(), m["cols"].as_u64().unwrap());
+    assert_eq!(x.len() as u64, rows * cols);
+    (m, x)
+}
+
+#[test]
+fn k_quantizer_blocks_dequantize_in_gguf_py_exactly_as_here() {
+    let (m, x) = quantize_fixture();
+    let cols = m["cols"].as_u64().unwrap() as usize;
+    let kinds: Vec<&str> = m["row_kinds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    let entries = m["ours_dequantized_by_gguf_py"].as_array().unwrap();
+    let names: Vec<&str> = entries
+        .iter()
+        .map(|e| e["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["Q4_K", "Q5_K", "Q6_K"]);
+    for e in entries {
+        let dtype = GgmlType::from_name(e["type"].as_str().unwrap()).unwrap();
+        let blocks = read(e["blocks"].as_str().unwrap());
+        let want = f32s(&read(e["values"].as_str().unwrap()));
+        assert_eq!(
+            tensor::encode(&x, dtype).unwrap(),
+            blocks,
+            "{dtype}: the quantizer no longer writes the committed blocks (rerun gen_quantize.py)"
+        );
+        let mut ours = vec![f32::NAN; x.len()];
+        tensor::dequantize_row(dtype, &blocks, &mut ours).unwrap();
+        let differ = ours
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(differ, 0, "{dtype}: {differ} values differ from gguf-py");
+        // Round-trip error per row, relative to the row's RMS: at most a few quantization
+        // steps' worth (the types keep 4, 5 and 6 bits plus per-sub-block scales). Rows
+        // whose scale underflows f16 (the "tiny" row) may come back as zeros, error = RMS.
+        for (r, kind) in kinds.iter().enumerate() {
+            let (xr, yr) = (
+                &x[r * cols..(r + 1) * cols],
+                &ours[r * cols..(r + 1) * cols],
+            );
+            let ms = |v: &mut dyn Iterator<Item = f32>| v.map(|a| a * a).sum::<f32>() / cols as f32;
+            let rms = ms(&mut xr.iter().copied()).sqrt();
+            let err = ms(&mut xr.iter().zip(yr).map(|(a, b)| a - b)).sqrt();
+            let limit = match (dtype, *kind) {
+                (_, "tiny") => rms,
+                (GgmlType::Q4_K, _) => 0.15 * rms,
+                (GgmlType::Q5_K, _) => 0.075 * rms,
+                _ => 0.04 * rms,
+            };
+            assert!(
+                err <= limit,
+                "{dtype} row {r} ({kind}): RMSE {err:e} > {limit:e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn q5_0_and_q5_1_quantizers_match_gguf_py_byte_for_byte() {
+    let (m, x) = quantize_fixture();
+    let entries = m["gguf_py_quantized"].as_array().unwrap();
+    assert_eq!(entries.len(), 2);
+    for e in entries {
+        let dtype = GgmlType::from_name(e["type"].as_str().unwrap()).unwrap();
+        let want = read(e["blocks"].as_str().unwrap());
+        let got = tensor::encode(&x, dtype).unwrap();
+        assert_eq!(got.len(), want.len(), "{dtype}");
+        for (b, (g, w)) in got
+            .chunks_exact(dtype.type_size())
+            .zip(want.chunks_exact(dtype.type_size()))
+            .enumerate()
+        {
+            assert_eq!(g, w, "{dtype} block {b}");
+        }
+    }
+}
+
+#[test]
+fn the_weight_quantizers_refuse_bad_input_without_panicking() {
+    for dtype in [
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+    ] {
+        let partial = vec![0.5f32; dtype.block_size() + 1];
+        assert!(
+            matches!(
+                tensor::encode(&partial, dtype),
+                Err(tensor::TensorError::PartialBlock { .. })
+            ),
+            "{dtype}"
+        );
+        let mut x = vec![0.5f32; dtype.block_size()];
+        x[3] = f32::NAN;
+        assert!(
+            matches!(
+                tensor::encode(&x, dtype),
+                Err(tensor::TensorError::NonFinite { index: 3, .. })
+            ),
+            "{dtype}"
+        );
+    }
+    assert!(tensor::encode(&[0.0; 256], GgmlType::Q3_K).is_err());
+}

@@ -220,7 +220,7 @@ pub fn dequantize_q6_k(src: &[u8], out: &mut [f32]) {
 /// Unlike `round_ties_even` on the baseline x86-64 target (a `rintf` call per value, no
 /// SSE4.1), this vectorizes. Zero's sign may differ, which the conversion to i8 erases.
 #[inline]
-fn round_ties_even_small(y: f32) -> f32 {
+pub(crate) fn round_ties_even_small(y: f32) -> f32 {
     const MAGIC: f32 = 12_582_912.0;
     (y + MAGIC) - MAGIC
 }

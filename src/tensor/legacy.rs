@@ -128,6 +128,63 @@ pub fn dequantize_q5_1(src: &[u8], out: &mut [f32]) {
     }
 }
 
+/// Packs 32 five-bit values: low nibbles of elements `j` and `j + 16` share byte `j` of
+/// `qs`, and bit `i` of the returned `qh` is the fifth bit of element `i`.
+#[inline]
+fn pack_five_bits(q: &[u8; BLOCK], qs: &mut [u8]) -> u32 {
+    let mut qh = 0u32;
+    for j in 0..BLOCK / 2 {
+        qs[j] = (q[j] & 0x0f) | ((q[j + BLOCK / 2] & 0x0f) << 4);
+    }
+    for (i, &v) in q.iter().enumerate() {
+        qh |= ((v >> 4) as u32 & 1) << i;
+    }
+    qh
+}
+
+/// Quantizes `x` (a multiple of 32 long) into Q5_0 blocks as llama.cpp's reference does:
+/// the value of largest magnitude maps to level 0 (`d = max / −16`), the others are
+/// truncated after adding 16.5, so they round half up, and clamped to 31.
+pub fn quantize_q5_0(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(BLOCK).zip(out.chunks_exact_mut(Q5_0_BYTES)) {
+        let mut max = 0f32;
+        for &v in xb {
+            if v.abs() > max.abs() {
+                max = v;
+            }
+        }
+        let d = max / -16.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut q = [0u8; BLOCK];
+        for (l, &v) in q.iter_mut().zip(xb) {
+            *l = ((v * id + 16.5) as i32).clamp(0, 31) as u8;
+        }
+        ob[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        let qh = pack_five_bits(&q, &mut ob[6..]);
+        ob[2..6].copy_from_slice(&qh.to_le_bytes());
+    }
+}
+
+/// Quantizes `x` (a multiple of 32 long) into Q5_1 blocks as llama.cpp's reference does:
+/// `m` is the block's minimum, `d = (max − min) / 31`, levels round half up.
+pub fn quantize_q5_1(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(BLOCK).zip(out.chunks_exact_mut(Q5_1_BYTES)) {
+        // Plain comparisons, not f32::min/max, whose choice between ±0 may vary by build.
+        let min = xb.iter().fold(xb[0], |m, &v| if v < m { v } else { m });
+        let max = xb.iter().fold(xb[0], |m, &v| if v > m { v } else { m });
+        let d = (max - min) / 31.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut q = [0u8; BLOCK];
+        for (l, &v) in q.iter_mut().zip(xb) {
+            *l = (((v - min) * id + 0.5) as i32).clamp(0, 31) as u8;
+        }
+        ob[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        ob[2..4].copy_from_slice(&f16::from_f32(min).to_bits().to_le_bytes());
+        let qh = pack_five_bits(&q, &mut ob[8..]);
+        ob[4..8].copy_from_slice(&qh.to_le_bytes());
+    }
+}
+
 /// Quantizes `x` (a multiple of 32 long) into Q8_1 blocks: as Q8_0 (scale max|x| / 127,
 /// rounding half away from zero), plus `s = Σq · d` with the unrounded f32 scale, stored
 /// as f16 — the order llama.cpp's reference uses.

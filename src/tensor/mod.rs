@@ -3,9 +3,11 @@
 
 pub mod dtype;
 pub mod float;
+pub mod k_quantize;
 pub mod k_quants;
 pub mod legacy;
 pub mod matrix;
+pub mod mixture;
 pub mod q8_0;
 
 pub use dtype::GgmlType;
@@ -25,6 +27,8 @@ pub enum TensorError {
         expected: usize,
         got: usize,
     },
+    #[error("value {index} is not finite and cannot be stored as {dtype}")]
+    NonFinite { dtype: GgmlType, index: usize },
 }
 
 /// Whether rows of this type can be dequantized and multiplied by the scalar code.
@@ -126,30 +130,56 @@ fn check_len(dtype: GgmlType, n: usize, bytes: usize) -> Result<(), TensorError>
     }
 }
 
-/// Stores f32 values as `dtype`: the float types, or Q8_0 (round-to-nearest, as llama.cpp's
-/// reference quantizer). `vals.len()` must be a multiple of the type's block size.
+/// Stores f32 values as `dtype`: the float types; Q8_0, Q5_0 and Q5_1 (round-to-nearest, as
+/// llama.cpp's reference quantizers); or Q4_K, Q5_K and Q6_K (searched scales, see
+/// [`k_quantize`]). `vals.len()` must be a multiple of the type's block size, and the
+/// quantized types refuse NaN and infinities.
 pub fn encode(vals: &[f32], dtype: GgmlType) -> Result<Vec<u8>, TensorError> {
-    Ok(match dtype {
-        GgmlType::F32 => float::f32_to_le_bytes(vals),
-        GgmlType::F16 => float::f32_to_f16_bytes(vals),
-        GgmlType::BF16 => float::f32_to_bf16_bytes(vals),
-        GgmlType::Q8_0 => {
-            if vals.len() % q8_0::BLOCK != 0 {
-                return Err(TensorError::PartialBlock {
-                    dtype,
-                    n: vals.len(),
-                });
-            }
-            let mut out = vec![0u8; vals.len() / q8_0::BLOCK * q8_0::BLOCK_BYTES];
-            q8_0::quantize(vals, &mut out);
-            out
-        }
+    let quantize: fn(&[f32], &mut [u8]) -> Result<(), TensorError> = match dtype {
+        GgmlType::F32 => return Ok(float::f32_to_le_bytes(vals)),
+        GgmlType::F16 => return Ok(float::f32_to_f16_bytes(vals)),
+        GgmlType::BF16 => return Ok(float::f32_to_bf16_bytes(vals)),
+        GgmlType::Q8_0 => |x, o| {
+            q8_0::quantize(x, o);
+            Ok(())
+        },
+        GgmlType::Q5_0 => |x, o| {
+            legacy::quantize_q5_0(x, o);
+            Ok(())
+        },
+        GgmlType::Q5_1 => |x, o| {
+            legacy::quantize_q5_1(x, o);
+            Ok(())
+        },
+        GgmlType::Q4_K => k_quantize::quantize_q4_k,
+        GgmlType::Q5_K => k_quantize::quantize_q5_k,
+        GgmlType::Q6_K => k_quantize::quantize_q6_k,
         other => return Err(TensorError::UnsupportedType(other)),
-    })
+    };
+    let n = vals.len();
+    let Some(bytes) = dtype.row_size(n as u64) else {
+        return Err(TensorError::PartialBlock { dtype, n });
+    };
+    if let Some(index) = vals.iter().position(|v| !v.is_finite()) {
+        return Err(TensorError::NonFinite { dtype, index });
+    }
+    let mut out = vec![0u8; bytes as usize];
+    quantize(vals, &mut out)?;
+    Ok(out)
+}
+
+/// Whether [`encode`] can write `dtype`.
+pub fn can_encode(dtype: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        dtype,
+        F32 | F16 | BF16 | Q8_0 | Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K
+    )
 }
 
 /// llama.cpp's `general.file_type` code for a model whose matrices are all `dtype`, for the
-/// types [`encode`] writes.
+/// float types and Q8_0 (the K-quant mixtures have their own codes, see
+/// [`mixture::Mixture::file_type`]).
 pub fn file_type(dtype: GgmlType) -> Option<u32> {
     match dtype {
         GgmlType::F32 => Some(0),
