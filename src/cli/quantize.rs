@@ -13,7 +13,7 @@ pub struct QuantizeArgs {
     /// GGUF model to read.
     #[arg(long, short = 'm')]
     pub model: PathBuf,
-    /// Type of the weight matrices in the output: q8_0, f16, bf16 or f32.
+    /// Type of the weight matrices in the output: q8_0, q5_0, q4_0, f16, bf16 or f32.
     #[arg(long, default_value = "q8_0")]
     pub dtype: String,
     /// Where to write the new GGUF file.
@@ -25,7 +25,7 @@ pub fn cmd_quantize(a: QuantizeArgs) -> Result<()> {
     let dtype =
         GgmlType::from_name(&a.dtype).with_context(|| format!("unknown --dtype {:?}", a.dtype))?;
     let Some(ftype) = tensor::file_type(dtype) else {
-        bail!("cannot write {dtype} weights (use q8_0, f16, bf16 or f32)");
+        bail!("cannot write {dtype} weights (use q8_0, q5_0, q4_0, f16, bf16 or f32)");
     };
     if a.out == a.model {
         bail!("--out must differ from --model (the input is memory-mapped while it is read)");

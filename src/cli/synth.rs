@@ -15,7 +15,7 @@ pub struct SynthArgs {
     /// Shape preset: 0.6b (exactly Qwen3-0.6B's shape) or demo (a small model).
     #[arg(long, default_value = "0.6b")]
     pub preset: String,
-    /// Type of the weight matrices: q8_0, f16, bf16 or f32.
+    /// Type of the weight matrices: q8_0, q5_0, q4_0, f16, bf16 or f32.
     #[arg(long, default_value = "q8_0")]
     pub dtype: String,
     /// Seed of the random weights (the same seed writes the same file).

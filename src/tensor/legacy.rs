@@ -193,6 +193,54 @@ pub fn widen_to_q8_0(five: bool, src: &[u8], out: &mut [u8]) {
     }
 }
 
+/// The scale and its inverse for a symmetric block with `levels` codes below the offset:
+/// the value of largest magnitude (the first, on ties) maps to code 0, i.e. `d = max / −levels`
+/// (llama.cpp's reference quantizers for Q4_0 and Q5_0).
+#[inline]
+fn symmetric_scale(xb: &[f32], levels: f32) -> (f32, f32) {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in xb {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    let d = max / -levels;
+    (d, if d != 0.0 { 1.0 / d } else { 0.0 })
+}
+
+/// Quantizes `x` (a multiple of 32 long) into Q4_0 blocks in `out`, as llama.cpp's reference
+/// quantizer does: `d = max / −8`, codes `min(15, trunc(x / d + 8.5))`, d stored as f16.
+pub fn quantize_q4_0(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(BLOCK).zip(out.chunks_exact_mut(Q4_0_BYTES)) {
+        let (d, id) = symmetric_scale(xb, 8.0);
+        ob[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        let code = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+        for j in 0..BLOCK / 2 {
+            ob[2 + j] = code(xb[j]) | (code(xb[j + BLOCK / 2]) << 4);
+        }
+    }
+}
+
+/// Quantizes `x` (a multiple of 32 long) into Q5_0 blocks in `out`, as llama.cpp's reference
+/// quantizer does: `d = max / −16`, codes `min(31, trunc(x / d + 16.5))`, the fifth bits in
+/// `qh`, d stored as f16.
+pub fn quantize_q5_0(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(BLOCK).zip(out.chunks_exact_mut(Q5_0_BYTES)) {
+        let (d, id) = symmetric_scale(xb, 16.0);
+        ob[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        let code = |v: f32| ((v * id + 16.5) as i8).min(31) as u8;
+        let mut qh = 0u32;
+        for j in 0..BLOCK / 2 {
+            let (lo, hi) = (code(xb[j]), code(xb[j + BLOCK / 2]));
+            ob[6 + j] = (lo & 0x0f) | ((hi & 0x0f) << 4);
+            qh |= ((lo as u32 >> 4) & 1) << j;
+            qh |= ((hi as u32 >> 4) & 1) << (j + BLOCK / 2);
+        }
+        ob[2..6].copy_from_slice(&qh.to_le_bytes());
+    }
+}
+
 /// Q4_0 weights · Q8_0 activations: `Σ_blocks isum · (d_w · d_x)`.
 pub fn dot_q4_0_q8_0(w: &[u8], x: &[u8]) -> f32 {
     let mut acc = 0.0f32;

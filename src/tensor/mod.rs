@@ -126,22 +126,28 @@ fn check_len(dtype: GgmlType, n: usize, bytes: usize) -> Result<(), TensorError>
     }
 }
 
-/// Stores f32 values as `dtype`: the float types, or Q8_0 (round-to-nearest, as llama.cpp's
-/// reference quantizer). `vals.len()` must be a multiple of the type's block size.
+/// Stores f32 values as `dtype`: the float types, Q8_0 (round-to-nearest), Q4_0 or Q5_0, each
+/// as llama.cpp's reference quantizer writes it. `vals.len()` must be a multiple of the
+/// type's block size.
 pub fn encode(vals: &[f32], dtype: GgmlType) -> Result<Vec<u8>, TensorError> {
     Ok(match dtype {
         GgmlType::F32 => float::f32_to_le_bytes(vals),
         GgmlType::F16 => float::f32_to_f16_bytes(vals),
         GgmlType::BF16 => float::f32_to_bf16_bytes(vals),
-        GgmlType::Q8_0 => {
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
             if vals.len() % q8_0::BLOCK != 0 {
                 return Err(TensorError::PartialBlock {
                     dtype,
                     n: vals.len(),
                 });
             }
-            let mut out = vec![0u8; vals.len() / q8_0::BLOCK * q8_0::BLOCK_BYTES];
-            q8_0::quantize(vals, &mut out);
+            let mut out = vec![0u8; vals.len() / q8_0::BLOCK * dtype.type_size()];
+            let quantize = match dtype {
+                GgmlType::Q4_0 => legacy::quantize_q4_0,
+                GgmlType::Q5_0 => legacy::quantize_q5_0,
+                _ => q8_0::quantize,
+            };
+            quantize(vals, &mut out);
             out
         }
         other => return Err(TensorError::UnsupportedType(other)),
@@ -154,6 +160,8 @@ pub fn file_type(dtype: GgmlType) -> Option<u32> {
     match dtype {
         GgmlType::F32 => Some(0),
         GgmlType::F16 => Some(1),
+        GgmlType::Q4_0 => Some(2),
+        GgmlType::Q5_0 => Some(8),
         GgmlType::Q8_0 => Some(7),
         GgmlType::BF16 => Some(32),
         _ => None,
