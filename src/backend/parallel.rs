@@ -112,7 +112,7 @@ impl Backend for ParallelBackend {
         assert!(x.len() >= n * w.cols && out.len() >= n * w.rows);
         let k = self.k;
         let o = OutPtr(out.as_mut_ptr());
-        if let Some(p) = PackedQ8::for_rows(w, n) {
+        if let Some(p) = PackedQ8::for_q8_0(w) {
             with_act_scratch(|act| {
                 act.reserve(n, w.cols);
                 let (cols, nb) = (w.cols, w.cols / q8_0::BLOCK);

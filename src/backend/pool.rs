@@ -183,7 +183,7 @@ impl Backend for PoolBackend {
 
     fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
         assert!(x.len() >= n * w.cols && out.len() >= n * w.rows);
-        if let Some(p) = PackedQ8::for_rows(w, n) {
+        if let Some(p) = PackedQ8::for_q8_0(w) {
             return self.matmul_q8(w, p, x, n, out);
         }
         if let Some(q) = QuantMatmul::new(&self.k, w) {

@@ -51,8 +51,7 @@ mod x86;
 mod x86_quants;
 
 use super::{AttentionShape, Backend, KvLayer};
-use crate::gguf::TensorBytes;
-use crate::tensor::{legacy, q8_0, GgmlType, Matrix};
+use crate::tensor::{q8_0, GgmlType, Matrix};
 use rayon::prelude::*;
 use std::any::Any;
 use std::cell::RefCell;
@@ -307,10 +306,32 @@ impl PackedQ8 {
         m.prepared.as_ref()?.downcast_ref::<PackedQ8>()
     }
 
-    /// The packed form to multiply `n` activation rows with: always for Q8_0; for the
-    /// types widened to Q8_0 only when `n > 1` (one row reads the native blocks).
-    pub fn for_rows(m: &Matrix, n: usize) -> Option<&PackedQ8> {
-        Self::of(m).filter(|_| m.dtype == GgmlType::Q8_0 || n > 1)
+    /// The packed form of a Q8_0 matrix, which every product and row lookup of the `simd`
+    /// family reads in place of the stored bytes.
+    pub fn for_q8_0(m: &Matrix) -> Option<&PackedQ8> {
+        Self::of(m).filter(|p| m.dtype == GgmlType::Q8_0 && p.rows == m.rows && p.cols == m.cols)
+    }
+
+    /// Row `r` as f32, exactly as `q8_0::dequantize` computes it from the stored blocks
+    /// (`q as f32 * d`, the f16 scale widened exactly). `false` (and `out` untouched) if `r`
+    /// or `out`'s length does not fit.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> bool {
+        if r >= self.rows || out.len() != self.cols {
+            return false;
+        }
+        let (g, i) = (r / GROUP, r % GROUP);
+        for (b, o) in out.chunks_exact_mut(q8_0::BLOCK).enumerate() {
+            let d = self.scale(g, b, i);
+            let q = self.block_quants(g, b);
+            for (k, o4) in o.chunks_exact_mut(4).enumerate() {
+                // Slice k of the block holds values 4k..4k + 4 of each of the 16 rows.
+                let src = &q[k * 64 + i * 4..k * 64 + i * 4 + 4];
+                for (v, &byte) in o4.iter_mut().zip(src) {
+                    *v = self.weight_value(byte) as f32 * d;
+                }
+            }
+        }
+        true
     }
 }
 
@@ -760,37 +781,18 @@ impl<B: Backend> SimdBackend<B> {
     }
 }
 
-/// Packs Q8_0 matrices for `k`'s instruction set (shared by the backends built on `simd`).
-/// Q4_0 and Q5_0 matrices also get a packed Q8_0 copy holding exactly their values (see
-/// [`legacy::widen_to_q8_0`]): products over several rows use it, since the Q8_0 kernels
-/// tile rows and reuse each weight load for four of them, while single-row products keep
-/// reading the smaller native blocks (decode is bound by memory). Results are the same bits
-/// either way.
+/// Packs Q8_0 matrices for `k`'s instruction set (shared by the backends built on `simd`),
+/// then releases the stored bytes' mapped pages: from here on every product and row lookup
+/// of these backends reads the packed copy, so the weights are resident once. The other
+/// quantized types are multiplied in their stored layout ([`quants::QuantMatmul`]) and get
+/// no copy.
 pub fn prepare_matrix(k: &Kernels, w: &mut Matrix) {
-    if PackedQ8::of(w).is_some() {
+    if PackedQ8::of(w).is_some() || w.dtype != GgmlType::Q8_0 {
         return;
     }
-    let packed = match w.dtype {
-        GgmlType::Q8_0 => PackedQ8::pack(k.isa, w),
-        GgmlType::Q4_0 | GgmlType::Q5_0 => {
-            let five = w.dtype == GgmlType::Q5_0;
-            let blocks = w.rows * (w.cols / q8_0::BLOCK);
-            let mut wide = vec![0u8; blocks * q8_0::BLOCK_BYTES];
-            legacy::widen_to_q8_0(five, w.bytes(), &mut wide);
-            let m = Matrix {
-                name: w.name.clone(),
-                dtype: GgmlType::Q8_0,
-                rows: w.rows,
-                cols: w.cols,
-                data: TensorBytes::from_vec(wide),
-                prepared: None,
-            };
-            PackedQ8::pack(k.isa, &m)
-        }
-        _ => None,
-    };
-    if let Some(p) = packed {
+    if let Some(p) = PackedQ8::pack(k.isa, w) {
         w.prepared = Some(Arc::new(p) as Arc<dyn Any + Send + Sync>);
+        w.release_stored();
     }
 }
 
@@ -810,7 +812,7 @@ impl<B: Backend> Backend for SimdBackend<B> {
 
     fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
         assert!(x.len() >= n * w.cols && out.len() >= n * w.rows);
-        if let Some(p) = PackedQ8::for_rows(w, n) {
+        if let Some(p) = PackedQ8::for_q8_0(w) {
             with_act_scratch(|act| {
                 self.k.quantize_into(x, n, w.cols, act);
                 let a = act.view(n, w.cols);
@@ -838,6 +840,13 @@ impl<B: Backend> Backend for SimdBackend<B> {
     }
 
     fn get_row(&self, w: &Matrix, row: usize, out: &mut [f32]) {
+        // A packed (tied) embedding is looked up in its packed form: its stored pages were
+        // released at load.
+        if let Some(p) = PackedQ8::for_q8_0(w) {
+            if p.dequantize_row(row, out) {
+                return;
+            }
+        }
         self.inner.get_row(w, row, out)
     }
 
