@@ -159,7 +159,11 @@ fn q4_0_and_q5_0_encoding_matches_llama_cpp_byte_for_byte() {
         let got = tensor::encode(&x, dtype).unwrap();
         assert_eq!(got.len(), want.len(), "{dtype}");
         let size = dtype.type_size();
-        for (b, (g, w)) in got.chunks_exact(size).zip(want.chunks_exact(size)).enumerate() {
+        for (b, (g, w)) in got
+            .chunks_exact(size)
+            .zip(want.chunks_exact(size))
+            .enumerate()
+        {
             assert_eq!(g, w, "{dtype} block {b}");
         }
     }

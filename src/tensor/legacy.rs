@@ -169,6 +169,16 @@ fn isum(w: &[u8; BLOCK], offset: i32, x: &[u8]) -> i32 {
     s
 }
 
+/// The 32 unsigned codes (element order) of one Q4_0 block, or with `five` of one Q5_0
+/// block: the value of element `i` is `d · (code[i] − 8)` (Q4_0) or `d · (code[i] − 16)`.
+pub fn offset_codes(five: bool, block: &[u8]) -> [u8; BLOCK] {
+    if five {
+        five_bits(u32_at(block, 2), &block[6..])
+    } else {
+        nibbles(&block[2..])
+    }
+}
+
 /// Rewrites Q4_0 (or, with `five`, Q5_0) blocks as Q8_0 blocks holding exactly the same
 /// values: the same f16 scale, and the quant minus its offset (8 or 16) as an 8-bit integer.
 /// Products with Q8_0 activations are then the same integer sums scaled the same way, so

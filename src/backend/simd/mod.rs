@@ -4,7 +4,9 @@
 //! - [`Isa`]: the instruction set picked at run time (AVX-512 VNNI, AVX2, NEON with `sdot`,
 //!   or portable code), overridable with `INFERNO_SIMD` for comparisons;
 //! - [`PackedQ8`]: Q8_0 weights repacked at load into 16-row interleaved groups, the layout
-//!   the integer kernels want (built through [`Backend::prepare`]);
+//!   the integer kernels want (built through [`Backend::prepare`]), and [`PackedLegacy`],
+//!   the same for Q4_0 and Q5_0 at their own size (x86); a packed matrix's stored pages are
+//!   released, so its weights are resident once;
 //! - [`ActQ8`]: activations quantized to Q8_0 for the integer products;
 //! - [`Kernels`]: entry points that compute a given share of an operation (rows of a matmul,
 //!   heads of an attention), so `simd` runs all of it on one thread and `parallel` / `pool`
@@ -43,6 +45,7 @@ macro_rules! for_token_tiles {
 mod aarch64;
 #[cfg(target_arch = "aarch64")]
 mod aarch64_quants;
+mod packed_legacy;
 pub mod portable;
 pub mod quants;
 #[cfg(target_arch = "x86_64")]
@@ -56,6 +59,8 @@ use rayon::prelude::*;
 use std::any::Any;
 use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
+
+pub use packed_legacy::PackedLegacy;
 
 /// Rows interleaved in one packed group: one 64-byte vector holds 4 bytes of each.
 pub const GROUP: usize = 16;
@@ -335,6 +340,33 @@ impl PackedQ8 {
     }
 }
 
+/// A matrix's packed form, which the integer group kernels multiply ([`Kernels::gemm_packed`]).
+#[derive(Clone, Copy)]
+pub enum Packed<'a> {
+    Q8(&'a PackedQ8),
+    Legacy(&'a PackedLegacy),
+}
+
+impl<'a> Packed<'a> {
+    /// The packed form of `m` that `k`'s kernels multiply, if `prepare` made one.
+    pub fn of(k: &Kernels, m: &'a Matrix) -> Option<Packed<'a>> {
+        if let Some(p) = PackedQ8::for_q8_0(m) {
+            return Some(Packed::Q8(p));
+        }
+        PackedLegacy::of(m)
+            .filter(|_| PackedLegacy::supported_on(k.isa))
+            .map(Packed::Legacy)
+    }
+
+    /// Groups of 16 rows.
+    pub fn groups(&self) -> usize {
+        match self {
+            Packed::Q8(p) => p.groups,
+            Packed::Legacy(p) => p.groups,
+        }
+    }
+}
+
 /// `chunk`-sized parallel chunks of `v`, or `n` empty slices when `v` is empty.
 fn par_chunks_or_empty<T: Send>(
     v: &mut [T],
@@ -536,6 +568,47 @@ impl Kernels {
                 #[cfg(target_arch = "aarch64")]
                 Isa::Neon => aarch64::gemm_q8_sdot(w, a, n, g0, g1, out.0, ldo),
                 _ => portable::gemm_q8(w, a, n, g0, g1, out.0, ldo),
+            }
+        }
+    }
+
+    /// [`Kernels::gemm_q8`] for either packed form (a packed Q4_0 / Q5_0 matrix only where
+    /// [`PackedLegacy::supported_on`] this instruction set, as [`Packed::of`] ensures).
+    ///
+    /// # Safety
+    /// As for [`Kernels::gemm_q8`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_packed(
+        &self,
+        w: Packed<'_>,
+        a: &ActQ8Ref<'_>,
+        n: usize,
+        g0: usize,
+        g1: usize,
+        out: OutPtr,
+        ldo: usize,
+    ) {
+        match w {
+            // SAFETY: the caller's contract.
+            Packed::Q8(p) => unsafe { self.gemm_q8(p, a, n, g0, g1, out, ldo) },
+            Packed::Legacy(p) => {
+                assert!(
+                    a.quants.len() >= n * p.cols
+                        && a.scales.len() >= n * p.nb
+                        && a.offsets.len() >= n * p.nb
+                        && g1 <= p.groups
+                );
+                // SAFETY (both arms): the ISA is available (checked at construction) and has
+                // kernels for the layout; sizes checked above; `out` is the caller's promise.
+                match self.isa {
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx512Vnni => unsafe {
+                        x86::gemm_legacy_vnni(p, a, n, g0, g1, out.0, ldo)
+                    },
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => unsafe { x86::gemm_legacy_avx2(p, a, n, g0, g1, out.0, ldo) },
+                    _ => panic!("no kernel for packed {} on {}", p.dtype(), self.isa.name()),
+                }
             }
         }
     }
@@ -781,17 +854,22 @@ impl<B: Backend> SimdBackend<B> {
     }
 }
 
-/// Packs Q8_0 matrices for `k`'s instruction set (shared by the backends built on `simd`),
-/// then releases the stored bytes' mapped pages: from here on every product and row lookup
-/// of these backends reads the packed copy, so the weights are resident once. The other
-/// quantized types are multiplied in their stored layout ([`quants::QuantMatmul`]) and get
-/// no copy.
+/// Packs Q8_0 matrices (and on x86 Q4_0 and Q5_0 ones) for `k`'s instruction set (shared by
+/// the backends built on `simd`), then releases the stored bytes' mapped pages: from here
+/// on every product and row lookup of these backends reads the packed copy, so the weights
+/// are resident once. The other quantized types are multiplied in their stored layout
+/// ([`quants::QuantMatmul`]) and get no copy.
 pub fn prepare_matrix(k: &Kernels, w: &mut Matrix) {
-    if PackedQ8::of(w).is_some() || w.dtype != GgmlType::Q8_0 {
+    if w.prepared.is_some() {
         return;
     }
-    if let Some(p) = PackedQ8::pack(k.isa, w) {
-        w.prepared = Some(Arc::new(p) as Arc<dyn Any + Send + Sync>);
+    let packed: Option<Arc<dyn Any + Send + Sync>> = match w.dtype {
+        GgmlType::Q8_0 => PackedQ8::pack(k.isa, w).map(|p| Arc::new(p) as _),
+        GgmlType::Q4_0 | GgmlType::Q5_0 => PackedLegacy::pack(k.isa, w).map(|p| Arc::new(p) as _),
+        _ => None,
+    };
+    if let Some(p) = packed {
+        w.prepared = Some(p);
         w.release_stored();
     }
 }
@@ -812,14 +890,14 @@ impl<B: Backend> Backend for SimdBackend<B> {
 
     fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
         assert!(x.len() >= n * w.cols && out.len() >= n * w.rows);
-        if let Some(p) = PackedQ8::for_q8_0(w) {
+        if let Some(p) = Packed::of(&self.k, w) {
             with_act_scratch(|act| {
                 self.k.quantize_into(x, n, w.cols, act);
                 let a = act.view(n, w.cols);
                 // SAFETY: `out` holds n × rows floats (checked above) and is ours alone.
                 unsafe {
                     self.k
-                        .gemm_q8(p, &a, n, 0, p.groups, OutPtr(out.as_mut_ptr()), w.rows)
+                        .gemm_packed(p, &a, n, 0, p.groups(), OutPtr(out.as_mut_ptr()), w.rows)
                 };
             });
             return;
@@ -843,6 +921,11 @@ impl<B: Backend> Backend for SimdBackend<B> {
         // A packed (tied) embedding is looked up in its packed form: its stored pages were
         // released at load.
         if let Some(p) = PackedQ8::for_q8_0(w) {
+            if p.dequantize_row(row, out) {
+                return;
+            }
+        }
+        if let Some(p) = PackedLegacy::of(w) {
             if p.dequantize_row(row, out) {
                 return;
             }
