@@ -12,8 +12,8 @@
 //!   heads of an attention), so `simd` runs all of it on one thread and `parallel` / `pool`
 //!   hand the shares to threads — each output value is computed by the same code in the same
 //!   order whatever the split, so results are identical at any thread count;
-//! - [`quants::QuantMatmul`]: the other quantized types (Q4_0 … Q6_K) multiplied in their
-//!   stored layout, one vector dot kernel call per output;
+//! - [`quants::QuantMatmul`]: the other quantized types (Q4_1 … Q6_K, and Q4_0 / Q5_0 off
+//!   x86) multiplied in their stored layout, one vector dot kernel call per output;
 //! - [`SimdBackend`], which decorates a reference backend (normally `scalar`) and forwards it
 //!   the types it has no kernel for.
 //!

@@ -49,7 +49,7 @@ impl PackedLegacy {
             GgmlType::Q5_0 => true,
             _ => return None,
         };
-        if !Self::supported_on(isa) || m.cols % q8_0::BLOCK != 0 || m.rows == 0 {
+        if !Self::supported_on(isa) || !m.cols.is_multiple_of(q8_0::BLOCK) || m.rows == 0 {
             return None;
         }
         let nb = m.cols / q8_0::BLOCK;
