@@ -555,6 +555,8 @@ unsafe fn group_legacy_vnni<const T: usize, const FIVE: bool>(
     let high = w.group_high(g);
     let sbase = w.group_scales16(g).as_ptr();
     let shift = legacy_offset_shift(FIVE);
+    assert!(!FIVE || high.len() >= nb * 8);
+    let hp = high.as_ptr();
     let m4 = _mm512_set1_epi8(0x0f);
     let sixteen = _mm512_set1_epi8(0x10);
     let xq = a.quants[t0 * cols..(t0 + T) * cols].as_ptr();
@@ -577,8 +579,9 @@ unsafe fn group_legacy_vnni<const T: usize, const FIVE: bool>(
             ];
             if FIVE {
                 for (h, c) in codes.iter_mut().enumerate() {
-                    let m: __mmask64 = high[b * 8 + 2 * j + h];
-                    *c = _mm512_or_si512(*c, _mm512_maskz_mov_epi8(m, sixteen));
+                    // SAFETY: block `b` of a Q5_0 group has 8 words (checked on entry).
+                    let m: __mmask64 = unsafe { *hp.add(b * 8 + 2 * j + h) };
+                    *c = _mm512_mask_add_epi8(*c, m, *c, sixteen);
                 }
             }
             for (h, c) in codes.iter().enumerate() {
