@@ -135,7 +135,7 @@ pub fn encode(vals: &[f32], dtype: GgmlType) -> Result<Vec<u8>, TensorError> {
         GgmlType::F16 => float::f32_to_f16_bytes(vals),
         GgmlType::BF16 => float::f32_to_bf16_bytes(vals),
         GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => {
-            if vals.len() % q8_0::BLOCK != 0 {
+            if !vals.len().is_multiple_of(q8_0::BLOCK) {
                 return Err(TensorError::PartialBlock {
                     dtype,
                     n: vals.len(),
