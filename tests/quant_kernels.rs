@@ -8,6 +8,9 @@
 //! - matmuls of each type with 1, 2, 3, 5 and 33 tokens give the same bytes on `scalar`,
 //!   `simd` (every instruction set), `pool` at 1, 2, 3 and 4 threads and `parallel`, on the
 //!   stored layout and on each backend's prepared (packed) one;
+//! - the packed layouts `prepare` makes (Q8_0; Q4_0 and Q5_0 on x86) give the scalar bytes
+//!   for every token tile size, partial row groups and thread count, and so do row lookups
+//!   in them;
 //! - a decode matvec of each type allocates nothing on the calling thread once warm.
 
 use half::f16;
@@ -426,6 +429,92 @@ fn matmuls_are_byte_identical_on_every_backend_and_thread_count() {
             }
         }
     }
+}
+
+/// Bits, with every NaN the same (NaN payloads are not specified).
+fn bits_nan(v: &[f32]) -> Vec<u32> {
+    v.iter()
+        .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
+        .collect()
+}
+
+/// The packed layouts `prepare` makes (Q8_0 everywhere, Q4_0 and Q5_0 on x86) against the
+/// scalar definitions: every token tile size and remainder (1–10 tokens, 16, 17, 33), row
+/// counts that fill no group, exactly one, one and a bit and several with a partial last
+/// one, row lengths of one to sixteen blocks, extreme f16 scales, on every instruction set,
+/// `pool` at 1–4 threads and `parallel`. Row lookups (a tied embedding) read the packed
+/// form and must give `scalar`'s values too.
+#[test]
+fn packed_products_and_row_lookups_are_byte_identical_to_scalar() {
+    use inferno::backend::simd::{PackedLegacy, PackedQ8};
+    let mut r = ChaCha8Rng::seed_from_u64(7);
+    let scalar = ScalarBackend::new();
+    let mut backends: Vec<(String, Box<dyn Backend>)> = Vec::new();
+    for isa in Isa::available() {
+        backends.push((format!("simd/{isa:?}"), Box::new(simd(isa))));
+        for threads in 1..=4 {
+            backends.push((
+                format!("pool/{isa:?}/{threads}"),
+                Box::new(PoolBackend::new(simd(isa), threads)),
+            ));
+        }
+        backends.push((
+            format!("parallel/{isa:?}/3"),
+            Box::new(ParallelBackend::new(simd(isa), 3)),
+        ));
+    }
+    let mut packed_legacy = 0;
+    for t in [Q4_0, Q5_0, Q8_0] {
+        for (rows, cols) in [(1, 32), (15, 96), (16, 512), (17, 64), (83, 512)] {
+            let blocks = cols / 32;
+            let data: Vec<u8> = (0..rows)
+                .flat_map(|i| row(&mut r, t, blocks, i % 3 == 1))
+                .collect();
+            let w = matrix(t, rows, cols, data);
+            let mut prepared = Vec::new();
+            for (name, be) in &backends {
+                let mut wp = w.clone();
+                be.prepare(&mut wp);
+                if t == Q8_0 {
+                    assert!(PackedQ8::of(&wp).is_some(), "{name}: {t} not packed");
+                }
+                packed_legacy += PackedLegacy::of(&wp).is_some() as usize;
+                prepared.push(wp);
+            }
+            for n in (1..=10).chain([16, 17, 33]) {
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|_| r.random_range(-2.0f32..2.0))
+                    .collect();
+                let want = matmul(&scalar, &w, &x, n);
+                for ((name, be), wp) in backends.iter().zip(&prepared) {
+                    let got = matmul(be.as_ref(), wp, &x, n);
+                    assert_eq!(
+                        bits_nan(&got),
+                        bits_nan(&want),
+                        "{name}: {t} {rows}x{cols}, {n} tokens"
+                    );
+                }
+            }
+            for i in 0..rows {
+                let mut want = vec![0.0f32; cols];
+                scalar.get_row(&w, i, &mut want);
+                for ((name, be), wp) in backends.iter().zip(&prepared) {
+                    let mut got = vec![f32::NAN; cols];
+                    be.get_row(wp, i, &mut got);
+                    assert_eq!(bits(&got), bits(&want), "{name}: {t} row {i}");
+                }
+            }
+        }
+    }
+    // On x86 the legacy types must have taken the packed path (else this tested nothing new).
+    let x86 = Isa::available()
+        .iter()
+        .any(|i| matches!(i, Isa::Avx2 | Isa::Avx512Vnni));
+    assert_eq!(
+        packed_legacy > 0,
+        x86,
+        "{packed_legacy} packed Q4_0/Q5_0 matrices"
+    );
 }
 
 #[test]

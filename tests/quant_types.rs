@@ -145,6 +145,30 @@ fn q8_0_quantize_matches_gguf_py_byte_for_byte() {
     }
 }
 
+/// The Q4_0 and Q5_0 writers (`tensor::encode`, used by `inferno synth` and `inferno
+/// quantize`) against llama.cpp's reference quantizers (`gen_legacy_quantize.py`).
+#[test]
+fn q4_0_and_q5_0_encoding_matches_llama_cpp_byte_for_byte() {
+    let text = std::fs::read_to_string(dir().join("legacy_quantize.json"))
+        .expect("tests/fixtures/quants/legacy_quantize.json (run gen_legacy_quantize.py)");
+    let m: Value = serde_json::from_str(&text).expect("JSON");
+    let x = f32s(&read(m["input"].as_str().unwrap()));
+    assert_eq!(x.len() as u64, m["n_values"].as_u64().unwrap());
+    for (name, dtype) in [("q4_0", GgmlType::Q4_0), ("q5_0", GgmlType::Q5_0)] {
+        let want = read(m["blocks"][name].as_str().unwrap());
+        let got = tensor::encode(&x, dtype).unwrap();
+        assert_eq!(got.len(), want.len(), "{dtype}");
+        let size = dtype.type_size();
+        for (b, (g, w)) in got
+            .chunks_exact(size)
+            .zip(want.chunks_exact(size))
+            .enumerate()
+        {
+            assert_eq!(g, w, "{dtype} block {b}");
+        }
+    }
+}
+
 /// A random activation row: blocks of uniform values at scales from 0.01 to 100, one zero
 /// block and one block with a single spike.
 fn activation(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {

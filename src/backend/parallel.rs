@@ -8,7 +8,7 @@
 
 use super::scalar::with_quant_scratch;
 use super::simd::quants::QuantMatmul;
-use super::simd::{with_act_scratch, Kernels, OutPtr, PackedQ8, SimdBackend};
+use super::simd::{with_act_scratch, Kernels, OutPtr, Packed, SimdBackend};
 use super::threadpool::default_threads;
 use super::{AttentionShape, Backend, KvLayer, ScalarBackend};
 use crate::tensor::{q8_0, GgmlType, Matrix};
@@ -112,7 +112,7 @@ impl Backend for ParallelBackend {
         assert!(x.len() >= n * w.cols && out.len() >= n * w.rows);
         let k = self.k;
         let o = OutPtr(out.as_mut_ptr());
-        if let Some(p) = PackedQ8::for_rows(w, n) {
+        if let Some(p) = Packed::of(&k, w) {
             with_act_scratch(|act| {
                 act.reserve(n, w.cols);
                 let (cols, nb) = (w.cols, w.cols / q8_0::BLOCK);
@@ -126,13 +126,14 @@ impl Backend for ParallelBackend {
                         .for_each(|(((q, d), s), xr)| k.quantize(xr, q, d, s));
                 });
                 let a = act.view(n, cols);
-                let pieces = self.pieces(p.groups);
+                let groups = p.groups();
+                let pieces = self.pieces(groups);
                 self.install(|| {
                     (0..pieces).into_par_iter().for_each(|i| {
-                        let (g0, g1) = super::threadpool::split(p.groups, i, pieces);
+                        let (g0, g1) = super::threadpool::split(groups, i, pieces);
                         // SAFETY: pieces cover disjoint groups, so disjoint output rows of
                         // `out`, which outlives the parallel loop.
-                        unsafe { k.gemm_q8(p, &a, n, g0, g1, o, w.rows) };
+                        unsafe { k.gemm_packed(p, &a, n, g0, g1, o, w.rows) };
                     })
                 });
             });

@@ -9,7 +9,7 @@
 
 use super::scalar::with_quant_scratch;
 use super::simd::quants::QuantMatmul;
-use super::simd::{with_act_scratch, Kernels, OutPtr, PackedQ8, SimdBackend, GROUP};
+use super::simd::{with_act_scratch, Kernels, OutPtr, Packed, SimdBackend, GROUP};
 use super::threadpool::{default_threads, split, ThreadPool};
 use super::{AttentionShape, Backend, KvLayer, ScalarBackend};
 use crate::tensor::{q8_0, GgmlType, Matrix};
@@ -77,7 +77,7 @@ impl PoolBackend {
         units.min(self.pool.n_threads() * CHUNKS_PER_THREAD)
     }
 
-    fn matmul_q8(&self, w: &Matrix, p: &PackedQ8, x: &[f32], n: usize, out: &mut [f32]) {
+    fn matmul_packed(&self, w: &Matrix, p: Packed<'_>, x: &[f32], n: usize, out: &mut [f32]) {
         let k = self.k;
         let cols = w.cols;
         let nb = cols / q8_0::BLOCK;
@@ -108,17 +108,18 @@ impl PoolBackend {
                 k.quantize_into(x, n, cols, act);
             }
             let a = act.view(n, cols);
-            if p.groups < MIN_GROUPS_TO_SPLIT {
+            let groups = p.groups();
+            if groups < MIN_GROUPS_TO_SPLIT {
                 // SAFETY: `out` holds n × rows floats and is ours alone.
-                unsafe { k.gemm_q8(p, &a, n, 0, p.groups, o, w.rows) };
+                unsafe { k.gemm_packed(p, &a, n, 0, groups, o, w.rows) };
                 return;
             }
-            let nc = self.chunks(p.groups);
+            let nc = self.chunks(groups);
             self.pool.run(nc, &|c| {
-                let (g0, g1) = split(p.groups, c, nc);
+                let (g0, g1) = split(groups, c, nc);
                 // SAFETY: threads take disjoint groups, hence disjoint output rows of `out`,
                 // which outlives the job.
-                unsafe { k.gemm_q8(p, &a, n, g0, g1, o, w.rows) };
+                unsafe { k.gemm_packed(p, &a, n, g0, g1, o, w.rows) };
             });
         });
     }
@@ -188,8 +189,8 @@ impl Backend for PoolBackend {
 
     fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
         assert!(x.len() >= n * w.cols && out.len() >= n * w.rows);
-        if let Some(p) = PackedQ8::for_rows(w, n) {
-            return self.matmul_q8(w, p, x, n, out);
+        if let Some(p) = Packed::of(&self.k, w) {
+            return self.matmul_packed(w, p, x, n, out);
         }
         if let Some(q) = QuantMatmul::new(&self.k, w) {
             return self.matmul_quant(&q, w, x, n, out);

@@ -15,8 +15,8 @@ pub struct QuantizeArgs {
     /// GGUF model to read.
     #[arg(long, short = 'm')]
     pub model: PathBuf,
-    /// Type of the weight matrices in the output: q8_0, q6_k, q5_k, q4_k, f16, bf16 or
-    /// f32 (every matrix that type), or a llama.cpp mixture: q4_k_m, q4_k_s, q5_k_m,
+    /// Type of the weight matrices in the output: q8_0, q6_k, q5_k, q4_k, q5_0, q4_0,
+    /// f16, bf16 or f32 (every matrix that type), or a llama.cpp mixture: q4_k_m, q4_k_s, q5_k_m,
     /// q5_k_s (q6_k is also that mixture: the same types).
     #[arg(long, default_value = "q8_0")]
     pub dtype: String,
@@ -31,7 +31,7 @@ pub fn cmd_quantize(a: QuantizeArgs) -> Result<()> {
     let writable = tensor::can_encode(scheme.base());
     let Some(ftype) = scheme.file_type().filter(|_| writable) else {
         bail!(
-            "cannot write {} weights (use q8_0, q6_k, q5_k, q4_k, f16, bf16, f32, \
+            "cannot write {} weights (use q8_0, q6_k, q5_k, q4_k, q5_0, q4_0, f16, bf16, f32, \
              q4_k_m, q4_k_s, q5_k_m or q5_k_s)",
             a.dtype
         );

@@ -17,7 +17,7 @@ pub struct SynthArgs {
     /// model); llama: 1b (exactly Llama-3.2-1B's shape, the default).
     #[arg(long)]
     pub preset: Option<String>,
-    /// Type of the weight matrices: q8_0, f16, bf16 or f32.
+    /// Type of the weight matrices: q8_0, q5_0, q4_0, f16, bf16 or f32.
     #[arg(long, default_value = "q8_0")]
     pub dtype: String,
     /// Seed of the random weights (the same seed writes the same file).

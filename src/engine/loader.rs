@@ -127,8 +127,8 @@ pub fn assets_from_gguf(
     let kv = KvMemory {
         types: model.kv_types(),
         bytes_per_token: model.kv_bytes_per_token(),
-        // The weights at least; the process's resident size where it is known, since the
-        // mapped file and the kernels' repacked copies may both stay resident.
+        // The weights at least; the process's resident size where it is known, which also
+        // counts what the backend holds besides them (buffers, any copy of the weights).
         available: memory::kv_memory(
             machine,
             memory::resident_bytes()

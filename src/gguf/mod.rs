@@ -82,6 +82,37 @@ impl TensorBytes {
         self.len == 0
     }
 
+    /// Drops this tensor's pages from the process's resident memory when they come from a
+    /// memory-mapped file, for a backend that has made its own copy of the values (a
+    /// repacked layout) and no longer reads these bytes. Returns whether anything was
+    /// released.
+    ///
+    /// Only whole pages inside the tensor's byte range are released (a page shared with a
+    /// neighbouring tensor stays). The mapping is read-only and file-backed, so the bytes
+    /// never change: a later read simply faults the page back in from the file. Owned
+    /// storage (a whole file image read into memory, or one buffer per tensor that other
+    /// clones may share) is kept, and so is everything on platforms without `madvise`.
+    pub fn release_resident(&self) -> bool {
+        match &*self.storage {
+            #[cfg(unix)]
+            Storage::Mmap(map) => {
+                let Some((offset, len)) = page_interior(self.start, self.len, page_size()) else {
+                    return false;
+                };
+                // SAFETY: MADV_DONTNEED on a read-only, file-backed shared mapping only drops
+                // the process's page-table entries: the next access re-reads the same bytes
+                // from the file (or the page cache), so every outstanding borrow of the
+                // mapping still sees the contents it saw before. The range lies inside the
+                // mapping (`page_interior` keeps it within this view, which is within it).
+                unsafe {
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len)
+                }
+                .is_ok()
+            }
+            _ => false,
+        }
+    }
+
     /// Owned bytes, e.g. for repacked or synthetic weights.
     pub fn from_vec(v: Vec<u8>) -> Self {
         let len = v.len();
@@ -91,6 +122,26 @@ impl TensorBytes {
             len,
         }
     }
+}
+
+/// The page-aligned part of the byte range `start..start + len` of a page-aligned mapping,
+/// as (offset, length); `None` when it holds no whole page.
+#[cfg_attr(not(unix), allow(dead_code))]
+fn page_interior(start: usize, len: usize, page: usize) -> Option<(usize, usize)> {
+    if page == 0 {
+        return None;
+    }
+    let first = start.div_ceil(page).checked_mul(page)?;
+    let end = (start.checked_add(len)? / page) * page;
+    (end > first).then(|| (first, end - first))
+}
+
+/// The system's page size (mappings start on a page boundary).
+#[cfg(unix)]
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions; it returns -1 where the value is unknown.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(p).unwrap_or(0)
 }
 
 impl Deref for TensorBytes {

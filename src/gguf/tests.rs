@@ -344,3 +344,39 @@ fn tensor_bytes_from_vec() {
     assert!(e.is_empty());
     assert_eq!(format!("{t:?}"), "TensorBytes(3 bytes)");
 }
+
+#[test]
+fn page_interior_keeps_only_whole_pages_inside_the_range() {
+    assert_eq!(page_interior(0, 8192, 4096), Some((0, 8192)));
+    assert_eq!(page_interior(1, 8192, 4096), Some((4096, 4096)));
+    assert_eq!(page_interior(100, 4000, 4096), None);
+    assert_eq!(page_interior(4096, 4095, 4096), None);
+    assert_eq!(page_interior(4000, 20000, 4096), Some((4096, 16384)));
+    assert_eq!(page_interior(0, 100, 0), None);
+}
+
+/// Releasing a mapped tensor's pages changes none of its bytes (they fault back in from the
+/// file); owned bytes are never released.
+#[cfg(unix)]
+#[test]
+fn released_mapped_tensor_reads_back_the_same_bytes() {
+    let vals: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let mut w = GgufWriter::new();
+    w.add_tensor("t", &[vals.len() as u64], GgmlType::I8, vals.clone())
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.gguf");
+    w.write_to(&path).unwrap();
+    let f = GgufFile::open(&path).unwrap();
+    let t = f.tensor_data("t").unwrap();
+    assert_eq!(t.as_slice(), &vals[..]);
+    assert!(
+        t.release_resident(),
+        "a mapped tensor of many pages releases some"
+    );
+    assert_eq!(t.as_slice(), &vals[..]);
+    let owned = GgufFile::from_bytes(w.to_bytes()).unwrap();
+    let t = owned.tensor_data("t").unwrap();
+    assert!(!t.release_resident());
+    assert_eq!(t.as_slice(), &vals[..]);
+}

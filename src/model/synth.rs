@@ -287,7 +287,9 @@ fn random_gain(rng: &mut ChaCha8Rng, n: usize) -> Vec<u8> {
 pub enum SynthError {
     #[error("unknown preset {0:?} (available: 0.6b, demo)")]
     UnknownPreset(String),
-    #[error("type {0} cannot be written by the synthesizer (use f32, f16, bf16 or q8_0)")]
+    #[error(
+        "type {0} cannot be written by the synthesizer (use f32, f16, bf16, q8_0, q5_0 or q4_0)"
+    )]
     UnsupportedType(GgmlType),
     #[error("{0}")]
     Shape(String),
@@ -309,7 +311,12 @@ pub fn build_with_progress(
     let parts = spec.n_layers + 2;
     if !matches!(
         spec.dtype,
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0
+        GgmlType::F32
+            | GgmlType::F16
+            | GgmlType::BF16
+            | GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q5_0
     ) {
         return Err(SynthError::UnsupportedType(spec.dtype));
     }
@@ -319,9 +326,11 @@ pub fn build_with_progress(
         spec.n_kv_heads * spec.head_dim,
         spec.ffn,
     );
-    if spec.dtype == GgmlType::Q8_0 && [h, qd, ffn].iter().any(|d| d % q8_0::BLOCK != 0) {
+    let blocked = spec.dtype.block_size() > 1;
+    if blocked && [h, qd, ffn].iter().any(|d| d % q8_0::BLOCK != 0) {
         return Err(SynthError::Shape(format!(
-            "Q8_0 needs row lengths that are multiples of 32 (hidden {h}, q {qd}, ffn {ffn})"
+            "{} needs row lengths that are multiples of 32 (hidden {h}, q {qd}, ffn {ffn})",
+            spec.dtype
         )));
     }
     if !matches!(spec.arch, Architecture::Qwen3 | Architecture::Llama) {

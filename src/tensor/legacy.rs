@@ -142,29 +142,6 @@ fn pack_five_bits(q: &[u8; BLOCK], qs: &mut [u8]) -> u32 {
     qh
 }
 
-/// Quantizes `x` (a multiple of 32 long) into Q5_0 blocks as llama.cpp's reference does:
-/// the value of largest magnitude maps to level 0 (`d = max / −16`), the others are
-/// truncated after adding 16.5, so they round half up, and clamped to 31.
-pub fn quantize_q5_0(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x.chunks_exact(BLOCK).zip(out.chunks_exact_mut(Q5_0_BYTES)) {
-        let mut max = 0f32;
-        for &v in xb {
-            if v.abs() > max.abs() {
-                max = v;
-            }
-        }
-        let d = max / -16.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        let mut q = [0u8; BLOCK];
-        for (l, &v) in q.iter_mut().zip(xb) {
-            *l = ((v * id + 16.5) as i32).clamp(0, 31) as u8;
-        }
-        ob[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
-        let qh = pack_five_bits(&q, &mut ob[6..]);
-        ob[2..6].copy_from_slice(&qh.to_le_bytes());
-    }
-}
-
 /// Quantizes `x` (a multiple of 32 long) into Q5_1 blocks as llama.cpp's reference does:
 /// `m` is the block's minimum, `d = (max − min) / 31`, levels round half up.
 pub fn quantize_q5_1(x: &[f32], out: &mut [u8]) {
@@ -226,6 +203,16 @@ fn isum(w: &[u8; BLOCK], offset: i32, x: &[u8]) -> i32 {
     s
 }
 
+/// The 32 unsigned codes (element order) of one Q4_0 block, or with `five` of one Q5_0
+/// block: the value of element `i` is `d · (code[i] − 8)` (Q4_0) or `d · (code[i] − 16)`.
+pub fn offset_codes(five: bool, block: &[u8]) -> [u8; BLOCK] {
+    if five {
+        five_bits(u32_at(block, 2), &block[6..])
+    } else {
+        nibbles(&block[2..])
+    }
+}
+
 /// Rewrites Q4_0 (or, with `five`, Q5_0) blocks as Q8_0 blocks holding exactly the same
 /// values: the same f16 scale, and the quant minus its offset (8 or 16) as an 8-bit integer.
 /// Products with Q8_0 activations are then the same integer sums scaled the same way, so
@@ -247,6 +234,54 @@ pub fn widen_to_q8_0(five: bool, src: &[u8], out: &mut [u8]) {
         for (o, &v) in ob[2..].iter_mut().zip(&q) {
             *o = ((v as i32 - offset) as i8) as u8;
         }
+    }
+}
+
+/// The scale and its inverse for a symmetric block with `levels` codes below the offset:
+/// the value of largest magnitude (the first, on ties) maps to code 0, i.e. `d = max / −levels`
+/// (llama.cpp's reference quantizers for Q4_0 and Q5_0).
+#[inline]
+fn symmetric_scale(xb: &[f32], levels: f32) -> (f32, f32) {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in xb {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    let d = max / -levels;
+    (d, if d != 0.0 { 1.0 / d } else { 0.0 })
+}
+
+/// Quantizes `x` (a multiple of 32 long) into Q4_0 blocks in `out`, as llama.cpp's reference
+/// quantizer does: `d = max / −8`, codes `min(15, trunc(x / d + 8.5))`, d stored as f16.
+pub fn quantize_q4_0(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(BLOCK).zip(out.chunks_exact_mut(Q4_0_BYTES)) {
+        let (d, id) = symmetric_scale(xb, 8.0);
+        ob[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        let code = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+        for j in 0..BLOCK / 2 {
+            ob[2 + j] = code(xb[j]) | (code(xb[j + BLOCK / 2]) << 4);
+        }
+    }
+}
+
+/// Quantizes `x` (a multiple of 32 long) into Q5_0 blocks in `out`, as llama.cpp's reference
+/// quantizer does: `d = max / −16`, codes `min(31, trunc(x / d + 16.5))`, the fifth bits in
+/// `qh`, d stored as f16.
+pub fn quantize_q5_0(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(BLOCK).zip(out.chunks_exact_mut(Q5_0_BYTES)) {
+        let (d, id) = symmetric_scale(xb, 16.0);
+        ob[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        let code = |v: f32| ((v * id + 16.5) as i8).min(31) as u8;
+        let mut qh = 0u32;
+        for j in 0..BLOCK / 2 {
+            let (lo, hi) = (code(xb[j]), code(xb[j + BLOCK / 2]));
+            ob[6 + j] = (lo & 0x0f) | ((hi & 0x0f) << 4);
+            qh |= ((lo as u32 >> 4) & 1) << j;
+            qh |= ((hi as u32 >> 4) & 1) << (j + BLOCK / 2);
+        }
+        ob[2..6].copy_from_slice(&qh.to_le_bytes());
     }
 }
 

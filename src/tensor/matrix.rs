@@ -15,8 +15,10 @@ pub struct Matrix {
     pub cols: usize,
     pub data: TensorBytes,
     /// A backend's own copy of the weights in the layout its kernels want (e.g. the SIMD
-    /// backends' interleaved Q8_0), made once at load by `Backend::prepare`; `data` stays the
-    /// reference.
+    /// backends' interleaved Q8_0), made once at load by `Backend::prepare`. `data` stays
+    /// the reference and stays readable, but a backend whose kernels read only the copy
+    /// releases its mapped pages ([`Matrix::release_stored`]) so the weights are resident
+    /// once.
     pub prepared: Option<Arc<dyn Any + Send + Sync>>,
 }
 
@@ -34,6 +36,15 @@ impl Matrix {
 
     pub fn bytes(&self) -> &[u8] {
         self.data.as_slice()
+    }
+
+    /// Drops the stored bytes' pages from resident memory (see
+    /// [`TensorBytes::release_resident`]), for a backend's `prepare` once `prepared` holds
+    /// a copy that every kernel of that backend reads instead of `data`. `data` stays valid:
+    /// reading it again (another backend, a test) faults the pages back in from the file.
+    /// Returns whether anything was released (only memory-mapped files release).
+    pub fn release_stored(&self) -> bool {
+        self.data.release_resident()
     }
 }
 

@@ -130,7 +130,7 @@ fn check_len(dtype: GgmlType, n: usize, bytes: usize) -> Result<(), TensorError>
     }
 }
 
-/// Stores f32 values as `dtype`: the float types; Q8_0, Q5_0 and Q5_1 (round-to-nearest, as
+/// Stores f32 values as `dtype`: the float types; Q8_0, Q4_0, Q5_0 and Q5_1 (round-to-nearest, as
 /// llama.cpp's reference quantizers); or Q4_K, Q5_K and Q6_K (searched scales, see
 /// [`k_quantize`]). `vals.len()` must be a multiple of the type's block size, and the
 /// quantized types refuse NaN and infinities.
@@ -141,6 +141,10 @@ pub fn encode(vals: &[f32], dtype: GgmlType) -> Result<Vec<u8>, TensorError> {
         GgmlType::BF16 => return Ok(float::f32_to_bf16_bytes(vals)),
         GgmlType::Q8_0 => |x, o| {
             q8_0::quantize(x, o);
+            Ok(())
+        },
+        GgmlType::Q4_0 => |x, o| {
+            legacy::quantize_q4_0(x, o);
             Ok(())
         },
         GgmlType::Q5_0 => |x, o| {
@@ -173,7 +177,7 @@ pub fn can_encode(dtype: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         dtype,
-        F32 | F16 | BF16 | Q8_0 | Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K
+        F32 | F16 | BF16 | Q8_0 | Q4_0 | Q5_0 | Q5_1 | Q4_K | Q5_K | Q6_K
     )
 }
 
@@ -184,6 +188,8 @@ pub fn file_type(dtype: GgmlType) -> Option<u32> {
     match dtype {
         GgmlType::F32 => Some(0),
         GgmlType::F16 => Some(1),
+        GgmlType::Q4_0 => Some(2),
+        GgmlType::Q5_0 => Some(8),
         GgmlType::Q8_0 => Some(7),
         GgmlType::BF16 => Some(32),
         _ => None,

@@ -4,14 +4,16 @@
 //! - [`Isa`]: the instruction set picked at run time (AVX-512 VNNI, AVX2, NEON with `sdot`,
 //!   or portable code), overridable with `INFERNO_SIMD` for comparisons;
 //! - [`PackedQ8`]: Q8_0 weights repacked at load into 16-row interleaved groups, the layout
-//!   the integer kernels want (built through [`Backend::prepare`]);
+//!   the integer kernels want (built through [`Backend::prepare`]), and [`PackedLegacy`],
+//!   the same for Q4_0 and Q5_0 at their own size (x86); a packed matrix's stored pages are
+//!   released, so its weights are resident once;
 //! - [`ActQ8`]: activations quantized to Q8_0 for the integer products;
 //! - [`Kernels`]: entry points that compute a given share of an operation (rows of a matmul,
 //!   heads of an attention), so `simd` runs all of it on one thread and `parallel` / `pool`
 //!   hand the shares to threads — each output value is computed by the same code in the same
 //!   order whatever the split, so results are identical at any thread count;
-//! - [`quants::QuantMatmul`]: the other quantized types (Q4_0 … Q6_K) multiplied in their
-//!   stored layout, one vector dot kernel call per output;
+//! - [`quants::QuantMatmul`]: the other quantized types (Q4_1 … Q6_K, and Q4_0 / Q5_0 off
+//!   x86) multiplied in their stored layout, one vector dot kernel call per output;
 //! - [`SimdBackend`], which decorates a reference backend (normally `scalar`) and forwards it
 //!   the types it has no kernel for.
 //!
@@ -30,6 +32,8 @@ macro_rules! for_token_tiles {
     ($n:expr, $t:ident, [$($tile:literal),+], $kernel:ident $args:tt) => {{
         let mut $t = 0;
         $(
+            // "t + 1 <= n" for the one-token tile reads as the others do.
+            #[allow(clippy::int_plus_one)]
             while $t + $tile <= $n {
                 // SAFETY: forwarded from the caller's contract; tokens t..t + tile exist.
                 unsafe { $kernel::<$tile> $args };
@@ -46,6 +50,7 @@ mod aarch64_packed_k;
 #[cfg(target_arch = "aarch64")]
 mod aarch64_quants;
 pub mod packed_k;
+mod packed_legacy;
 pub mod portable;
 pub mod quants;
 #[cfg(target_arch = "x86_64")]
@@ -56,12 +61,13 @@ mod x86_packed_k;
 mod x86_quants;
 
 use super::{AttentionShape, Backend, KvLayer};
-use crate::gguf::TensorBytes;
-use crate::tensor::{legacy, q8_0, GgmlType, Matrix};
+use crate::tensor::{q8_0, GgmlType, Matrix};
 use rayon::prelude::*;
 use std::any::Any;
 use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
+
+pub use packed_legacy::PackedLegacy;
 
 /// Rows interleaved in one packed group: one 64-byte vector holds 4 bytes of each.
 pub const GROUP: usize = 16;
@@ -314,10 +320,59 @@ impl PackedQ8 {
         m.prepared.as_ref()?.downcast_ref::<PackedQ8>()
     }
 
-    /// The packed form to multiply `n` activation rows with: always for Q8_0; for the
-    /// types widened to Q8_0 only when `n > 1` (one row reads the native blocks).
-    pub fn for_rows(m: &Matrix, n: usize) -> Option<&PackedQ8> {
-        Self::of(m).filter(|_| m.dtype == GgmlType::Q8_0 || n > 1)
+    /// The packed form of a Q8_0 matrix, which every product and row lookup of the `simd`
+    /// family reads in place of the stored bytes.
+    pub fn for_q8_0(m: &Matrix) -> Option<&PackedQ8> {
+        Self::of(m).filter(|p| m.dtype == GgmlType::Q8_0 && p.rows == m.rows && p.cols == m.cols)
+    }
+
+    /// Row `r` as f32, exactly as `q8_0::dequantize` computes it from the stored blocks
+    /// (`q as f32 * d`, the f16 scale widened exactly). `false` (and `out` untouched) if `r`
+    /// or `out`'s length does not fit.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> bool {
+        if r >= self.rows || out.len() != self.cols {
+            return false;
+        }
+        let (g, i) = (r / GROUP, r % GROUP);
+        for (b, o) in out.chunks_exact_mut(q8_0::BLOCK).enumerate() {
+            let d = self.scale(g, b, i);
+            let q = self.block_quants(g, b);
+            for (k, o4) in o.chunks_exact_mut(4).enumerate() {
+                // Slice k of the block holds values 4k..4k + 4 of each of the 16 rows.
+                let src = &q[k * 64 + i * 4..k * 64 + i * 4 + 4];
+                for (v, &byte) in o4.iter_mut().zip(src) {
+                    *v = self.weight_value(byte) as f32 * d;
+                }
+            }
+        }
+        true
+    }
+}
+
+/// A matrix's packed form, which the integer group kernels multiply ([`Kernels::gemm_packed`]).
+#[derive(Clone, Copy)]
+pub enum Packed<'a> {
+    Q8(&'a PackedQ8),
+    Legacy(&'a PackedLegacy),
+}
+
+impl<'a> Packed<'a> {
+    /// The packed form of `m` that `k`'s kernels multiply, if `prepare` made one.
+    pub fn of(k: &Kernels, m: &'a Matrix) -> Option<Packed<'a>> {
+        if let Some(p) = PackedQ8::for_q8_0(m) {
+            return Some(Packed::Q8(p));
+        }
+        PackedLegacy::of(m)
+            .filter(|_| PackedLegacy::supported_on(k.isa))
+            .map(Packed::Legacy)
+    }
+
+    /// Groups of 16 rows.
+    pub fn groups(&self) -> usize {
+        match self {
+            Packed::Q8(p) => p.groups,
+            Packed::Legacy(p) => p.groups,
+        }
     }
 }
 
@@ -522,6 +577,47 @@ impl Kernels {
                 #[cfg(target_arch = "aarch64")]
                 Isa::Neon => aarch64::gemm_q8_sdot(w, a, n, g0, g1, out.0, ldo),
                 _ => portable::gemm_q8(w, a, n, g0, g1, out.0, ldo),
+            }
+        }
+    }
+
+    /// [`Kernels::gemm_q8`] for either packed form (a packed Q4_0 / Q5_0 matrix only where
+    /// [`PackedLegacy::supported_on`] this instruction set, as [`Packed::of`] ensures).
+    ///
+    /// # Safety
+    /// As for [`Kernels::gemm_q8`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_packed(
+        &self,
+        w: Packed<'_>,
+        a: &ActQ8Ref<'_>,
+        n: usize,
+        g0: usize,
+        g1: usize,
+        out: OutPtr,
+        ldo: usize,
+    ) {
+        match w {
+            // SAFETY: the caller's contract.
+            Packed::Q8(p) => unsafe { self.gemm_q8(p, a, n, g0, g1, out, ldo) },
+            Packed::Legacy(p) => {
+                assert!(
+                    a.quants.len() >= n * p.cols
+                        && a.scales.len() >= n * p.nb
+                        && a.offsets.len() >= n * p.nb
+                        && g1 <= p.groups
+                );
+                // SAFETY (both arms): the ISA is available (checked at construction) and has
+                // kernels for the layout; sizes checked above; `out` is the caller's promise.
+                match self.isa {
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx512Vnni => unsafe {
+                        x86::gemm_legacy_vnni(p, a, n, g0, g1, out.0, ldo)
+                    },
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => unsafe { x86::gemm_legacy_avx2(p, a, n, g0, g1, out.0, ldo) },
+                    _ => panic!("no kernel for packed {} on {}", p.dtype(), self.isa.name()),
+                }
             }
         }
     }
@@ -930,43 +1026,27 @@ impl<B: Backend> SimdBackend<B> {
     }
 }
 
-/// Packs Q8_0 matrices for `k`'s instruction set (shared by the backends built on `simd`).
-/// Q4_0 and Q5_0 matrices also get a packed Q8_0 copy holding exactly their values (see
-/// [`legacy::widen_to_q8_0`]): products over several rows use it, since the Q8_0 kernels
-/// tile rows and reuse each weight load for four of them, while single-row products keep
-/// reading the smaller native blocks (decode is bound by memory). Results are the same bits
-/// either way.
+/// Packs Q8_0 matrices (on x86 also Q4_0 and Q5_0 ones, and on x86 and NEON Q4_K, Q5_K and
+/// Q6_K ones, see [`PackedK`]) for `k`'s instruction set (shared by the backends built on
+/// `simd`), then releases the stored bytes' mapped pages: from here on every product and
+/// row lookup of these backends reads the packed copy, so the weights are resident once.
+/// The other quantized types are multiplied in their stored layout
+/// ([`quants::QuantMatmul`]) and get no copy.
 pub fn prepare_matrix(k: &Kernels, w: &mut Matrix) {
-    if PackedQ8::of(w).is_some() || PackedK::of(w).is_some() {
+    if w.prepared.is_some() {
         return;
     }
-    if PackedK::packs(w.dtype) && PackedK::isa_has_kernels(k.isa) {
-        if let Some(p) = PackedK::pack(w) {
-            w.prepared = Some(Arc::new(p) as Arc<dyn Any + Send + Sync>);
-        }
-        return;
-    }
-    let packed = match w.dtype {
-        GgmlType::Q8_0 => PackedQ8::pack(k.isa, w),
-        GgmlType::Q4_0 | GgmlType::Q5_0 => {
-            let five = w.dtype == GgmlType::Q5_0;
-            let blocks = w.rows * (w.cols / q8_0::BLOCK);
-            let mut wide = vec![0u8; blocks * q8_0::BLOCK_BYTES];
-            legacy::widen_to_q8_0(five, w.bytes(), &mut wide);
-            let m = Matrix {
-                name: w.name.clone(),
-                dtype: GgmlType::Q8_0,
-                rows: w.rows,
-                cols: w.cols,
-                data: TensorBytes::from_vec(wide),
-                prepared: None,
-            };
-            PackedQ8::pack(k.isa, &m)
+    let packed: Option<Arc<dyn Any + Send + Sync>> = match w.dtype {
+        GgmlType::Q8_0 => PackedQ8::pack(k.isa, w).map(|p| Arc::new(p) as _),
+        GgmlType::Q4_0 | GgmlType::Q5_0 => PackedLegacy::pack(k.isa, w).map(|p| Arc::new(p) as _),
+        t if PackedK::packs(t) && PackedK::isa_has_kernels(k.isa) => {
+            PackedK::pack(w).map(|p| Arc::new(p) as _)
         }
         _ => None,
     };
     if let Some(p) = packed {
-        w.prepared = Some(Arc::new(p) as Arc<dyn Any + Send + Sync>);
+        w.prepared = Some(p);
+        w.release_stored();
     }
 }
 
@@ -986,14 +1066,14 @@ impl<B: Backend> Backend for SimdBackend<B> {
 
     fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
         assert!(x.len() >= n * w.cols && out.len() >= n * w.rows);
-        if let Some(p) = PackedQ8::for_rows(w, n) {
+        if let Some(p) = Packed::of(&self.k, w) {
             with_act_scratch(|act| {
                 self.k.quantize_into(x, n, w.cols, act);
                 let a = act.view(n, w.cols);
                 // SAFETY: `out` holds n × rows floats (checked above) and is ours alone.
                 unsafe {
                     self.k
-                        .gemm_q8(p, &a, n, 0, p.groups, OutPtr(out.as_mut_ptr()), w.rows)
+                        .gemm_packed(p, &a, n, 0, p.groups(), OutPtr(out.as_mut_ptr()), w.rows)
                 };
             });
             return;
@@ -1014,6 +1094,23 @@ impl<B: Backend> Backend for SimdBackend<B> {
     }
 
     fn get_row(&self, w: &Matrix, row: usize, out: &mut [f32]) {
+        // A packed (tied) embedding is looked up in its packed form: its stored pages were
+        // released at load.
+        if let Some(p) = PackedQ8::for_q8_0(w) {
+            if p.dequantize_row(row, out) {
+                return;
+            }
+        }
+        if let Some(p) = PackedLegacy::of(w) {
+            if p.dequantize_row(row, out) {
+                return;
+            }
+        }
+        if let Some(p) = PackedK::of(w) {
+            if p.dequantize_row(row, out) {
+                return;
+            }
+        }
         self.inner.get_row(w, row, out)
     }
 

@@ -8,7 +8,7 @@
 //! Each lane then follows the scalar definition exactly: an exact integer sum per block, then
 //! `acc += isum as f32 * (d_w * d_x)` with a separate multiply and add, block after block.
 
-use super::{ActQ8Ref, PackedQ8, GROUP};
+use super::{ActQ8Ref, PackedLegacy, PackedQ8, GROUP};
 use crate::backend::{AttentionShape, KvRows};
 use crate::tensor::GgmlType;
 use std::arch::x86_64::*;
@@ -330,6 +330,356 @@ pub unsafe fn gemm_q8_vnni(
 ) {
     for g in g0..g1 {
         for_token_tiles!(n, t, [8, 4, 3, 2, 1], group_vnni(w, g, a, t, out, ldo));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Q4_0 / Q5_0 products on the packed legacy layout
+// ---------------------------------------------------------------------------------------
+
+/// Each block's integer sums start from `−off·Σx` (off = 8 for Q4_0, 16 for Q5_0), which is
+/// the stored `−128·Σx` shifted right by 4 or 3: exact, as `−128·Σx` is a multiple of 128.
+#[inline(always)]
+fn legacy_offset_shift(five: bool) -> u32 {
+    if five {
+        3
+    } else {
+        4
+    }
+}
+
+/// 0xff in byte `i` of the result where bit `i` of `bits` is set, else 0 (32 bytes).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn bytes_of_bits(bits: u32) -> __m256i {
+    // Byte i takes byte i / 8 of the word, then tests bit i % 8 of it.
+    let v = _mm256_set1_epi32(bits as i32);
+    let idx = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, idx), sel), sel)
+}
+
+/// One group of 16 rows times `T` tokens of a packed Q4_0 (`FIVE` false) or Q5_0 matrix,
+/// AVX2: each 64-byte line splits into the codes of two slices (low and high nibbles, plus
+/// the fifth bits for Q5_0), multiplied as unsigned bytes by `maddubs` (pairs at most
+/// 2·31·128 in magnitude: exact) and widened to 32-bit sums by `madd`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_legacy_avx2<const T: usize, const FIVE: bool>(
+    w: &PackedLegacy,
+    g: usize,
+    a: &ActQ8Ref<'_>,
+    t0: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let nb = w.nb;
+    let cols = w.cols;
+    let qbase = w.group_nibbles(g).as_ptr();
+    let high = w.group_high(g);
+    let sbase = w.group_scales16(g).as_ptr();
+    let shift = legacy_offset_shift(FIVE);
+    let ones = _mm256_set1_epi16(1);
+    let m4 = _mm256_set1_epi8(0x0f);
+    let sixteen = _mm256_set1_epi8(0x10);
+    let xq = a.quants[t0 * cols..(t0 + T) * cols].as_ptr();
+    let xo = a.offsets[t0 * nb..(t0 + T) * nb].as_ptr();
+    let mut acc = [[_mm256_setzero_ps(); 2]; T];
+    for b in 0..nb {
+        // SAFETY: block `b` of each of the T tokens is inside the slices taken above.
+        let mut isum: [[__m256i; 2]; T] = std::array::from_fn(|t| {
+            [_mm256_set1_epi32(unsafe { *xo.add(t * nb + b) } >> shift); 2]
+        });
+        // SAFETY: block `b` of group `g` holds 4 lines × 64 bytes.
+        let wq = unsafe { qbase.add(b * 256) };
+        _mm_prefetch::<_MM_HINT_T1>(wq.wrapping_add(PF_DIST / 2) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(wq.wrapping_add(PF_DIST / 2 + 64) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(wq.wrapping_add(PF_DIST / 2 + 128) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(wq.wrapping_add(PF_DIST / 2 + 192) as *const i8);
+        for j in 0..4 {
+            // SAFETY: inside the block (see above).
+            let (v0, v1) = unsafe {
+                (
+                    _mm256_loadu_si256(wq.add(j * 64) as *const __m256i),
+                    _mm256_loadu_si256(wq.add(j * 64 + 32) as *const __m256i),
+                )
+            };
+            let mut codes = [
+                [_mm256_and_si256(v0, m4), _mm256_and_si256(v1, m4)],
+                [
+                    _mm256_and_si256(_mm256_srli_epi16(v0, 4), m4),
+                    _mm256_and_si256(_mm256_srli_epi16(v1, 4), m4),
+                ],
+            ];
+            if FIVE {
+                for (h, c) in codes.iter_mut().enumerate() {
+                    let bits = high[b * 8 + 2 * j + h];
+                    c[0] = _mm256_or_si256(
+                        c[0],
+                        _mm256_and_si256(bytes_of_bits(bits as u32), sixteen),
+                    );
+                    c[1] = _mm256_or_si256(
+                        c[1],
+                        _mm256_and_si256(bytes_of_bits((bits >> 32) as u32), sixteen),
+                    );
+                }
+            }
+            for (h, c) in codes.iter().enumerate() {
+                let k = 2 * j + h;
+                for (t, is) in isum.iter_mut().enumerate() {
+                    // SAFETY: token t0+t has `cols` quants; slice k is inside block `b`.
+                    let xv = unsafe {
+                        (xq.add(t * cols + b * 32 + k * 4) as *const i32).read_unaligned()
+                    };
+                    let xb = _mm256_set1_epi32(xv);
+                    let p0 = _mm256_maddubs_epi16(c[0], xb);
+                    let p1 = _mm256_maddubs_epi16(c[1], xb);
+                    is[0] = _mm256_add_epi32(is[0], _mm256_madd_epi16(p0, ones));
+                    is[1] = _mm256_add_epi32(is[1], _mm256_madd_epi16(p1, ones));
+                }
+            }
+        }
+        // SAFETY: 16 f16 scales per block.
+        let (d0, d1) = unsafe {
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(sbase.add(b * 16) as *const __m128i)),
+                _mm256_cvtph_ps(_mm_loadu_si128(sbase.add(b * 16 + 8) as *const __m128i)),
+            )
+        };
+        for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
+            let dx = _mm256_set1_ps(a.scales[(t0 + t) * nb + b]);
+            ac[0] = _mm256_add_ps(
+                ac[0],
+                _mm256_mul_ps(_mm256_cvtepi32_ps(is[0]), _mm256_mul_ps(d0, dx)),
+            );
+            ac[1] = _mm256_add_ps(
+                ac[1],
+                _mm256_mul_ps(_mm256_cvtepi32_ps(is[1]), _mm256_mul_ps(d1, dx)),
+            );
+        }
+    }
+    let rows = w.rows_in_group(g);
+    for (t, ac) in acc.iter().enumerate() {
+        let mut lanes = [0.0f32; GROUP];
+        // SAFETY: `lanes` holds 16 floats; the destination is the caller's.
+        unsafe {
+            _mm256_storeu_ps(lanes.as_mut_ptr(), ac[0]);
+            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), ac[1]);
+            store_rows(out.add((t0 + t) * ldo + g * GROUP), &lanes, rows);
+        }
+    }
+}
+
+/// Packed Q4_0 / Q5_0 product for the rows of groups `g0..g1` and tokens `0..n`, AVX2.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be present; `a` holds `n` rows of `w.cols` quants; `out` must be
+/// writable at `t * ldo + r` for those tokens and rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn gemm_legacy_avx2(
+    w: &PackedLegacy,
+    a: &ActQ8Ref<'_>,
+    n: usize,
+    g0: usize,
+    g1: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    for g in g0..g1 {
+        if w.five {
+            for_token_tiles!(
+                n,
+                t,
+                [4, 3, 2, 1],
+                group_legacy_avx2_q5(w, g, a, t, out, ldo)
+            );
+        } else {
+            for_token_tiles!(
+                n,
+                t,
+                [4, 3, 2, 1],
+                group_legacy_avx2_q4(w, g, a, t, out, ldo)
+            );
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_legacy_avx2_q4<const T: usize>(
+    w: &PackedLegacy,
+    g: usize,
+    a: &ActQ8Ref<'_>,
+    t0: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { group_legacy_avx2::<T, false>(w, g, a, t0, out, ldo) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn group_legacy_avx2_q5<const T: usize>(
+    w: &PackedLegacy,
+    g: usize,
+    a: &ActQ8Ref<'_>,
+    t0: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { group_legacy_avx2::<T, true>(w, g, a, t0, out, ldo) }
+}
+
+/// One group of 16 rows times `T` tokens of a packed Q4_0 (`FIVE` false) or Q5_0 matrix,
+/// AVX-512 VNNI: each 64-byte line gives the codes of two slices for all 16 rows (the
+/// fifth bits of Q5_0 added under a byte mask loaded straight from its 64-bit word), each
+/// multiplied by one `vpdpbusd` with the broadcast activation slice.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn group_legacy_vnni<const T: usize, const FIVE: bool>(
+    w: &PackedLegacy,
+    g: usize,
+    a: &ActQ8Ref<'_>,
+    t0: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let nb = w.nb;
+    let cols = w.cols;
+    let qbase = w.group_nibbles(g).as_ptr();
+    let high = w.group_high(g);
+    let sbase = w.group_scales16(g).as_ptr();
+    let shift = legacy_offset_shift(FIVE);
+    assert!(!FIVE || high.len() >= nb * 8);
+    let hp = high.as_ptr();
+    let m4 = _mm512_set1_epi8(0x0f);
+    let sixteen = _mm512_set1_epi8(0x10);
+    let xq = a.quants[t0 * cols..(t0 + T) * cols].as_ptr();
+    let xd = a.scales[t0 * nb..(t0 + T) * nb].as_ptr();
+    let xo = a.offsets[t0 * nb..(t0 + T) * nb].as_ptr();
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..nb {
+        // SAFETY: block `b` of each of the T tokens is inside the slices taken above.
+        let mut isum: [__m512i; T] =
+            std::array::from_fn(|t| _mm512_set1_epi32(unsafe { *xo.add(t * nb + b) } >> shift));
+        // SAFETY: block `b` of group `g` holds 4 lines × 64 bytes.
+        let wq = unsafe { qbase.add(b * 256) };
+        for j in 0..4 {
+            // SAFETY: inside the block.
+            let v = unsafe { _mm512_loadu_si512(wq.add(j * 64) as *const __m512i) };
+            _mm_prefetch::<_MM_HINT_T1>(wq.wrapping_add(PF_DIST / 2 + j * 64) as *const i8);
+            let mut codes = [
+                _mm512_and_si512(v, m4),
+                _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+            ];
+            if FIVE {
+                for (h, c) in codes.iter_mut().enumerate() {
+                    // SAFETY: block `b` of a Q5_0 group has 8 words (checked on entry).
+                    let m: __mmask64 = unsafe { *hp.add(b * 8 + 2 * j + h) };
+                    *c = _mm512_mask_add_epi8(*c, m, *c, sixteen);
+                }
+            }
+            for (h, c) in codes.iter().enumerate() {
+                let k = 2 * j + h;
+                for (t, is) in isum.iter_mut().enumerate() {
+                    // SAFETY: token t0+t has `cols` quants; slice k is inside block `b`.
+                    let xv = unsafe {
+                        (xq.add(t * cols + b * 32 + k * 4) as *const i32).read_unaligned()
+                    };
+                    *is = _mm512_dpbusd_epi32(*is, *c, _mm512_set1_epi32(xv));
+                }
+            }
+            // Keep the block line-major, as in `group_vnni`.
+            std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+        }
+        // SAFETY: 16 f16 scales per block.
+        let dw =
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(sbase.add(b * 16) as *const __m256i)) };
+        for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
+            // SAFETY: as for the offsets.
+            let dx = _mm512_set1_ps(unsafe { *xd.add(t * nb + b) });
+            *ac = _mm512_add_ps(
+                *ac,
+                _mm512_mul_ps(_mm512_cvtepi32_ps(*is), _mm512_mul_ps(dw, dx)),
+            );
+        }
+    }
+    let rows = w.rows_in_group(g);
+    for (t, ac) in acc.iter().enumerate() {
+        let mut lanes = [0.0f32; GROUP];
+        // SAFETY: `lanes` holds 16 floats; the destination is the caller's.
+        unsafe {
+            _mm512_storeu_ps(lanes.as_mut_ptr(), *ac);
+            store_rows(out.add((t0 + t) * ldo + g * GROUP), &lanes, rows);
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn group_legacy_vnni_q4<const T: usize>(
+    w: &PackedLegacy,
+    g: usize,
+    a: &ActQ8Ref<'_>,
+    t0: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { group_legacy_vnni::<T, false>(w, g, a, t0, out, ldo) }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn group_legacy_vnni_q5<const T: usize>(
+    w: &PackedLegacy,
+    g: usize,
+    a: &ActQ8Ref<'_>,
+    t0: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { group_legacy_vnni::<T, true>(w, g, a, t0, out, ldo) }
+}
+
+/// Packed Q4_0 / Q5_0 product for the rows of groups `g0..g1` and tokens `0..n`, AVX-512
+/// VNNI.
+///
+/// # Safety
+/// AVX-512 F/BW/VNNI, AVX2, FMA and F16C must be present; otherwise as for
+/// [`gemm_legacy_avx2`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub unsafe fn gemm_legacy_vnni(
+    w: &PackedLegacy,
+    a: &ActQ8Ref<'_>,
+    n: usize,
+    g0: usize,
+    g1: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    for g in g0..g1 {
+        if w.five {
+            for_token_tiles!(
+                n,
+                t,
+                [8, 4, 3, 2, 1],
+                group_legacy_vnni_q5(w, g, a, t, out, ldo)
+            );
+        } else {
+            for_token_tiles!(
+                n,
+                t,
+                [8, 4, 3, 2, 1],
+                group_legacy_vnni_q4(w, g, a, t, out, ldo)
+            );
+        }
     }
 }
 

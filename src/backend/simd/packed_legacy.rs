@@ -1,0 +1,197 @@
+//! Q4_0 and Q5_0 weights repacked at load for the x86 integer kernels, in the same 16-row
+//! interleaving as [`super::PackedQ8`] but keeping 4 (or 5) bits per weight, so the packed
+//! copy is exactly the size of the stored one and replaces it in memory.
+//!
+//! Per group of 16 rows and block of 32 columns:
+//! - 4 lines of 64 bytes: byte `4r + i` of line `j` holds, for row `r`, the code of element
+//!   `8j + i` in its low nibble and of element `8j + 4 + i` in its high nibble — so one line
+//!   gives two 4-element slices (`2j`, `2j + 1`) of all 16 rows, laid out as a Q8_0 slice;
+//! - for Q5_0, 8 words of 64 bits: bit `4r + i` of word `k` is the fifth bit of row `r`'s
+//!   element `4k + i`;
+//! - the 16 f16 scales.
+//!
+//! Codes are unsigned (`q`, value `d · (q − 8)` or `d · (q − 16)`): the kernels multiply them
+//! as the unsigned operand of `vpdpbusd` / `maddubs` against the signed activations and
+//! start each block's integer sum from `−8·Σx` (or `−16·Σx`), derived exactly from the
+//! activation block's stored `−128·Σx`. Each block's sum is then the scalar code's exact
+//! integer sum, scaled and accumulated as `legacy::dot_q4_0_q8_0` does, so results are
+//! bit-identical to it.
+
+use super::{Isa, Line, GROUP};
+use crate::tensor::{legacy, q8_0, GgmlType, Matrix};
+use rayon::prelude::*;
+
+/// Q4_0 or Q5_0 weights in the interleaved layout described in the module documentation.
+pub struct PackedLegacy {
+    pub rows: usize,
+    pub cols: usize,
+    /// Blocks per row.
+    pub nb: usize,
+    pub groups: usize,
+    /// Q5_0 (fifth bits present) rather than Q4_0.
+    pub five: bool,
+    nibbles: Vec<Line>,
+    high: Vec<u64>,
+    scales: Vec<u16>,
+}
+
+impl PackedLegacy {
+    /// Whether `isa` has kernels for this layout (the x86 vector paths).
+    pub fn supported_on(isa: Isa) -> bool {
+        matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
+    }
+
+    /// Repacks a Q4_0 or Q5_0 matrix; `None` for other types, a bad size, or an instruction
+    /// set without kernels for the layout.
+    pub fn pack(isa: Isa, m: &Matrix) -> Option<PackedLegacy> {
+        let five = match m.dtype {
+            GgmlType::Q4_0 => false,
+            GgmlType::Q5_0 => true,
+            _ => return None,
+        };
+        if !Self::supported_on(isa) || !m.cols.is_multiple_of(q8_0::BLOCK) || m.rows == 0 {
+            return None;
+        }
+        let nb = m.cols / q8_0::BLOCK;
+        let bsize = m.dtype.type_size();
+        let row_bytes = nb * bsize;
+        let data = m.bytes();
+        if data.len() != m.rows.checked_mul(row_bytes)? {
+            return None;
+        }
+        let groups = m.rows.div_ceil(GROUP);
+        let (glines, ghigh, gscales) = (nb * 4, if five { nb * 8 } else { 0 }, nb * GROUP);
+        let mut nibbles = vec![Line([0; 64]); groups * glines];
+        let mut high = vec![0u64; groups * ghigh];
+        let mut scales = vec![0u16; groups * gscales];
+        let fill = |g: usize, nl: &mut [Line], hw: &mut [u64], sc: &mut [u16]| {
+            for r in 0..GROUP.min(m.rows - g * GROUP) {
+                let row = g * GROUP + r;
+                let src = &data[row * row_bytes..(row + 1) * row_bytes];
+                for b in 0..nb {
+                    let blk = &src[b * bsize..(b + 1) * bsize];
+                    sc[b * GROUP + r] = u16::from_le_bytes([blk[0], blk[1]]);
+                    let codes = legacy::offset_codes(five, blk);
+                    for j in 0..4 {
+                        let line = &mut nl[b * 4 + j].0;
+                        for i in 0..4 {
+                            let (lo, hi) = (codes[8 * j + i], codes[8 * j + 4 + i]);
+                            line[r * 4 + i] = (lo & 0x0f) | ((hi & 0x0f) << 4);
+                        }
+                    }
+                    if five {
+                        for k in 0..8 {
+                            for i in 0..4 {
+                                let bit = (codes[4 * k + i] >> 4) as u64 & 1;
+                                hw[b * 8 + k] |= bit << (r * 4 + i);
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        // Rows absent from the last group stay zero codes with zero scales: their lanes are
+        // computed and never stored.
+        let high_chunks: Vec<&mut [u64]> = if five {
+            high.chunks_mut(ghigh).collect()
+        } else {
+            (0..groups).map(|_| <&mut [u64]>::default()).collect()
+        };
+        nibbles
+            .par_chunks_mut(glines)
+            .zip(high_chunks.into_par_iter())
+            .zip(scales.par_chunks_mut(gscales))
+            .enumerate()
+            .for_each(|(g, ((nl, hw), sc))| fill(g, nl, hw, sc));
+        Some(PackedLegacy {
+            rows: m.rows,
+            cols: m.cols,
+            nb,
+            groups,
+            five,
+            nibbles,
+            high,
+            scales,
+        })
+    }
+
+    /// The stored type.
+    pub fn dtype(&self) -> GgmlType {
+        if self.five {
+            GgmlType::Q5_0
+        } else {
+            GgmlType::Q4_0
+        }
+    }
+
+    /// Real rows in group `g` (16 except perhaps the last).
+    #[inline]
+    pub fn rows_in_group(&self, g: usize) -> usize {
+        GROUP.min(self.rows - g * GROUP)
+    }
+
+    /// The nibble lines of group `g`: `nb` blocks of 256 bytes.
+    #[inline]
+    pub fn group_nibbles(&self, g: usize) -> &[u8] {
+        let lines = &self.nibbles[g * self.nb * 4..(g + 1) * self.nb * 4];
+        // SAFETY: `Line` is 64 plain bytes with no padding; the slice covers exactly them.
+        unsafe { std::slice::from_raw_parts(lines.as_ptr() as *const u8, lines.len() * 64) }
+    }
+
+    /// The fifth-bit words of group `g` (`nb` blocks of 8); empty for Q4_0.
+    #[inline]
+    pub fn group_high(&self, g: usize) -> &[u64] {
+        if self.five {
+            &self.high[g * self.nb * 8..(g + 1) * self.nb * 8]
+        } else {
+            &[]
+        }
+    }
+
+    #[inline]
+    pub fn group_scales16(&self, g: usize) -> &[u16] {
+        &self.scales[g * self.nb * GROUP..(g + 1) * self.nb * GROUP]
+    }
+
+    /// The code of row `r` of group `g`, element `e` of block `b` (as stored in the file).
+    pub fn code(&self, g: usize, b: usize, r: usize, e: usize) -> u8 {
+        let (k, i) = (e / 4, e % 4);
+        let byte = self.group_nibbles(g)[b * 256 + (k / 2) * 64 + r * 4 + i];
+        let nib = if k % 2 == 0 { byte & 0x0f } else { byte >> 4 };
+        let hi = if self.five {
+            ((self.group_high(g)[b * 8 + k] >> (r * 4 + i)) & 1) as u8
+        } else {
+            0
+        };
+        nib | (hi << 4)
+    }
+
+    /// Row `r` as f32, exactly as `legacy::dequantize_q4_0` / `dequantize_q5_0` compute it
+    /// from the stored blocks. `false` (and `out` untouched) if `r` or `out`'s length does
+    /// not fit.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> bool {
+        if r >= self.rows || out.len() != self.cols {
+            return false;
+        }
+        let (g, i) = (r / GROUP, r % GROUP);
+        let offset = if self.five { 16 } else { 8 };
+        for (b, o) in out.chunks_exact_mut(q8_0::BLOCK).enumerate() {
+            let d = half::f16::from_bits(self.group_scales16(g)[b * GROUP + i]).to_f32();
+            for (e, v) in o.iter_mut().enumerate() {
+                *v = d * (self.code(g, b, i, e) as i32 - offset) as f32;
+            }
+        }
+        true
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.nibbles.len() * 64 + self.high.len() * 8 + self.scales.len() * 2
+    }
+
+    /// The packed form stored on `m` by `SimdBackend::prepare`, if it matches `m`.
+    pub fn of(m: &Matrix) -> Option<&PackedLegacy> {
+        let p = m.prepared.as_ref()?.downcast_ref::<PackedLegacy>()?;
+        (p.dtype() == m.dtype && p.rows == m.rows && p.cols == m.cols).then_some(p)
+    }
+}
