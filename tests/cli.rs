@@ -351,7 +351,11 @@ fn a_synthesized_qwen3moe_model_generates() {
     let m = out.to_str().unwrap();
     let o = inferno(&["synth", "--arch", "qwen3moe", "--preset", "tiny", "-o", m]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("synthetic-qwen3moe-tiny"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("synthetic-qwen3moe-tiny"),
+        "{}",
+        stderr(&o)
+    );
     let o = inferno(&["info", "--model", m]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);

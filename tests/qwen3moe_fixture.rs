@@ -166,7 +166,10 @@ fn qwen3moe_files_load_with_their_experts_viewed_in_place() {
                 let whole = bytes.as_slice();
                 assert_eq!(experts.len(), 8);
                 for (i, x) in experts.iter().enumerate() {
-                    assert_eq!((x.rows, x.cols, x.dtype.to_string()), (rows, cols, dtype.to_uppercase()));
+                    assert_eq!(
+                        (x.rows, x.cols, x.dtype.to_string()),
+                        (rows, cols, dtype.to_uppercase())
+                    );
                     // Expert i is the i-th run of the stacked tensor's bytes, in the file.
                     let size = whole.len() / 8;
                     assert_eq!(x.bytes().len(), size);
@@ -398,7 +401,11 @@ fn bad_expert_metadata_and_shapes_are_refused() {
     }));
     assert!(msg.contains("expert_used_count = 9"), "{msg}");
     let msg = load_error(&rewritten(file, None, |m| {
-        set(m, "qwen3moe.expert_shared_feed_forward_length", Value::U32(64))
+        set(
+            m,
+            "qwen3moe.expert_shared_feed_forward_length",
+            Value::U32(64),
+        )
     }));
     assert!(msg.contains("shared experts"), "{msg}");
     let msg = load_error(&rewritten(file, None, |m| {

@@ -445,7 +445,10 @@ pub fn build_with_progress(
     );
     if let Some(m) = spec.moe {
         w.add(format!("{a}.expert_count"), Value::U32(m.n_experts as u32));
-        w.add(format!("{a}.expert_used_count"), Value::U32(m.n_used as u32));
+        w.add(
+            format!("{a}.expert_used_count"),
+            Value::U32(m.n_used as u32),
+        );
         w.add(
             format!("{a}.expert_feed_forward_length"),
             Value::U32(m.expert_ffn as u32),
@@ -671,12 +674,11 @@ mod tests {
 
     #[test]
     fn qwen3moe_presets_have_qwen3_30b_a3b_parameter_count_and_the_tiny_one_generates() {
-        let full = SynthSpec::preset_for(Architecture::Qwen3Moe, "30b-a3b", GgmlType::Q8_0)
-            .unwrap();
+        let full =
+            SynthSpec::preset_for(Architecture::Qwen3Moe, "30b-a3b", GgmlType::Q8_0).unwrap();
         // Qwen3-30B-A3B's published total.
         assert_eq!(full.n_params(), 30_532_122_624);
-        let tiny =
-            SynthSpec::preset_for(Architecture::Qwen3Moe, "tiny", GgmlType::Q8_0).unwrap();
+        let tiny = SynthSpec::preset_for(Architecture::Qwen3Moe, "tiny", GgmlType::Q8_0).unwrap();
         let bytes = build(&tiny).unwrap().to_bytes();
         assert_eq!(bytes, build(&tiny).unwrap().to_bytes());
         let g = GgufFile::from_bytes(bytes).unwrap();

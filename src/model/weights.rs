@@ -177,11 +177,13 @@ impl Loader<'_> {
         let size = rows * row_bytes;
         (0..n)
             .map(|e| {
-                let bytes = data.slice(e * size, size).ok_or_else(|| ModelError::TensorShape {
-                    name: name.to_string(),
-                    expected: want.to_vec(),
-                    found: info.dims.clone(),
-                })?;
+                let bytes = data
+                    .slice(e * size, size)
+                    .ok_or_else(|| ModelError::TensorShape {
+                        name: name.to_string(),
+                        expected: want.to_vec(),
+                        found: info.dims.clone(),
+                    })?;
                 let mut m = Matrix {
                     name: format!("{name}[{e}]"),
                     dtype: info.dtype,
