@@ -465,3 +465,54 @@ fn the_gpu_backend_refuses_qwen3moe_clearly() {
         "{msg}"
     );
 }
+
+/// Only the chosen experts are computed: with one expert of layer 0 filled with NaN, a
+/// single token's logits turn NaN for exactly the `n_used` experts its router picks there,
+/// and stay bit for bit the same for every other expert (a dense product masked by a zero
+/// weight would spread the NaN from any of them).
+#[test]
+fn experts_the_router_does_not_choose_are_never_computed() {
+    let file = "tiny-qwen3moe.f32.gguf";
+    let name = "blk.0.ffn_up_exps.weight";
+    for backend in ["scalar", "pool"] {
+        let clean = logits(&Model::load(&open(file), cpu(backend)).unwrap(), &[42], 1);
+        assert!(clean.iter().all(|v| v.is_finite()));
+        let mut poisoned_by = Vec::new();
+        for expert in 0..8 {
+            let src = open(file);
+            let mut w = GgufWriter::new();
+            for (k, v) in src.metadata() {
+                w.add(k.clone(), v.clone());
+            }
+            for t in src.tensors() {
+                let mut data = src.tensor_data(&t.name).unwrap().as_slice().to_vec();
+                if t.name == name {
+                    let size = data.len() / 8;
+                    for c in data[expert * size..(expert + 1) * size].chunks_exact_mut(4) {
+                        c.copy_from_slice(&f32::NAN.to_le_bytes());
+                    }
+                }
+                w.add_tensor(&t.name, &t.dims, t.dtype, data).unwrap();
+            }
+            let g = GgufFile::from_bytes(w.to_bytes()).unwrap();
+            let got = logits(&Model::load(&g, cpu(backend)).unwrap(), &[42], 1);
+            if got.iter().any(|v| v.is_nan()) {
+                poisoned_by.push(expert);
+            } else {
+                let same = got
+                    .iter()
+                    .zip(&clean)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{backend}: expert {expert} changed the logits without NaN"
+                );
+            }
+        }
+        assert_eq!(
+            poisoned_by.len(),
+            2,
+            "{backend}: experts read: {poisoned_by:?}"
+        );
+    }
+}

@@ -69,17 +69,22 @@ fn moe_ffn(be: &dyn Backend, sc: &mut HostScratch, op: MoeFfn<'_>) {
             *p /= sum;
         }
         let chosen = &mut sc.routes[t * k..(t + 1) * k];
-        for slot in chosen.iter_mut() {
-            // The first maximum: among equal probabilities the lower expert index wins.
-            let mut best = 0;
-            for e in 1..n_experts {
-                if probs[e] > probs[best] {
-                    best = e;
+        for j in 0..k {
+            // The first maximum among the experts not chosen yet: among equal probabilities
+            // the lower index wins. Chosen ones are skipped by index, not by value, so even
+            // NaN logits pick `k` different experts (an expert's group never outgrows the
+            // step's rows).
+            let mut best: Option<usize> = None;
+            for e in 0..n_experts {
+                if chosen[..j].iter().any(|&(c, _)| c as usize == e) {
+                    continue;
+                }
+                if best.is_none_or(|b| probs[e] > probs[b]) {
+                    best = Some(e);
                 }
             }
-            *slot = (best as u32, probs[best]);
-            // Out of the running for the next slots (probabilities are >= 0).
-            probs[best] = f32::NEG_INFINITY;
+            let best = best.unwrap_or(0);
+            chosen[j] = (best as u32, probs[best]);
         }
         if op.normalize {
             let total: f32 = chosen.iter().map(|&(_, w)| w).sum();
