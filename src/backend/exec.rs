@@ -105,8 +105,9 @@ pub(crate) fn with_first_rows<'s, 'a>(
 }
 
 /// A mixture of SwiGLU experts over `rows` rows ([`Op::MoeFfn`]): row `t`'s `router` logits
-/// (one per expert) go through a softmax; the `used` most probable experts (the lower index
-/// first among equal probabilities) each compute `down · (SiLU(gate · x[t]) ⊙ up · x[t])`;
+/// (one per expert) go through a softmax; the `used` most probable experts (among exactly
+/// equal probabilities the lower index: `torch.topk` leaves that order unspecified, and on the
+/// CPU does not take the lowest) each compute `down · (SiLU(gate · x[t]) ⊙ up · x[t])`;
 /// `out[t]` is their sum in expert order, each scaled by its probability (divided by the sum
 /// of the chosen probabilities when `normalize`). The rows routed to one expert are gathered
 /// into `xs` and multiplied together, so an active expert's weights are read once per step
