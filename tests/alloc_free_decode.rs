@@ -23,7 +23,7 @@ fn decode_step_allocates_nothing() {
         1
     );
     // Qwen3 fixtures on every backend, and Llama ones (RoPE scaling, biases, untied output)
-    // on the CPU backends: on lavapipe, wgpu's own count for tiny-llama3.f32 moves by one on
+    // and Qwen3-MoE ones on the CPU backends: on lavapipe, wgpu's own count for tiny-llama3.f32 moves by one on
     // a random step (the same step count otherwise), which is wgpu's timing, not this pass.
     let llama = common::fixtures().join("llama");
     let mut files: Vec<(String, std::path::PathBuf, bool)> = ["f32", "f16", "q8_0"]
@@ -39,6 +39,11 @@ fn decode_step_allocates_nothing() {
         "tiny-llama-bias.f32.gguf",
     ] {
         files.push((f.to_string(), llama.join(f), false));
+    }
+    // Qwen3-MoE (routing tables and expert buffers sized with the sequence), CPU only.
+    for f in ["tiny-qwen3moe.f32.gguf", "tiny-qwen3moe.q8_0.gguf"] {
+        let path = common::fixtures().join("qwen3moe").join(f);
+        files.push((f.to_string(), path, false));
     }
     for (dtype, path, on_gpu) in &files {
         for backend in inferno::backend::BACKEND_NAMES {

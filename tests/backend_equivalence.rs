@@ -455,11 +455,16 @@ fn synth_models() -> Vec<(String, GgufFile)> {
     common::synth_models()
 }
 
-/// Fixture models made by `tests/fixtures/models/gen_models.py` and
-/// `tests/fixtures/llama/gen_llama.py`, when they are present.
+/// Fixture models made by `tests/fixtures/models/gen_models.py`,
+/// `tests/fixtures/llama/gen_llama.py` and `tests/fixtures/qwen3moe/gen_qwen3moe.py`, when
+/// they are present.
 fn fixture_models() -> Vec<(String, GgufFile)> {
     let mut out = Vec::new();
-    for dir in [common::models_dir(), common::fixtures().join("llama")] {
+    for dir in [
+        common::models_dir(),
+        common::fixtures().join("llama"),
+        common::fixtures().join("qwen3moe"),
+    ] {
         out.extend(gguf_files_in(&dir));
     }
     out

@@ -192,18 +192,22 @@ fn errors_are_one_clear_line() {
     w.write_to(&other).unwrap();
     assert_clean_error(
         &inferno(&["generate", "--model", other.to_str().unwrap(), "x"]),
-        "unsupported architecture \"gptneox\" (supported: qwen3, qwen2, llama)",
+        "unsupported architecture \"gptneox\" (supported: qwen3, qwen2, llama, qwen3moe)",
     );
-    // synth knows two architectures and each one's presets.
+    // synth knows three architectures and each one's presets.
     let out = dir.path().join("never.gguf");
     let o = out.to_str().unwrap();
     assert_clean_error(
         &inferno(&["synth", "--arch", "gptneox", "-o", o]),
-        "unknown --arch \"gptneox\" (synthesized: qwen3, llama)",
+        "unknown --arch \"gptneox\" (synthesized: qwen3, llama, qwen3moe)",
     );
     assert_clean_error(
         &inferno(&["synth", "--arch", "llama", "--preset", "demo", "-o", o]),
         "unknown --preset \"demo\" for llama (available: 1b)",
+    );
+    assert_clean_error(
+        &inferno(&["synth", "--arch", "qwen3moe", "--preset", "1b", "-o", o]),
+        "unknown --preset \"1b\" for qwen3moe (available: 30b-a3b, tiny)",
     );
 
     let m = model.to_str().unwrap();
@@ -414,6 +418,47 @@ fn logs_carry_no_colour_codes_off_a_terminal() {
         !err.contains('\u{1b}'),
         "ANSI escape in piped logs: {err:?}"
     );
+}
+
+/// `synth --arch qwen3moe` writes a mixture-of-experts file that `info` describes and
+/// `generate` runs.
+#[test]
+fn a_synthesized_qwen3moe_model_generates() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("moe.gguf");
+    let m = out.to_str().unwrap();
+    let o = inferno(&["synth", "--arch", "qwen3moe", "--preset", "tiny", "-o", m]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("synthetic-qwen3moe-tiny"),
+        "{}",
+        stderr(&o)
+    );
+    let o = inferno(&["info", "--model", m]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("architecture: qwen3moe")
+            && text.contains("experts: 8 (2 used per token, expert ffn 32, renormalised)"),
+        "{text}"
+    );
+    let o = inferno(&[
+        "generate",
+        "--model",
+        m,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+        "--output",
+        "json",
+        "Hello",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 6);
+    assert_eq!(v["finish_reason"], "FINISH_REASON_LENGTH");
 }
 
 #[test]

@@ -453,7 +453,7 @@ fn unknown_architectures_name_the_supported_ones() {
         Err(e) => e.to_string(),
     };
     assert!(
-        msg.contains("\"gptneox\"") && msg.contains("qwen3, qwen2, llama"),
+        msg.contains("\"gptneox\"") && msg.contains("qwen3, qwen2, llama, qwen3moe"),
         "{msg}"
     );
 }

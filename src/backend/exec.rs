@@ -37,6 +37,10 @@ pub struct ScratchSpec {
     pub vocab: usize,
     /// The RoPE head size (the angle table's width).
     pub head_dim: usize,
+    /// Experts of a mixture-of-experts MLP and how many each row uses (0 for dense models):
+    /// the host sizes its routing tables by them.
+    pub experts: usize,
+    pub experts_used: usize,
 }
 
 /// Which logits a forward call produces.
@@ -100,6 +104,32 @@ pub(crate) fn with_first_rows<'s, 'a>(
     })
 }
 
+/// A mixture of SwiGLU experts over `rows` rows ([`Op::MoeFfn`]): row `t`'s `router` logits
+/// (one per expert) go through a softmax; the `used` most probable experts (among exactly
+/// equal probabilities the lower index: `torch.topk` leaves that order unspecified, and on the
+/// CPU does not take the lowest) each compute `down · (SiLU(gate · x[t]) ⊙ up · x[t])`;
+/// `out[t]` is their sum in expert order, each scaled by its probability (divided by the sum
+/// of the chosen probabilities when `normalize`). The rows routed to one expert are gathered
+/// into `xs` and multiplied together, so an active expert's weights are read once per step
+/// and an unused expert's not at all; `g`, `u` hold their gate and up rows, `ys` their
+/// outputs.
+#[derive(Clone, Copy)]
+pub struct MoeFfn<'a> {
+    pub router: Buf,
+    pub x: Buf,
+    pub out: Buf,
+    pub rows: usize,
+    pub gate: &'a [Matrix],
+    pub up: &'a [Matrix],
+    pub down: &'a [Matrix],
+    pub used: usize,
+    pub normalize: bool,
+    pub xs: Buf,
+    pub g: Buf,
+    pub u: Buf,
+    pub ys: Buf,
+}
+
 /// One operation of a forward pass over the step's `rows` token rows (a buffer's row `t`
 /// belongs to the step's `t`-th token, sequences in order).
 #[derive(Clone, Copy)]
@@ -152,6 +182,8 @@ pub enum Op<'a> {
     SiluMul { gate: Buf, up: Buf, rows: usize },
     /// `x += y` for `rows` rows.
     Add { x: Buf, y: Buf, rows: usize },
+    /// A mixture-of-experts MLP (see [`MoeFfn`]).
+    MoeFfn(MoeFfn<'a>),
     /// Rows `first .. first + count` of the step's wanted-logits rows, copied from `src` to
     /// rows `0 .. count` of `dst`.
     GatherWanted {
@@ -220,6 +252,9 @@ pub trait Executor {
     fn add(&mut self, x: Buf, y: Buf, rows: usize) {
         self.run(Op::Add { x, y, rows })
     }
+    fn moe_ffn(&mut self, op: MoeFfn<'_>) {
+        self.run(Op::MoeFfn(op))
+    }
     fn gather_wanted(&mut self, src: Buf, dst: Buf, first: usize, count: usize) {
         self.run(Op::GatherWanted {
             src,
@@ -250,6 +285,7 @@ impl Executor for Traced<'_> {
             Op::Attention { layer, .. } => trace_span!("attention", layer),
             Op::SiluMul { rows, .. } => trace_span!("silu_mul", rows),
             Op::Add { rows, .. } => trace_span!("add", rows),
+            Op::MoeFfn(m) => trace_span!("moe_ffn", rows = m.rows, experts = m.gate.len(), used = m.used),
             Op::GatherWanted { count, .. } => trace_span!("gather_wanted", count),
         }
         .entered();

@@ -1,7 +1,9 @@
 //! The host executor: runs each [`Op`] of a step at once with a [`Backend`]'s kernels, on
 //! activation buffers in host memory ([`HostScratch`]).
 
-use super::exec::{wanted_rows, with_first_rows, Buf, Executor, Op, ScratchSpec, SeqStep, LOGITS};
+use super::exec::{
+    wanted_rows, with_first_rows, Buf, Executor, MoeFfn, Op, ScratchSpec, SeqStep, LOGITS,
+};
 use super::{AttentionShape, Backend};
 
 /// Host activation buffers for forward passes of up to `rows` token rows, sized once.
@@ -10,6 +12,13 @@ pub struct HostScratch {
     bufs: Vec<Vec<f32>>,
     /// Logits of several sequences' rows, gathered into one product.
     logits: Vec<f32>,
+    /// Mixture-of-experts routing: one row's expert probabilities, each row's chosen
+    /// `(expert, weight)`s, the same grouped by expert (`(row, weight)`), and where each
+    /// expert's group ends.
+    probs: Vec<f32>,
+    routes: Vec<(u32, f32)>,
+    grouped: Vec<(u32, f32)>,
+    ends: Vec<usize>,
 }
 
 impl HostScratch {
@@ -22,12 +31,126 @@ impl HostScratch {
             },
             bufs: spec.widths.iter().map(|w| vec![0.0; rows * w]).collect(),
             logits: vec![0.0; spec.logit_rows * spec.vocab],
+            probs: vec![0.0; spec.experts],
+            routes: vec![(0, 0.0); rows * spec.experts_used],
+            grouped: vec![(0, 0.0); rows * spec.experts_used],
+            ends: vec![0; spec.experts],
         }
     }
 
     pub fn rows(&self) -> usize {
         self.spec.rows
     }
+}
+
+/// Runs [`Op::MoeFfn`] on host buffers: routing first (softmax, top-k, optional
+/// renormalisation, each row on its own), then the rows grouped by expert, then each active
+/// expert's three products over its group, scaled and summed into `out` in expert order.
+fn moe_ffn(be: &dyn Backend, sc: &mut HostScratch, op: MoeFfn<'_>) {
+    let n_experts = op.gate.len();
+    let (rows, k) = (op.rows, op.used);
+    let h = op.gate.first().map_or(0, |m| m.cols);
+    let f = op.gate.first().map_or(0, |m| m.rows);
+    if n_experts == 0 || k == 0 || sc.probs.len() < n_experts || sc.routes.len() < rows * k {
+        // Sized from the same config the model was loaded with; nothing to do otherwise.
+        return;
+    }
+    let logits = &sc.bufs[op.router.0];
+    for t in 0..rows {
+        let row = &logits[t * n_experts..(t + 1) * n_experts];
+        let probs = &mut sc.probs[..n_experts];
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let mut sum = 0.0f32;
+        for (p, &l) in probs.iter_mut().zip(row) {
+            *p = (l - max).exp();
+            sum += *p;
+        }
+        for p in probs.iter_mut() {
+            *p /= sum;
+        }
+        let chosen = &mut sc.routes[t * k..(t + 1) * k];
+        for j in 0..k {
+            // The first maximum among the experts not chosen yet: among equal probabilities
+            // the lower index wins. Chosen ones are skipped by index, not by value, so even
+            // NaN logits pick `k` different experts (an expert's group never outgrows the
+            // step's rows).
+            let mut best: Option<usize> = None;
+            for e in 0..n_experts {
+                if chosen[..j].iter().any(|&(c, _)| c as usize == e) {
+                    continue;
+                }
+                if best.is_none_or(|b| probs[e] > probs[b]) {
+                    best = Some(e);
+                }
+            }
+            let best = best.unwrap_or(0);
+            chosen[j] = (best as u32, probs[best]);
+        }
+        if op.normalize {
+            let total: f32 = chosen.iter().map(|&(_, w)| w).sum();
+            for (_, w) in chosen.iter_mut() {
+                *w /= total;
+            }
+        }
+    }
+    // Group the (row, weight) pairs by expert, rows ascending within each group.
+    let ends = &mut sc.ends[..n_experts];
+    ends.fill(0);
+    for &(e, _) in &sc.routes[..rows * k] {
+        ends[e as usize] += 1;
+    }
+    let mut at = 0;
+    for c in ends.iter_mut() {
+        let n = *c;
+        *c = at;
+        at += n;
+    }
+    for t in 0..rows {
+        for &(e, w) in &sc.routes[t * k..(t + 1) * k] {
+            let slot = &mut ends[e as usize];
+            sc.grouped[*slot] = (t as u32, w);
+            *slot += 1;
+        }
+    }
+    // Taken out of the scratch for the loop and put back, so the buffers can be borrowed
+    // side by side (moving a Vec allocates nothing).
+    let mut xs = std::mem::take(&mut sc.bufs[op.xs.0]);
+    let mut g = std::mem::take(&mut sc.bufs[op.g.0]);
+    let mut u = std::mem::take(&mut sc.bufs[op.u.0]);
+    let mut ys = std::mem::take(&mut sc.bufs[op.ys.0]);
+    let mut out = std::mem::take(&mut sc.bufs[op.out.0]);
+    let x = &sc.bufs[op.x.0];
+    out[..rows * h].fill(0.0);
+    let mut start = 0;
+    for e in 0..n_experts {
+        let end = sc.ends[e];
+        let group = &sc.grouped[start..end];
+        start = end;
+        let c = group.len();
+        if c == 0 {
+            continue;
+        }
+        for (i, &(t, _)) in group.iter().enumerate() {
+            let t = t as usize;
+            xs[i * h..(i + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+        }
+        be.matmul(&op.gate[e], &xs[..c * h], c, &mut g[..c * f]);
+        be.matmul(&op.up[e], &xs[..c * h], c, &mut u[..c * f]);
+        be.silu_mul(&mut g[..c * f], &u[..c * f]);
+        be.matmul(&op.down[e], &g[..c * f], c, &mut ys[..c * h]);
+        for (i, &(t, w)) in group.iter().enumerate() {
+            let t = t as usize;
+            let dst = &mut out[t * h..(t + 1) * h];
+            for (o, y) in dst.iter_mut().zip(&ys[i * h..(i + 1) * h]) {
+                *o += y * w;
+            }
+        }
+    }
+    sc.bufs[op.xs.0] = xs;
+    sc.bufs[op.g.0] = g;
+    sc.bufs[op.u.0] = u;
+    sc.bufs[op.ys.0] = ys;
+    sc.bufs[op.out.0] = out;
 }
 
 /// Where the rows of the current logits block go.
@@ -228,6 +351,7 @@ impl Executor for HostExec<'_, '_> {
                 let (y, x) = read_write(&mut self.sc.bufs, y.0, x.0);
                 be.add(&mut x[..len], &y[..len]);
             }
+            Op::MoeFfn(m) => moe_ffn(be, self.sc, m),
             Op::GatherWanted {
                 src,
                 dst,

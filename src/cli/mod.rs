@@ -422,6 +422,19 @@ fn cmd_info(a: InfoArgs) -> Result<()> {
             println!("  layers: {}", c.n_layers);
             println!("  hidden: {}", c.hidden);
             println!("  ffn: {}", c.ffn);
+            if let Some(m) = c.moe {
+                println!(
+                    "  experts: {} ({} used per token, expert ffn {}, {})",
+                    m.n_experts,
+                    m.n_used,
+                    m.expert_ffn,
+                    if m.normalize {
+                        "renormalised"
+                    } else {
+                        "not renormalised"
+                    }
+                );
+            }
             println!(
                 "  heads: {} (kv {}) x head_dim {}",
                 c.n_heads, c.n_kv_heads, c.head_dim
@@ -487,7 +500,7 @@ fn config_json(c: &crate::model::ModelConfig) -> serde_json::Value {
     // JSON numbers are f64: widen an f32 through its shortest decimal, so 1e-6 stays 1e-6
     // and does not print as 9.99999997e-7.
     let wide = |x: f32| x.to_string().parse::<f64>().unwrap_or(f64::from(x));
-    serde_json::json!({
+    let mut v = serde_json::json!({
         "architecture": c.arch.name(),
         "layers": c.n_layers,
         "hidden": c.hidden,
@@ -499,7 +512,16 @@ fn config_json(c: &crate::model::ModelConfig) -> serde_json::Value {
         "context_length": c.context_length,
         "rope_theta": wide(c.rope_theta),
         "rms_eps": wide(c.rms_eps),
-    })
+    });
+    if let Some(m) = c.moe {
+        v["experts"] = serde_json::json!({
+            "count": m.n_experts,
+            "used": m.n_used,
+            "ffn": m.expert_ffn,
+            "normalize": m.normalize,
+        });
+    }
+    v
 }
 
 /// Logs to stderr; `RUST_LOG` filters (default: warnings, and info from inferno; the

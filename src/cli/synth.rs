@@ -1,7 +1,7 @@
 //! `inferno synth`: writes a random-weight GGUF of a real model's shape, so benchmarks need
 //! no download.
 
-use crate::model::synth::{self, SynthSpec, LLAMA_PRESETS, PRESETS};
+use crate::model::synth::{self, SynthSpec, LLAMA_PRESETS, PRESETS, QWEN3MOE_PRESETS};
 use crate::model::Architecture;
 use crate::tensor::GgmlType;
 use anyhow::{bail, Context, Result};
@@ -10,11 +10,12 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// Architecture of the file: qwen3 or llama.
+    /// Architecture of the file: qwen3, llama or qwen3moe.
     #[arg(long, default_value = "qwen3")]
     pub arch: String,
     /// Shape preset. qwen3: 0.6b (exactly Qwen3-0.6B's shape, the default) or demo (a small
-    /// model); llama: 1b (exactly Llama-3.2-1B's shape, the default).
+    /// model); llama: 1b (exactly Llama-3.2-1B's shape, the default); qwen3moe: 30b-a3b
+    /// (exactly Qwen3-30B-A3B's shape, the default) or tiny (2 layers, 8 experts).
     #[arg(long)]
     pub preset: Option<String>,
     /// Type of the weight matrices: q8_0, q5_0, q4_0, f16, bf16 or f32.
@@ -32,7 +33,11 @@ pub fn cmd_synth(a: SynthArgs) -> Result<()> {
     let (arch, presets) = match a.arch.as_str() {
         "qwen3" => (Architecture::Qwen3, PRESETS),
         "llama" => (Architecture::Llama, LLAMA_PRESETS),
-        _ => bail!("unknown --arch {:?} (synthesized: qwen3, llama)", a.arch),
+        "qwen3moe" => (Architecture::Qwen3Moe, QWEN3MOE_PRESETS),
+        _ => bail!(
+            "unknown --arch {:?} (synthesized: qwen3, llama, qwen3moe)",
+            a.arch
+        ),
     };
     let dtype =
         GgmlType::from_name(&a.dtype).with_context(|| format!("unknown --dtype {:?}", a.dtype))?;

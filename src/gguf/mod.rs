@@ -113,6 +113,17 @@ impl TensorBytes {
         }
     }
 
+    /// `len` bytes from `start` of this view, sharing its storage (an expert of a stacked
+    /// 3-D tensor, still memory-mapped); `None` past the end.
+    pub fn slice(&self, start: usize, len: usize) -> Option<Self> {
+        let end = start.checked_add(len)?;
+        (end <= self.len).then(|| TensorBytes {
+            storage: Arc::clone(&self.storage),
+            start: self.start + start,
+            len,
+        })
+    }
+
     /// Owned bytes, e.g. for repacked or synthetic weights.
     pub fn from_vec(v: Vec<u8>) -> Self {
         let len = v.len();

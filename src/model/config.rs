@@ -1,5 +1,5 @@
-//! Hyper-parameters of a decoder-only model (Qwen3, Qwen2, Llama), read from GGUF metadata,
-//! including how RoPE frequencies are scaled.
+//! Hyper-parameters of a decoder-only model (Qwen3, Qwen3-MoE, Qwen2, Llama), read from GGUF
+//! metadata, including how RoPE frequencies are scaled and how tokens are routed to experts.
 
 use super::ModelError;
 use crate::gguf::GgufFile;
@@ -15,6 +15,9 @@ pub enum Architecture {
     /// them, Q/K rows stored permuted for interleaved-pair RoPE, RoPE frequencies that may be
     /// scaled (linear, Llama 3, or per-dimension factors in `rope_freqs.weight`).
     Llama,
+    /// Qwen3-MoE (Qwen3-30B-A3B, 235B-A22B): Qwen3's attention, and in every block a
+    /// mixture of SwiGLU experts in place of the dense MLP (see [`MoeConfig`]).
+    Qwen3Moe,
 }
 
 impl Architecture {
@@ -23,6 +26,7 @@ impl Architecture {
             "qwen3" => Some(Self::Qwen3),
             "qwen2" => Some(Self::Qwen2),
             "llama" => Some(Self::Llama),
+            "qwen3moe" => Some(Self::Qwen3Moe),
             _ => None,
         }
     }
@@ -32,11 +36,25 @@ impl Architecture {
             Self::Qwen3 => "qwen3",
             Self::Qwen2 => "qwen2",
             Self::Llama => "llama",
+            Self::Qwen3Moe => "qwen3moe",
         }
     }
 }
 
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["qwen3", "qwen2", "llama"];
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["qwen3", "qwen2", "llama", "qwen3moe"];
+
+/// A mixture-of-experts MLP (`{arch}.expert_*` keys): a router scores the `n_experts`
+/// experts for each token, the `n_used` most probable after a softmax run on it, and their
+/// outputs are summed weighted by those probabilities, renormalised to sum to one when
+/// `normalize` (transformers' `norm_topk_prob`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoeConfig {
+    pub n_experts: usize,
+    pub n_used: usize,
+    /// Rows of each expert's gate and up projections.
+    pub expert_ffn: usize,
+    pub normalize: bool,
+}
 
 /// How the RoPE inverse frequencies `base^(-2i/d)` are rescaled for a longer context
 /// (`{arch}.rope.scaling.*`). A `rope_freqs.weight` tensor (per-dimension divisors, what
@@ -85,6 +103,8 @@ pub struct ModelConfig {
     pub rope_theta: f32,
     pub rope_scaling: RopeScaling,
     pub rms_eps: f32,
+    /// The experts of a mixture-of-experts architecture (Qwen3-MoE); `None` for dense MLPs.
+    pub moe: Option<MoeConfig>,
 }
 
 impl ModelConfig {
@@ -127,11 +147,16 @@ impl ModelConfig {
             Some(tokens) => tokens.len(),
             None => 0,
         };
+        let ffn = gguf.get_u64(&key("feed_forward_length"))? as usize;
+        let moe = match arch {
+            Architecture::Qwen3Moe => Some(read_moe(gguf, p, ffn)?),
+            _ => None,
+        };
         let cfg = Self {
             arch,
             n_layers: gguf.get_u64(&key("block_count"))? as usize,
             hidden,
-            ffn: gguf.get_u64(&key("feed_forward_length"))? as usize,
+            ffn,
             n_heads,
             n_kv_heads,
             head_dim,
@@ -140,6 +165,7 @@ impl ModelConfig {
             rope_theta,
             rope_scaling,
             rms_eps: gguf.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            moe,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -232,6 +258,26 @@ impl ModelConfig {
                 ));
             }
         }
+        if let Some(m) = self.moe {
+            if m.n_experts == 0 || m.n_experts > 1 << 16 {
+                return bad(format!(
+                    "expert_count = {} is out of range (1..=65536)",
+                    m.n_experts
+                ));
+            }
+            if m.n_used == 0 || m.n_used > m.n_experts {
+                return bad(format!(
+                    "expert_used_count = {} must be between 1 and expert_count {}",
+                    m.n_used, m.n_experts
+                ));
+            }
+            if m.expert_ffn == 0 || m.expert_ffn > LIMIT {
+                return bad(format!(
+                    "expert_feed_forward_length = {} is out of range (1..={LIMIT})",
+                    m.expert_ffn
+                ));
+            }
+        }
         if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
             return bad(format!(
                 "layer_norm_rms_epsilon {} is invalid",
@@ -320,6 +366,53 @@ impl ModelConfig {
             _ => 1.0,
         }
     }
+}
+
+/// Reads the `{arch}.expert_*` keys as llama.cpp's converter writes them for Qwen3-MoE:
+/// `expert_count` and `expert_used_count` (required), `expert_feed_forward_length` (llama.cpp
+/// falls back to `feed_forward_length / expert_used_count`, and so does this). llama.cpp always
+/// renormalises the chosen weights for qwen3moe, which is Qwen3-MoE's released setting;
+/// `expert_weights_norm` (the key llama.cpp reads for other MoE architectures) may say
+/// `false`, for checkpoints with `norm_topk_prob` off. Qwen3-MoE has no shared expert: a file
+/// that declares one (`expert_shared_feed_forward_length`) is refused rather than run without
+/// it.
+fn read_moe(gguf: &GgufFile, arch: &str, ffn: usize) -> Result<MoeConfig, ModelError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let required = |k: &str| -> Result<usize, ModelError> {
+        match gguf.get(&key(k)) {
+            Some(_) => Ok(gguf.get_u64(&key(k))? as usize),
+            None => Err(ModelError::BadConfig(format!(
+                "a {arch} model needs {}",
+                key(k)
+            ))),
+        }
+    };
+    let n_experts = required("expert_count")?;
+    let n_used = required("expert_used_count")?;
+    let expert_ffn = match gguf.get(&key("expert_feed_forward_length")) {
+        Some(_) => gguf.get_u64(&key("expert_feed_forward_length"))? as usize,
+        None => ffn / n_used.max(1),
+    };
+    if let Some(v) = gguf.get(&key("expert_shared_feed_forward_length")) {
+        if v.as_u64() != Some(0) {
+            return Err(ModelError::BadConfig(format!(
+                "{} is set, but shared experts are not part of {arch}",
+                key("expert_shared_feed_forward_length")
+            )));
+        }
+    }
+    let normalize = match gguf.get(&key("expert_weights_norm")) {
+        Some(v) => v.as_bool().ok_or_else(|| {
+            ModelError::BadConfig(format!("{} must be a bool", key("expert_weights_norm")))
+        })?,
+        None => true,
+    };
+    Ok(MoeConfig {
+        n_experts,
+        n_used,
+        expert_ffn,
+        normalize,
+    })
 }
 
 /// Reads `{arch}.rope.scaling.*`. `type` is llama.cpp's `none`/`linear` (with `factor`), or

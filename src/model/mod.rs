@@ -1,6 +1,6 @@
 //! The model: hyper-parameters ([`config`]), weights ([`weights`]) and the forward pass
-//! shared by the Qwen3, Qwen2 and Llama architectures ([`qwen`]), for one sequence or a
-//! batch of them. The
+//! shared by the Qwen3, Qwen3-MoE, Qwen2 and Llama architectures ([`qwen`]), for one sequence
+//! or a batch of them. The
 //! pass is written against `backend::exec`, so it runs on every device; the model knows no
 //! device itself.
 
@@ -10,9 +10,9 @@ pub mod synth;
 pub mod weights;
 
 pub use crate::backend::{KvCache, Logits, Scratch, SeqStep};
-pub use config::{Architecture, ModelConfig};
+pub use config::{Architecture, ModelConfig, MoeConfig};
 pub use qwen::{Model, State};
-pub use weights::ModelWeights;
+pub use weights::{Ffn, ModelWeights, MoeWeights};
 
 use crate::gguf::GgufError;
 use crate::tensor::GgmlType;

@@ -1,4 +1,4 @@
-//! The decoder-only transformer shared by Qwen3, Qwen2 and Llama.
+//! The decoder-only transformer shared by Qwen3, Qwen3-MoE, Qwen2 and Llama.
 //!
 //! Each block is pre-norm attention then pre-norm SwiGLU MLP, both added to the residual:
 //!
@@ -9,7 +9,9 @@
 //!
 //! Qwen3 adds the per-head Q/K RMSNorm; Qwen2 has biases on the Q/K/V projections instead;
 //! Llama has neither (biases where a checkpoint has them, the output projection's too) and
-//! may scale its RoPE frequencies. The weights' loader puts Llama's permuted Q/K rows back in
+//! may scale its RoPE frequencies. Qwen3-MoE is Qwen3 with a mixture of experts for the MLP:
+//! `y = h + Σ_e w_e · Wdown_e · (SiLU(Wgate_e·m) ⊙ Wup_e·m)` over the experts its router
+//! picks for the token (the executor's `MoeFfn`). The weights' loader puts Llama's permuted Q/K rows back in
 //! transformers' order, so one RoPE serves all three.
 //!
 //! The pass is written once, against the executor interface (`backend::exec`): the host
@@ -24,7 +26,9 @@
 //! so a sequence's results do not depend on what it is batched with. The single-sequence
 //! [`Model::forward`] is the one-sequence case.
 
+use super::weights::Ffn;
 use super::{ModelConfig, ModelError, ModelWeights};
+use crate::backend::exec::MoeFfn;
 use crate::backend::{
     Buf, Device, Executor, KvCache, KvShape, KvType, Logits, Scratch, ScratchSpec, SeqStep, LOGITS,
 };
@@ -41,6 +45,14 @@ const V: Buf = Buf(4);
 const ATTN: Buf = Buf(5);
 const GATE: Buf = Buf(6);
 const UP: Buf = Buf(7);
+/// A mixture-of-experts MLP's buffers (width 0 in dense models): the router logits, the rows
+/// gathered for one expert, that expert's gate and up rows and its outputs, and the mixture.
+const ROUTER: Buf = Buf(8);
+const XS: Buf = Buf(9);
+const EGATE: Buf = Buf(10);
+const EUP: Buf = Buf(11);
+const YS: Buf = Buf(12);
+const MOE_OUT: Buf = Buf(13);
 
 pub struct Model {
     pub config: ModelConfig,
@@ -93,6 +105,12 @@ impl Model {
             return Err(ModelError::BadConfig("the vocabulary is empty".into()));
         }
         device.check_head_dim(config.head_dim)?;
+        if config.moe.is_some() && device.is_gpu() {
+            return Err(ModelError::BadConfig(format!(
+                "the gpu backend does not run mixture-of-experts models ({}); use a CPU backend",
+                config.arch.name()
+            )));
+        }
         let weights = ModelWeights::load(gguf, &config, &device)?;
         let mut inv_freq = config.rope_inv_freq();
         if let Some(factors) = &weights.rope_freqs {
@@ -179,14 +197,22 @@ impl Model {
     /// rows' logits (from several sequences) are computed in one matmul.
     pub fn new_scratch(&self, rows: usize, logit_rows: usize) -> Scratch {
         let c = &self.config;
-        let (h, qd, kvd, ffn) = (c.hidden, c.q_dim(), c.kv_dim(), c.ffn);
+        let (h, qd, kvd) = (c.hidden, c.q_dim(), c.kv_dim());
+        let (ffn, moe) = match c.moe {
+            None => (c.ffn, [0; 6]),
+            Some(m) => (0, [m.n_experts, h, m.expert_ffn, m.expert_ffn, h, h]),
+        };
+        let mut widths = vec![h, h, qd, kvd, kvd, qd, ffn, ffn];
+        widths.extend(moe);
         self.device.new_scratch(&ScratchSpec {
             // Indexed by the buffer constants above.
-            widths: vec![h, h, qd, kvd, kvd, qd, ffn, ffn],
+            widths,
             rows: rows.max(1),
             logit_rows,
             vocab: c.vocab,
             head_dim: c.head_dim,
+            experts: c.moe.map_or(0, |m| m.n_experts),
+            experts_used: c.moe.map_or(0, |m| m.n_used),
         })
     }
 
@@ -336,16 +362,40 @@ impl Model {
         ex.add(X, XN, n);
     }
 
-    /// `x += Wdown · (SiLU(Wgate · m) ⊙ Wup · m)` with `m = RMSNorm(x)`.
+    /// `x += Wdown · (SiLU(Wgate · m) ⊙ Wup · m)` with `m = RMSNorm(x)`, or for a mixture
+    /// of experts the router's logits `Wrouter · m` and the experts they pick.
     fn mlp_block(&self, ex: &mut dyn Executor, l: usize, n: usize) {
         let c = &self.config;
         let lw = &self.weights.layers[l];
         ex.rms_norm(X, XN, n, &lw.ffn_norm, c.rms_eps);
-        ex.matmul(&lw.w_gate, XN, n, GATE);
-        ex.matmul(&lw.w_up, XN, n, UP);
-        ex.silu_mul(GATE, UP, n);
-        ex.matmul(&lw.w_down, GATE, n, XN);
-        ex.add(X, XN, n);
+        match &lw.ffn {
+            Ffn::Dense { gate, up, down } => {
+                ex.matmul(gate, XN, n, GATE);
+                ex.matmul(up, XN, n, UP);
+                ex.silu_mul(GATE, UP, n);
+                ex.matmul(down, GATE, n, XN);
+                ex.add(X, XN, n);
+            }
+            Ffn::Moe(m) => {
+                ex.matmul(&m.router, XN, n, ROUTER);
+                ex.moe_ffn(MoeFfn {
+                    router: ROUTER,
+                    x: XN,
+                    out: MOE_OUT,
+                    rows: n,
+                    gate: &m.gate,
+                    up: &m.up,
+                    down: &m.down,
+                    used: m.used,
+                    normalize: m.normalize,
+                    xs: XS,
+                    g: EGATE,
+                    u: EUP,
+                    ys: YS,
+                });
+                ex.add(X, MOE_OUT, n);
+            }
+        }
     }
 
     /// `logits = Woutput · RMSNorm(x)` for the rows whose logits are wanted, in the blocks

@@ -1,9 +1,10 @@
 //! Random-weight models of a real model's shape: benchmarks need no download, and the
 //! service has a built-in demo model. Deterministic for a given seed.
 //!
-//! Two architectures: `qwen3` (Qwen3-0.6B's shape, and the demo) and `llama` (Llama-3.2-1B's
+//! Three architectures: `qwen3` (Qwen3-0.6B's shape, and the demo), `llama` (Llama-3.2-1B's
 //! shape, with its Llama 3 RoPE scaling written as llama.cpp's converter writes it, a
-//! `rope_freqs.weight` tensor).
+//! `rope_freqs.weight` tensor) and `qwen3moe` (Qwen3-30B-A3B's shape, its experts stacked into
+//! 3-D tensors as llama.cpp's converter stacks them, and a tiny one for tests).
 //!
 //! The vocabulary is byte-level (the 256 byte tokens of GPT-2's byte encoding, no merges)
 //! plus the Qwen special tokens, padded to the preset's vocabulary size.
@@ -18,7 +19,7 @@
 //! only no longer one repeated character.
 
 use crate::gguf::{GgufError, GgufWriter, Value};
-use crate::model::Architecture;
+use crate::model::{Architecture, MoeConfig};
 use crate::tensor::{float, q8_0, GgmlType};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -44,11 +45,15 @@ pub struct SynthSpec {
     /// Shape the output toward varied printable text (see the module's notes; needs an
     /// untied LM head).
     pub readable: bool,
+    /// The experts of a `qwen3moe` model (its MLPs are mixtures of them); `None` otherwise.
+    pub moe: Option<MoeConfig>,
 }
 
 pub const PRESETS: &[&str] = &["0.6b", "demo"];
 /// The presets of `--arch llama`.
 pub const LLAMA_PRESETS: &[&str] = &["1b"];
+/// The presets of `--arch qwen3moe`.
+pub const QWEN3MOE_PRESETS: &[&str] = &["30b-a3b", "tiny"];
 
 /// Llama 3.2's RoPE scaling: factor, low and high frequency factors, original context.
 const LLAMA3_ROPE: (f64, f64, f64, f64) = (32.0, 1.0, 4.0, 8192.0);
@@ -82,6 +87,7 @@ impl SynthSpec {
             dtype,
             seed: 42,
             readable: false,
+            moe: None,
         };
         match name {
             "0.6b" => Some(base),
@@ -125,7 +131,56 @@ impl SynthSpec {
                 dtype,
                 seed: 42,
                 readable: false,
+                moe: None,
             }),
+            (Architecture::Qwen3Moe, "30b-a3b" | "tiny") => {
+                let full = Self {
+                    name: "synthetic-qwen3-30b-a3b".into(),
+                    arch,
+                    n_layers: 48,
+                    hidden: 2048,
+                    ffn: 6144,
+                    n_heads: 32,
+                    n_kv_heads: 4,
+                    head_dim: 128,
+                    vocab: 151_936,
+                    context_length: 40_960,
+                    rope_theta: 1_000_000.0,
+                    rms_eps: 1e-6,
+                    tied: false,
+                    dtype,
+                    seed: 42,
+                    readable: false,
+                    moe: Some(MoeConfig {
+                        n_experts: 128,
+                        n_used: 8,
+                        expert_ffn: 768,
+                        normalize: true,
+                    }),
+                };
+                Some(if name == "tiny" {
+                    Self {
+                        name: "synthetic-qwen3moe-tiny".into(),
+                        n_layers: 2,
+                        hidden: 64,
+                        ffn: 256,
+                        n_heads: 4,
+                        n_kv_heads: 2,
+                        head_dim: 16,
+                        vocab: 256 + SPECIALS.len(),
+                        context_length: 256,
+                        moe: Some(MoeConfig {
+                            n_experts: 8,
+                            n_used: 2,
+                            expert_ffn: 32,
+                            normalize: true,
+                        }),
+                        ..full
+                    }
+                } else {
+                    full
+                })
+            }
             _ => None,
         }
     }
@@ -137,10 +192,14 @@ impl SynthSpec {
             self.n_kv_heads * self.head_dim,
         );
         let qk_norms = match self.arch {
-            Architecture::Qwen3 => 2 * self.head_dim,
+            Architecture::Qwen3 | Architecture::Qwen3Moe => 2 * self.head_dim,
             _ => 0,
         };
-        let layer = h * qd * 2 + h * kvd * 2 + 3 * h * self.ffn + 2 * h + qk_norms;
+        let mlp = match self.moe {
+            None => 3 * h * self.ffn,
+            Some(m) => m.n_experts * h + 3 * m.n_experts * h * m.expert_ffn,
+        };
+        let layer = h * qd * 2 + h * kvd * 2 + mlp + 2 * h + qk_norms;
         let out = if self.tied { 0 } else { self.vocab * h };
         self.vocab * h + self.n_layers * layer + h + out
     }
@@ -327,17 +386,27 @@ pub fn build_with_progress(
         spec.ffn,
     );
     let blocked = spec.dtype.block_size() > 1;
-    if blocked && [h, qd, ffn].iter().any(|d| d % q8_0::BLOCK != 0) {
+    // The MLP's inner width: the dense FFN, or each expert's.
+    let inner = spec.moe.map_or(ffn, |m| m.expert_ffn);
+    if blocked && [h, qd, inner].iter().any(|d| d % q8_0::BLOCK != 0) {
         return Err(SynthError::Shape(format!(
-            "{} needs row lengths that are multiples of 32 (hidden {h}, q {qd}, ffn {ffn})",
+            "{} needs row lengths that are multiples of 32 (hidden {h}, q {qd}, ffn {inner})",
             spec.dtype
         )));
     }
-    if !matches!(spec.arch, Architecture::Qwen3 | Architecture::Llama) {
+    if !matches!(
+        spec.arch,
+        Architecture::Qwen3 | Architecture::Llama | Architecture::Qwen3Moe
+    ) {
         return Err(SynthError::Shape(format!(
-            "architecture {} is not synthesized (qwen3, llama)",
+            "architecture {} is not synthesized (qwen3, llama, qwen3moe)",
             spec.arch.name()
         )));
+    }
+    if (spec.arch == Architecture::Qwen3Moe) != spec.moe.is_some() {
+        return Err(SynthError::Shape(
+            "experts are given exactly for qwen3moe".into(),
+        ));
     }
     let llama = spec.arch == Architecture::Llama;
     let mut rng = ChaCha8Rng::seed_from_u64(spec.seed);
@@ -383,6 +452,20 @@ pub fn build_with_progress(
         format!("{a}.attention.layer_norm_rms_epsilon"),
         Value::F32(spec.rms_eps),
     );
+    if let Some(m) = spec.moe {
+        w.add(format!("{a}.expert_count"), Value::U32(m.n_experts as u32));
+        w.add(
+            format!("{a}.expert_used_count"),
+            Value::U32(m.n_used as u32),
+        );
+        w.add(
+            format!("{a}.expert_feed_forward_length"),
+            Value::U32(m.expert_ffn as u32),
+        );
+        if !m.normalize {
+            w.add(format!("{a}.expert_weights_norm"), Value::Bool(false));
+        }
+    }
     tokenizer_metadata(&mut w, spec.vocab);
 
     let dt = spec.dtype;
@@ -462,9 +545,33 @@ pub fn build_with_progress(
             GgmlType::F32,
             random_gain(&mut rng, h),
         )?;
-        mat(&mut w, &n("ffn_gate.weight"), ffn, h, &mut rng)?;
-        mat(&mut w, &n("ffn_up.weight"), ffn, h, &mut rng)?;
-        mat(&mut w, &n("ffn_down.weight"), h, ffn, &mut rng)?;
+        match spec.moe {
+            None => {
+                mat(&mut w, &n("ffn_gate.weight"), ffn, h, &mut rng)?;
+                mat(&mut w, &n("ffn_up.weight"), ffn, h, &mut rng)?;
+                mat(&mut w, &n("ffn_down.weight"), h, ffn, &mut rng)?;
+            }
+            Some(m) => {
+                let (e, f) = (m.n_experts, m.expert_ffn);
+                mat(&mut w, &n("ffn_gate_inp.weight"), e, h, &mut rng)?;
+                // Each stacked tensor is its experts' rows one after the other, so one draw
+                // of `e × rows` rows encodes it (every row is quantized on its own).
+                for (name, rows, cols) in [
+                    ("ffn_gate_exps.weight", f, h),
+                    ("ffn_up_exps.weight", f, h),
+                    ("ffn_down_exps.weight", h, f),
+                ] {
+                    let std = 1.0 / (cols as f32).sqrt();
+                    let vals = normal_values(&mut rng, e * rows * cols, std);
+                    w.add_tensor(
+                        n(name),
+                        &[cols as u64, rows as u64, e as u64],
+                        dt,
+                        encode(&vals, dt),
+                    )?;
+                }
+            }
+        }
         progress(i + 2, parts);
     }
     w.add_tensor(
@@ -572,6 +679,45 @@ mod tests {
             .unwrap();
         assert!(out.iter().all(|v| v.is_finite()));
         assert!(SynthSpec::preset_for(Architecture::Llama, "0.6b", GgmlType::Q8_0).is_none());
+    }
+
+    #[test]
+    fn qwen3moe_presets_have_qwen3_30b_a3b_parameter_count_and_the_tiny_one_generates() {
+        let full =
+            SynthSpec::preset_for(Architecture::Qwen3Moe, "30b-a3b", GgmlType::Q8_0).unwrap();
+        // Qwen3-30B-A3B's published total.
+        assert_eq!(full.n_params(), 30_532_122_624);
+        let tiny = SynthSpec::preset_for(Architecture::Qwen3Moe, "tiny", GgmlType::Q8_0).unwrap();
+        let bytes = build(&tiny).unwrap().to_bytes();
+        assert_eq!(bytes, build(&tiny).unwrap().to_bytes());
+        let g = GgufFile::from_bytes(bytes).unwrap();
+        let info = g.tensor_info("blk.1.ffn_down_exps.weight").unwrap();
+        assert_eq!(info.dims, vec![32, 64, 8]);
+        let be = crate::backend::create_backend("scalar", &Default::default()).unwrap();
+        let model = crate::model::Model::load(&g, be).unwrap();
+        assert_eq!(model.config.arch, Architecture::Qwen3Moe);
+        assert_eq!(model.config.moe, tiny.moe);
+        let crate::model::Ffn::Moe(m) = &model.weights.layers[0].ffn else {
+            panic!("a qwen3moe layer has experts");
+        };
+        assert_eq!((m.gate.len(), m.down[7].rows, m.down[7].cols), (8, 64, 32));
+        // Greedy decoding, token by token, runs and stays inside the vocabulary.
+        let mut st = model.new_state(16, 4);
+        let mut row = vec![0.0; model.config.vocab];
+        model
+            .forward(&mut st, &[1, 2, 3], crate::model::Logits::Last(&mut row))
+            .unwrap();
+        for _ in 0..8 {
+            assert!(row.iter().all(|v| v.is_finite()));
+            let id = (0..row.len())
+                .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+                .unwrap() as u32;
+            model
+                .forward(&mut st, &[id], crate::model::Logits::Last(&mut row))
+                .unwrap();
+        }
+        assert_eq!(st.position(), 11);
+        assert!(SynthSpec::preset_for(Architecture::Qwen3Moe, "0.6b", GgmlType::Q8_0).is_none());
     }
 
     #[test]

@@ -1,5 +1,10 @@
 //! The model's tensors, looked up by their GGUF names and checked against the config.
 //!
+//! A mixture-of-experts layer's experts are stored stacked, one 3-D tensor per projection
+//! (`ffn_{gate,up,down}_exps`, the expert the slowest dimension); each expert's rows are one
+//! contiguous run of bytes, so every expert is a [`Matrix`] viewing its part of the mapped
+//! file, nothing copied.
+//!
 //! Llama files store the Q and K projection rows permuted (llama.cpp's converter reorders
 //! each head so that RoPE rotates adjacent pairs); they are put back in transformers' order
 //! here, so every backend runs one RoPE (pairs `i`, `i + d/2`) for every architecture. The
@@ -28,9 +33,32 @@ pub struct LayerWeights {
     pub q_norm: Option<Vector>,
     pub k_norm: Option<Vector>,
     pub ffn_norm: Vector,
-    pub w_gate: Matrix,
-    pub w_up: Matrix,
-    pub w_down: Matrix,
+    pub ffn: Ffn,
+}
+
+/// A block's MLP.
+pub enum Ffn {
+    /// `Wdown · (SiLU(Wgate · m) ⊙ Wup · m)`.
+    Dense {
+        gate: Matrix,
+        up: Matrix,
+        down: Matrix,
+    },
+    /// A mixture of SwiGLU experts chosen per token by a router.
+    Moe(MoeWeights),
+}
+
+/// One layer's experts: the router (`[n_experts, hidden]`) and each expert's projections,
+/// indexed by expert.
+pub struct MoeWeights {
+    pub router: Matrix,
+    pub gate: Vec<Matrix>,
+    pub up: Vec<Matrix>,
+    pub down: Vec<Matrix>,
+    /// Experts each token uses, and whether their weights are renormalised (see
+    /// [`super::config::MoeConfig`]).
+    pub used: usize,
+    pub normalize: bool,
 }
 
 pub struct ModelWeights {
@@ -116,6 +144,62 @@ impl Loader<'_> {
         Ok(m)
     }
 
+    /// The `n` experts of a stacked 3-D tensor (GGUF dims `[cols, rows, n]`), each a matrix
+    /// of `rows × cols` viewing its bytes in the file.
+    fn experts(
+        &self,
+        name: &str,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Matrix>, ModelError> {
+        let info = self
+            .gguf
+            .tensor_info(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let want = [cols as u64, rows as u64, n as u64];
+        if info.dims != want {
+            return Err(ModelError::TensorShape {
+                name: name.to_string(),
+                expected: want.to_vec(),
+                found: info.dims.clone(),
+            });
+        }
+        if !self.device.supports(info.dtype) {
+            return Err(ModelError::UnsupportedDtype {
+                name: name.to_string(),
+                dtype: info.dtype,
+                backend: self.device.name().to_string(),
+            });
+        }
+        let data = self.gguf.tensor_data(name)?;
+        let row_bytes = info.dtype.row_size(cols as u64).unwrap_or(0) as usize;
+        let size = rows * row_bytes;
+        (0..n)
+            .map(|e| {
+                let bytes = data
+                    .slice(e * size, size)
+                    .ok_or_else(|| ModelError::TensorShape {
+                        name: name.to_string(),
+                        expected: want.to_vec(),
+                        found: info.dims.clone(),
+                    })?;
+                // Not prepared (repacked): experts stay memory-mapped, so only the pages of
+                // the experts a token is routed to are ever read, and a model larger than
+                // memory can run. The CPU kernels multiply every type in its stored layout
+                // with the same bits as the packed one.
+                Ok(Matrix {
+                    name: format!("{name}[{e}]"),
+                    dtype: info.dtype,
+                    rows,
+                    cols,
+                    data: bytes,
+                    prepared: None,
+                })
+            })
+            .collect()
+    }
+
     /// A bias of Q or K heads, reordered as [`Loader::head_matrix`] reorders rows.
     fn optional_head_vector(
         &self,
@@ -198,7 +282,7 @@ impl ModelWeights {
         for i in 0..cfg.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}");
             let (q_norm, k_norm, bq, bk, bv, bo) = match cfg.arch {
-                Architecture::Qwen3 => (
+                Architecture::Qwen3 | Architecture::Qwen3Moe => (
                     Some(ld.vector(&n("attn_q_norm.weight"), hd)?),
                     Some(ld.vector(&n("attn_k_norm.weight"), hd)?),
                     None,
@@ -233,6 +317,24 @@ impl ModelWeights {
                     ld.matrix(&n("attn_k.weight"), kvd, h)?,
                 ),
             };
+            let ffn = match cfg.moe {
+                None => Ffn::Dense {
+                    gate: ld.matrix(&n("ffn_gate.weight"), cfg.ffn, h)?,
+                    up: ld.matrix(&n("ffn_up.weight"), cfg.ffn, h)?,
+                    down: ld.matrix(&n("ffn_down.weight"), h, cfg.ffn)?,
+                },
+                Some(moe) => {
+                    let (e, f) = (moe.n_experts, moe.expert_ffn);
+                    Ffn::Moe(MoeWeights {
+                        router: ld.matrix(&n("ffn_gate_inp.weight"), e, h)?,
+                        gate: ld.experts(&n("ffn_gate_exps.weight"), e, f, h)?,
+                        up: ld.experts(&n("ffn_up_exps.weight"), e, f, h)?,
+                        down: ld.experts(&n("ffn_down_exps.weight"), e, h, f)?,
+                        used: moe.n_used,
+                        normalize: moe.normalize,
+                    })
+                }
+            };
             layers.push(LayerWeights {
                 attn_norm: ld.vector(&n("attn_norm.weight"), h)?,
                 wq,
@@ -246,9 +348,7 @@ impl ModelWeights {
                 q_norm,
                 k_norm,
                 ffn_norm: ld.vector(&n("ffn_norm.weight"), h)?,
-                w_gate: ld.matrix(&n("ffn_gate.weight"), cfg.ffn, h)?,
-                w_up: ld.matrix(&n("ffn_up.weight"), cfg.ffn, h)?,
-                w_down: ld.matrix(&n("ffn_down.weight"), h, cfg.ffn)?,
+                ffn,
             });
         }
         let (output, tied_embeddings) = match gguf.tensor_info("output.weight") {
@@ -273,7 +373,10 @@ impl ModelWeights {
     pub fn main_dtype(&self) -> GgmlType {
         self.layers
             .first()
-            .map(|l| l.w_gate.dtype)
+            .map(|l| match &l.ffn {
+                Ffn::Dense { gate, .. } => gate.dtype,
+                Ffn::Moe(m) => m.gate.first().map_or(m.router.dtype, |g| g.dtype),
+            })
             .unwrap_or(self.token_embd.dtype)
     }
 }

@@ -811,6 +811,12 @@ impl<'s, 'a> GpuExec<'s, 'a> {
                     count,
                 );
             }
+            Op::MoeFfn(_) => {
+                // Models are refused at load (`Model::load`); this keeps a stray op an error.
+                return Err(GpuError::Device(
+                    "the gpu backend does not run mixture-of-experts layers".into(),
+                ));
+            }
             Op::Add { x, y, rows } => {
                 let count = rows * sc.width(x);
                 let none = rec.none;
