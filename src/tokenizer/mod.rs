@@ -12,6 +12,7 @@ mod byte_level;
 pub mod chat;
 mod pre;
 mod stream;
+pub mod tool_calls;
 
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::NormalizerWrapper;
