@@ -398,6 +398,7 @@ async fn a_required_tool_call_streams_as_a_call_and_the_conversation_round_trips
                     role: "tool".into(),
                     content: r#"{"temperature": 21}"#.into(),
                     tool_call_id: call.id.clone(),
+                    ..Default::default()
                 },
             ];
             let r = run(&mut c, req).await;
