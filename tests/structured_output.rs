@@ -289,8 +289,50 @@ async fn real_model_outputs_validate_under_their_schemas_regexes_and_grammars() 
         assert!(sql.is_match(&query.text()), "{:?}", query.text());
     }
 
+    // A required tool call through the model's own template (which shows it the tools),
+    // then the answer to the call's result.
+    let mut c = client(server.addr()).await;
+    let question = user("What is the weather in Paris, in celsius?");
+    let mut req = chat("", 80, None);
+    req.messages = vec![question.clone()];
+    req.tools = weather_tools();
+    req.tool_choice = Some(pb::ToolChoice {
+        choice: Some(pb::tool_choice::Choice::Mode(
+            pb::tool_choice::Mode::Required as i32,
+        )),
+    });
+    let r = run(&mut c, req).await;
+    assert_eq!(r.code(), Code::Ok, "{:?}", r.status);
+    assert_eq!(r.finish_reason(), Some(FinishReason::ToolCalls), "{}", r.text());
+    assert_eq!(r.tool_calls.len(), 1);
+    assert_eq!(r.done.as_ref().unwrap().tool_calls, r.tool_calls);
+    let call = &r.tool_calls[0];
+    let tool = weather_tools().into_iter().find(|t| t.name == call.name).unwrap();
+    validate(&serde_json::from_str(&tool.parameters).unwrap(), &call.arguments).unwrap();
+    eprintln!("required call: {}({})", call.name, call.arguments);
+    let mut req = chat("", 40, None);
+    req.tools = weather_tools();
+    req.messages = vec![
+        question,
+        pb::ChatMessage {
+            role: "assistant".into(),
+            tool_calls: vec![call.clone()],
+            ..Default::default()
+        },
+        pb::ChatMessage {
+            role: "tool".into(),
+            content: r#"{"temperature": 21, "sky": "clear"}"#.into(),
+            tool_call_id: call.id.clone(),
+            ..Default::default()
+        },
+    ];
+    let r = run(&mut c, req).await;
+    assert_eq!(r.code(), Code::Ok, "{:?}", r.status);
+    assert!(!r.text().is_empty() || !r.tool_calls.is_empty());
+    eprintln!("after the result: {:?} {:?}", r.text(), r.tool_calls);
+
     let text = server.metrics_text();
-    let constrained = (fixtures.len() * 2 + regexes.len() * 2 + 4) as f64;
+    let constrained = (fixtures.len() * 2 + regexes.len() * 2 + 4 + 1) as f64;
     assert_eq!(
         metric(&text, "inferno_constrained_requests_total"),
         constrained
