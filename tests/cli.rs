@@ -404,7 +404,10 @@ fn generate_follows_a_regex_or_a_json_schema_and_refuses_a_bad_one() {
             assert!(full.is_match(text), "{text:?}");
         } else {
             let j: serde_json::Value = serde_json::from_str(text).unwrap();
-            assert!(j["ok"].is_boolean() && j["n"].as_u64().unwrap() <= 9, "{text}");
+            assert!(
+                j["ok"].is_boolean() && j["n"].as_u64().unwrap() <= 9,
+                "{text}"
+            );
         }
         // One mask per token: both formats are complete (and end the run) at their last
         // token, so no end-of-generation token is ever sampled.

@@ -47,7 +47,11 @@ async fn the_demo_model_follows_a_regex_and_bad_formats_are_refused() {
         req.response_format = format(Format::Regex(rx.into()));
         let r = run(&mut c, req).await;
         assert_eq!(r.code(), Code::Ok, "{:?}", r.status);
-        assert!(full.is_match(&r.text()), "{:?} does not match {rx}", r.text());
+        assert!(
+            full.is_match(&r.text()),
+            "{:?} does not match {rx}",
+            r.text()
+        );
         assert_eq!(r.finish_reason(), Some(FinishReason::Eos));
     }
     // An unconstrained request alongside: the service still serves free text.
@@ -150,7 +154,10 @@ fn validate(schema: &Value, text: &str) -> Result<(), String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_model_outputs_validate_under_their_schemas_regexes_and_grammars() {
     let Some(path) = real_model_path() else {
-        assert!(!in_ci(), "CI must run the real-model test: set INFERNO_TEST_MODEL");
+        assert!(
+            !in_ci(),
+            "CI must run the real-model test: set INFERNO_TEST_MODEL"
+        );
         eprintln!("SKIPPED: no real checkpoint (set INFERNO_TEST_MODEL)");
         return;
     };
@@ -231,10 +238,7 @@ async fn real_model_outputs_validate_under_their_schemas_regexes_and_grammars() 
     // Regexes, and Lark grammars checked by an independent parser or an equivalent regex.
     let regexes = [
         ("Give today's date.", r"[0-9]{4}-[0-9]{2}-[0-9]{2}"),
-        (
-            "Give a US phone number.",
-            r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}",
-        ),
+        ("Give a US phone number.", r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}"),
         ("Is the sky blue? Answer yes or no.", r"(yes|no)"),
         ("Give a hex colour for red.", r"#[0-9a-fA-F]{6}"),
         (
@@ -244,7 +248,8 @@ async fn real_model_outputs_validate_under_their_schemas_regexes_and_grammars() 
         ("Name a primary colour in lower case.", r"[a-z]{3,10}"),
     ];
     let lark_list = "start: \"[\" num (\", \" num)* \"]\"\nnum: /-?[1-9][0-9]{0,3}/ | \"0\"";
-    let lark_sql = "start: \"SELECT \" cols \" FROM \" ident (\" WHERE \" ident \" = \" /[0-9]{1,4}/)?\n\
+    let lark_sql =
+        "start: \"SELECT \" cols \" FROM \" ident (\" WHERE \" ident \" = \" /[0-9]{1,4}/)?\n\
                     cols: ident (\", \" ident)*\n\
                     ident: /[a-z_]{1,12}/";
     let sql = regex::Regex::new(
@@ -276,7 +281,11 @@ async fn real_model_outputs_validate_under_their_schemas_regexes_and_grammars() 
     for ((_, rx), r) in regexes.iter().flat_map(|p| [p, p]).zip(rx_results) {
         assert_eq!(r.code(), Code::Ok, "{rx}: {:?}", r.status);
         let full = regex::Regex::new(&format!("^(?:{rx})$")).unwrap();
-        assert!(full.is_match(&r.text()), "{:?} does not match {rx}", r.text());
+        assert!(
+            full.is_match(&r.text()),
+            "{:?} does not match {rx}",
+            r.text()
+        );
         assert_eq!(r.finish_reason(), Some(FinishReason::Eos), "{rx}");
     }
     for pair in lark_results.chunks(2) {
@@ -303,12 +312,24 @@ async fn real_model_outputs_validate_under_their_schemas_regexes_and_grammars() 
     });
     let r = run(&mut c, req).await;
     assert_eq!(r.code(), Code::Ok, "{:?}", r.status);
-    assert_eq!(r.finish_reason(), Some(FinishReason::ToolCalls), "{}", r.text());
+    assert_eq!(
+        r.finish_reason(),
+        Some(FinishReason::ToolCalls),
+        "{}",
+        r.text()
+    );
     assert_eq!(r.tool_calls.len(), 1);
     assert_eq!(r.done.as_ref().unwrap().tool_calls, r.tool_calls);
     let call = &r.tool_calls[0];
-    let tool = weather_tools().into_iter().find(|t| t.name == call.name).unwrap();
-    validate(&serde_json::from_str(&tool.parameters).unwrap(), &call.arguments).unwrap();
+    let tool = weather_tools()
+        .into_iter()
+        .find(|t| t.name == call.name)
+        .unwrap();
+    validate(
+        &serde_json::from_str(&tool.parameters).unwrap(),
+        &call.arguments,
+    )
+    .unwrap();
     eprintln!("required call: {}({})", call.name, call.arguments);
     let mut req = chat("", 40, None);
     req.tools = weather_tools();

@@ -143,7 +143,10 @@ impl GrammarCompiler {
             ResponseFormat::Regex(rx) => TopLevelGrammar::from_regex(rx),
             ResponseFormat::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
         };
-        let compile_err = |e: String| ConstraintError::Compile { kind, message: e };
+        let compile_err = |e: String| ConstraintError::Compile {
+            kind,
+            message: one_line(&e),
+        };
         let parser = self
             .factory
             .create_parser(grammar)
@@ -151,7 +154,9 @@ impl GrammarCompiler {
         let mut matcher = Matcher::new(Ok(parser));
         // Some problems (an unsatisfiable schema, a lexer conflict) only show once the
         // first mask is asked for; asking now keeps them out of the queue.
-        matcher.compute_mask().map_err(|e| compile_err(e.to_string()))?;
+        matcher
+            .compute_mask()
+            .map_err(|e| compile_err(e.to_string()))?;
         if let Some(e) = matcher.get_error() {
             return Err(compile_err(e));
         }
@@ -174,6 +179,17 @@ pub fn tool_call_grammar(call_schema: &serde_json::Value) -> ResponseFormat {
     ResponseFormat::Lark(format!(
         "start: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n"
     ))
+}
+
+/// llguidance's messages can span lines (a caret under the bad spot); errors here are
+/// one line, for a status message or a log line.
+fn one_line(message: &str) -> String {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines.join(" ")
 }
 
 fn json_type_name(v: &serde_json::Value) -> &'static str {
@@ -326,7 +342,11 @@ mod tests {
             logits.fill(0.0);
             c.mask_logits(&mut logits).unwrap();
             assert!(logits[tok.vocab_size()..].iter().all(|l| l.is_infinite()));
-            assert_eq!(logits[end as usize].is_finite(), c.is_accepting(), "{ids:?}");
+            assert_eq!(
+                logits[end as usize].is_finite(),
+                c.is_accepting(),
+                "{ids:?}"
+            );
             let allowed: Vec<usize> = (0..vocab).filter(|&i| logits[i].is_finite()).collect();
             let pick = allowed[rng.random_range(0..allowed.len())] as u32;
             if pick == end {
@@ -416,7 +436,7 @@ mod tests {
             match err(f.clone()) {
                 ConstraintError::Compile { kind: k, message } => {
                     assert_eq!(k, kind, "{f:?}");
-                    assert!(!message.is_empty());
+                    assert!(!message.is_empty() && !message.contains('\n'), "{message}");
                     let shown = ConstraintError::Compile { kind: k, message }.to_string();
                     assert!(shown.contains(kind), "{shown}");
                 }

@@ -21,8 +21,8 @@ const LATENCY_BUCKETS: &[f64] = &[
 /// Upper bounds (seconds) of the grammar-mask histogram's buckets: a mask takes from
 /// microseconds to milliseconds.
 const MASK_BUCKETS: &[f64] = &[
-    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-    0.05, 0.1,
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1,
 ];
 
 /// Upper bounds of the batch-size histogram's buckets (sequences per engine step).

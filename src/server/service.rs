@@ -223,7 +223,9 @@ fn tool_mode(req: &pb::GenerateRequest) -> Result<ToolMode, Status> {
         };
     }
     if req.messages.is_empty() {
-        return Err(invalid("tools need a chat request (messages), not a raw prompt"));
+        return Err(invalid(
+            "tools need a chat request (messages), not a raw prompt",
+        ));
     }
     if req.response_format.is_some() && matches!(mode, ToolMode::Required | ToolMode::Named(_)) {
         return Err(invalid(
@@ -235,8 +237,8 @@ fn tool_mode(req: &pb::GenerateRequest) -> Result<ToolMode, Status> {
 
 /// Parses JSON text that must be an object (a schema, a call's arguments).
 fn json_object(what: &str, text: &str) -> Result<Value, Status> {
-    let v: Value =
-        serde_json::from_str(text).map_err(|e| invalid(format!("{what} is not valid JSON: {e}")))?;
+    let v: Value = serde_json::from_str(text)
+        .map_err(|e| invalid(format!("{what} is not valid JSON: {e}")))?;
     if !v.is_object() {
         return Err(invalid(format!("{what} must be a JSON object")));
     }
@@ -297,8 +299,10 @@ fn message_json(i: usize, m: &pb::ChatMessage) -> Result<Value, Status> {
             .iter()
             .enumerate()
             .map(|(j, c)| {
-                let arguments =
-                    json_object(&format!("messages[{i}].tool_calls[{j}].arguments"), &c.arguments)?;
+                let arguments = json_object(
+                    &format!("messages[{i}].tool_calls[{j}].arguments"),
+                    &c.arguments,
+                )?;
                 Ok(json!({
                     "id": c.id,
                     "type": "function",
@@ -345,10 +349,7 @@ pub(crate) fn prepare(
         ));
     }
     let mode = tool_mode(&req)?;
-    let mut response_format = req
-        .response_format
-        .map(response_format)
-        .transpose()?;
+    let mut response_format = req.response_format.map(response_format).transpose()?;
     let with_tool_fields = req
         .messages
         .iter()
@@ -689,7 +690,11 @@ impl pb::inference_server::Inference for InferenceService {
                 .messages
                 .iter()
                 .map(|m| {
-                    m.content.len() + m.tool_calls.iter().map(|c| c.arguments.len()).sum::<usize>()
+                    m.content.len()
+                        + m.tool_calls
+                            .iter()
+                            .map(|c| c.arguments.len())
+                            .sum::<usize>()
                 })
                 .sum::<usize>()
             + req
@@ -823,6 +828,72 @@ impl pb::inference_server::Inference for InferenceService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request with tools and a tool-call turn renders as transformers renders the same
+    /// conversation (the `tools_and_tool_calls` fixture of `tests/fixtures/tokenizer`, made
+    /// by `gen_tokenizer_fixture.py` with the Qwen3 template).
+    #[test]
+    fn tool_requests_render_as_transformers_renders_them() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizer");
+        let raw = std::fs::read_to_string(format!("{dir}/chat.json")).unwrap();
+        let file: Value = serde_json::from_str(&raw).unwrap();
+        let conv = file["conversations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "tools_and_tool_calls")
+            .unwrap();
+        let gguf = crate::gguf::GgufFile::open(format!("{dir}/qwen3-vocab.gguf")).unwrap();
+        let template = crate::tokenizer::ChatTemplate::for_model(&gguf);
+        let messages: Vec<pb::ChatMessage> = conv["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| pb::ChatMessage {
+                role: m["role"].as_str().unwrap().into(),
+                content: m["content"].as_str().unwrap().into(),
+                tool_calls: m["tool_calls"]
+                    .as_array()
+                    .map(|calls| {
+                        calls
+                            .iter()
+                            .map(|c| pb::ToolCall {
+                                id: "call_1".into(),
+                                name: c["function"]["name"].as_str().unwrap().into(),
+                                arguments: c["function"]["arguments"].to_string(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                tool_call_id: String::new(),
+            })
+            .collect();
+        let tools: Vec<pb::Tool> = conv["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| pb::Tool {
+                name: t["function"]["name"].as_str().unwrap().into(),
+                description: t["function"]["description"].as_str().unwrap().into(),
+                parameters: t["function"]["parameters"].to_string(),
+            })
+            .collect();
+        let messages: Vec<Value> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| message_json(i, m).unwrap())
+            .collect();
+        let (shown, _) = tools_json(&tools, &ToolMode::Auto).unwrap();
+        let rendered = template
+            .render_json(
+                &Value::Array(messages).to_string(),
+                Some(&shown.to_string()),
+                conv["add_generation_prompt"].as_bool().unwrap(),
+                None,
+            )
+            .unwrap();
+        assert_eq!(rendered, conv["rendered"].as_str().unwrap());
+    }
 
     #[test]
     fn grpc_timeout_units() {

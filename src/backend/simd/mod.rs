@@ -773,7 +773,12 @@ impl Kernels {
         kv: KvLayer<'a>,
         kvh: usize,
         out: OutPtr,
-    ) -> (super::KvRows<'a>, super::KvRows<'a>, [x86::AttnRow; x86::MAX_ROWS], usize) {
+    ) -> (
+        super::KvRows<'a>,
+        super::KvRows<'a>,
+        [x86::AttnRow; x86::MAX_ROWS],
+        usize,
+    ) {
         let hd = s.head_dim;
         let group = s.n_heads / s.n_kv_heads;
         let kv_max = s.pos0 + s.n_tokens;
