@@ -1,6 +1,6 @@
 //! Text ↔ token conversion for GGUF models: the byte-level BPE tokenizer
-//! rebuilt from GGUF metadata, the incremental (streaming) detokenizer, and
-//! the chat template renderer.
+//! rebuilt from GGUF metadata, the incremental (streaming) detokenizer, the
+//! chat template renderer, and the tool calls found in generated text.
 //!
 //! Encoding runs the Hugging Face `tokenizers` pipeline pieces (added-token
 //! extraction, normalizer, pre-tokenizer, BPE model), configured to be
