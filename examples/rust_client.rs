@@ -82,6 +82,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         req.messages.push(ChatMessage {
             role: "user".into(),
             content: args.prompt.clone(),
+            ..Default::default()
         });
     } else {
         req.prompt = args.prompt.clone();
@@ -97,6 +98,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Some(Event::Token(t)) => {
                 out.write_all(t.text.as_bytes())?;
                 out.flush()?;
+            }
+            Some(Event::ToolCall(c)) => {
+                writeln!(out, "\n[tool call {}: {}({})]", c.id, c.name, c.arguments)?;
             }
             Some(Event::Done(d)) => {
                 writeln!(out, "{}", d.text)?;

@@ -496,3 +496,61 @@ fn long_commands_draw_no_progress_off_a_terminal() {
         "{table}"
     );
 }
+
+#[test]
+fn generate_follows_a_regex_or_a_json_schema_and_refuses_a_bad_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_model(dir.path());
+    let m = model.to_str().unwrap();
+    let rx = "(red|green|blue)-[0-9]{3}";
+    let schema = dir.path().join("schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"ok": {"type": "boolean"},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["ok", "n"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let s = schema.to_str().unwrap();
+    for flags in [["--regex", rx], ["--json-schema", s]] {
+        let o = inferno(&[
+            "generate",
+            "--model",
+            m,
+            "--temperature",
+            "1.5",
+            "--seed",
+            "3",
+            "--max-tokens",
+            "64",
+            "--output",
+            "json",
+            flags[0],
+            flags[1],
+            "Hello",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let text = v["text"].as_str().unwrap();
+        assert_eq!(v["finish_reason"], "FINISH_REASON_EOS", "{text:?}");
+        if flags[0] == "--regex" {
+            let full = regex::Regex::new(&format!("^(?:{rx})$")).unwrap();
+            assert!(full.is_match(text), "{text:?}");
+        } else {
+            let j: serde_json::Value = serde_json::from_str(text).unwrap();
+            assert!(
+                j["ok"].is_boolean() && j["n"].as_u64().unwrap() <= 9,
+                "{text}"
+            );
+        }
+        // One mask per token: both formats are complete (and end the run) at their last
+        // token, so no end-of-generation token is ever sampled.
+        let masks = v["metrics"]["masks"].as_u64().unwrap();
+        assert_eq!(masks, v["tokens"].as_array().unwrap().len() as u64);
+        assert!(v["metrics"]["mask_ms_p99"].as_f64().unwrap() > 0.0);
+    }
+    assert_clean_error(
+        &inferno(&["generate", "--model", m, "--regex", "(oops", "x"]),
+        "cannot compile the regex response format",
+    );
+}

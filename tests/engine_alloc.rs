@@ -73,6 +73,7 @@ fn a_decoding_step_allocates_only_what_it_streams() {
             stop: vec![],
             ignore_eos: true,
             time_limit: None,
+            grammar: None,
         };
         let prompt = vec![72 + s, 101, 108, 108, 111];
         engine

@@ -124,6 +124,36 @@ async fn grpcurl_and_the_python_client_against_the_server() {
         text(&gen)
     );
 
+    // A named tool call, grammar-constrained, comes back as a call; its result goes back in
+    // the next turn.
+    let tools = r#""tools": [{"name": "get_time", "description": "The local time.",
+        "parameters": "{\"type\": \"object\", \"properties\": {\"tz\": {\"enum\": [\"UTC\", \"CET\"]}}, \"required\": [\"tz\"], \"additionalProperties\": false}"}]"#;
+    let body = format!(
+        r#"{{"messages": [{{"role": "user", "content": "What time is it?"}}], {tools},
+            "tool_choice": {{"function": "get_time"}}, "max_tokens": 120,
+            "sampling": {{"temperature": 0}}}}"#
+    );
+    let gen = grpcurl_run(&["-d", &body, &addr, "inferno.v1.Inference/Generate"]);
+    assert!(gen.status.success(), "{}", text(&gen));
+    let out = String::from_utf8_lossy(&gen.stdout);
+    assert!(out.contains("FINISH_REASON_TOOL_CALLS"), "{}", text(&gen));
+    assert_eq!(out.matches("\"toolCall\": {").count(), 1, "{}", text(&gen));
+    assert!(out.contains("\"name\": \"get_time\""), "{}", text(&gen));
+    let body = format!(
+        r#"{{"messages": [{{"role": "user", "content": "What time is it?"}},
+            {{"role": "assistant", "tool_calls": [{{"id": "call_1", "name": "get_time",
+              "arguments": "{{\"tz\": \"UTC\"}}"}}]}},
+            {{"role": "tool", "tool_call_id": "call_1", "content": "12:00"}}], {tools},
+            "max_tokens": 4, "ignore_eos": true}}"#
+    );
+    let gen = grpcurl_run(&["-d", &body, &addr, "inferno.v1.Inference/Generate"]);
+    assert!(gen.status.success(), "{}", text(&gen));
+    assert!(
+        String::from_utf8_lossy(&gen.stdout).contains("\"done\": {"),
+        "{}",
+        text(&gen)
+    );
+
     let bad = grpcurl_run(&[
         "-d",
         r#"{"prompt": ""}"#,

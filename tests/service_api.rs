@@ -28,6 +28,7 @@ fn reference(prompt: &str, max_tokens: usize) -> (Vec<u32>, String) {
         stop: vec![],
         ignore_eos: true,
         time_limit: None,
+        grammar: None,
     };
     let g = generate(&a.model, &a.tokenizer, &mut state, &ids, &opts, |_| {
         Flow::Continue
@@ -192,10 +193,12 @@ async fn chat_messages_logprobs_tokenizer_and_model_info() {
         pb::ChatMessage {
             role: "system".into(),
             content: "Be brief.".into(),
+            ..Default::default()
         },
         pb::ChatMessage {
             role: "user".into(),
             content: "Hi".into(),
+            ..Default::default()
         },
     ];
     req.enable_thinking = Some(false);
@@ -247,6 +250,7 @@ async fn invalid_arguments_are_rejected_with_clear_messages() {
     let user = |content: &str| pb::ChatMessage {
         role: "user".into(),
         content: content.into(),
+        ..Default::default()
     };
     let sampling = |f: &dyn Fn(&mut pb::SamplingParams)| {
         let mut s = pb::SamplingParams::default();
@@ -277,6 +281,7 @@ async fn invalid_arguments_are_rejected_with_clear_messages() {
                 r.messages = vec![pb::ChatMessage {
                     role: "wizard".into(),
                     content: "hi".into(),
+                    ..Default::default()
                 }];
             }),
             "unknown role \"wizard\"",

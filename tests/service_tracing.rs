@@ -74,6 +74,7 @@ fn request_span_holds_prefill_and_decode_steps_and_engine_steps_hold_kernels() {
         stop: vec![],
         ignore_eos: true,
         time_limit: None,
+        grammar: None,
     };
     engine
         .submit(Job::new(

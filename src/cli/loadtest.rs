@@ -381,7 +381,7 @@ async fn one(
                     s.server_decode_tps = d.timings.map_or(0.0, |t| t.decode_tokens_per_second);
                     s.cached_prompt_tokens = d.usage.map_or(0, |u| u.cached_prompt_tokens as usize);
                 }
-                None => {}
+                Some(pb::generate_response::Event::ToolCall(_)) | None => {}
             }
         }
         Ok::<(), tonic::Status>(())
@@ -433,6 +433,7 @@ impl Baseline {
             stop: Vec::new(),
             ignore_eos: a.ignore_eos,
             time_limit: None,
+            grammar: None,
         };
         Ok(Self {
             assets,

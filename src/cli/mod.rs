@@ -15,6 +15,7 @@ use crate::engine::request::{check_context, prompt_tokens, Prompt};
 use crate::engine::{generate, Flow, GenerateOptions};
 use crate::gguf::GgufFile;
 use crate::model::Logits;
+use crate::sampling::constraint::{GrammarCompiler, ResponseFormat};
 use crate::sampling::SamplingParams;
 use crate::tokenizer::{ChatMessage, Tokenizer};
 use anyhow::{anyhow, bail, Context, Result};
@@ -171,8 +172,41 @@ pub struct GenerateArgs {
     /// object at the end.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
+    /// Constrain the output to a JSON value valid under the JSON schema in this file.
+    #[arg(long, value_name = "FILE", group = "response_format")]
+    pub json_schema: Option<PathBuf>,
+    /// Constrain the output to any JSON object.
+    #[arg(long, group = "response_format")]
+    pub json_object: bool,
+    /// Constrain the output to match this regular expression (Rust regex syntax) whole.
+    #[arg(long, value_name = "REGEX", group = "response_format")]
+    pub regex: Option<String>,
+    /// Constrain the output to the Lark grammar in this file (llguidance's dialect; the
+    /// output is a sentence of its `start` rule).
+    #[arg(long, value_name = "FILE", group = "response_format")]
+    pub grammar: Option<PathBuf>,
     /// The prompt (with --chat: the user's message).
     pub prompt: String,
+}
+
+impl GenerateArgs {
+    /// The response format the flags ask for, with its file read.
+    fn response_format(&self) -> Result<Option<ResponseFormat>> {
+        let read = |p: &PathBuf| {
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+        };
+        Ok(if let Some(p) = &self.json_schema {
+            Some(ResponseFormat::JsonSchema(read(p)?))
+        } else if let Some(p) = &self.grammar {
+            Some(ResponseFormat::Lark(read(p)?))
+        } else if let Some(r) = &self.regex {
+            Some(ResponseFormat::Regex(r.clone()))
+        } else if self.json_object {
+            Some(ResponseFormat::JsonObject)
+        } else {
+            None
+        })
+    }
 }
 
 #[derive(Args, Debug)]
@@ -249,7 +283,12 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         ..SamplingParams::default()
     };
     sampling.validate()?;
+    let format = a.response_format()?;
     let l = load(&a.model)?;
+    let grammar = match &format {
+        None => None,
+        Some(f) => Some(GrammarCompiler::new(&l.tokenizer, l.model.config.vocab)?.compile(f)?),
+    };
     let input = if a.chat {
         let mut messages = Vec::new();
         if let Some(sys) = &a.system {
@@ -279,6 +318,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         stop: a.stop.clone(),
         ignore_eos: a.ignore_eos,
         time_limit: None,
+        grammar,
     };
     // Only the positions this run can fill: a whole long context of cache is gigabytes.
     let positions = (prompt.len() + a.max_tokens).min(l.ctx_size);
@@ -331,6 +371,12 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
                 "  per_forward_ms: min {:.3}  max {:.3}  mean {:.3}  (n={})",
                 m.per_forward_ms_min, m.per_forward_ms_max, m.per_forward_ms_mean, m.forward_calls
             );
+            if m.masks > 0 {
+                eprintln!(
+                    "  grammar_mask_ms: mean {:.3}  p99 {:.3}  max {:.3}  (n={})",
+                    m.mask_ms_mean, m.mask_ms_p99, m.mask_ms_max, m.masks
+                );
+            }
         }
         OutputFormat::Json => {
             let v = serde_json::json!({

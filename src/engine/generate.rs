@@ -7,11 +7,12 @@
 //! level, inside the caller's span when it has one.
 
 use crate::model::{Logits, Model, ModelError, State};
+use crate::sampling::constraint::{Constraint, Grammar};
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use serde::Serialize;
 use std::time::{Duration, Instant};
-use tracing::debug_span;
+use tracing::{debug_span, warn};
 
 /// Why a generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -27,6 +28,8 @@ pub enum FinishReason {
     Cancelled,
     /// The request's time limit passed.
     TimeLimit,
+    /// The turn ended with tool calls (set by whoever parses them, never by the engine).
+    ToolCalls,
 }
 
 #[derive(Clone, Debug)]
@@ -36,6 +39,10 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     pub ignore_eos: bool,
     pub time_limit: Option<Duration>,
+    /// The grammar the output must follow (a compiled response format); the sequence ends
+    /// when the grammar is complete and can take nothing more, and end-of-generation tokens
+    /// are allowed exactly when it accepts (whatever `ignore_eos` says).
+    pub grammar: Option<Grammar>,
 }
 
 impl Default for GenerateOptions {
@@ -46,6 +53,7 @@ impl Default for GenerateOptions {
             stop: Vec::new(),
             ignore_eos: false,
             time_limit: None,
+            grammar: None,
         }
     }
 }
@@ -83,6 +91,12 @@ pub struct Metrics {
     pub per_forward_ms_mean: f64,
     /// Forward calls measured (the prefill and every decode step).
     pub forward_calls: usize,
+    /// Grammar masks computed (one per sampled token of a constrained sequence, else 0),
+    /// and their time per token.
+    pub masks: usize,
+    pub mask_ms_mean: f64,
+    pub mask_ms_p99: f64,
+    pub mask_ms_max: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -192,6 +206,13 @@ pub struct Sequence<'t> {
     decode_ms: Vec<f64>,
     first_token_at: Option<Duration>,
     decode_start: Instant,
+    /// The grammar's state, for a constrained sequence.
+    constraint: Option<Constraint>,
+    /// The logits with the grammar's mask applied (sized once; empty when unconstrained).
+    masked: Vec<f32>,
+    /// Each mask's computation time, in ms.
+    mask_ms: Vec<f64>,
+    last_mask: Option<Duration>,
 }
 
 impl<'t> Sequence<'t> {
@@ -217,7 +238,20 @@ impl<'t> Sequence<'t> {
         }
         let mut history = Vec::with_capacity(prompt.len() + opts.max_tokens);
         history.extend_from_slice(prompt);
+        let constraint = opts.grammar.as_ref().map(Grammar::start);
+        let (masked, mask_ms) = if constraint.is_some() {
+            (
+                Vec::with_capacity(vocab),
+                Vec::with_capacity(opts.max_tokens),
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
         Ok(Self {
+            constraint,
+            masked,
+            mask_ms,
+            last_mask: None,
             tokenizer,
             sampler,
             prompt_len: prompt.len(),
@@ -254,6 +288,17 @@ impl<'t> Sequence<'t> {
 
     pub fn options(&self) -> &GenerateOptions {
         &self.opts
+    }
+
+    /// Whether a grammar constrains this sequence.
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// How long the grammar mask computed by the last [`Self::advance`] took, once
+    /// (constrained sequences; `None` when that call computed none).
+    pub fn take_mask_time(&mut self) -> Option<Duration> {
+        self.last_mask.take()
     }
 
     /// Notes that the first `n` prompt tokens' KV was reused rather than computed.
@@ -293,13 +338,44 @@ impl<'t> Sequence<'t> {
         {
             return Step::Finished(FinishReason::TimeLimit);
         }
+        let logits = match &mut self.constraint {
+            None => logits,
+            Some(c) => {
+                let _span = debug_span!("grammar_mask").entered();
+                self.masked.clear();
+                self.masked.extend_from_slice(logits);
+                match c.mask_logits(&mut self.masked) {
+                    Ok(took) => {
+                        self.mask_ms.push(took.as_secs_f64() * 1e3);
+                        self.last_mask = Some(took);
+                    }
+                    Err(e) => {
+                        // The grammar admitted every token sampled so far, so this is
+                        // llguidance's failure, not the request's: end it where it is.
+                        warn!(error = %e, "grammar mask failed; ending the sequence");
+                        return Step::Finished(FinishReason::Eos);
+                    }
+                }
+                &self.masked[..]
+            }
+        };
         let id = self.sampler.sample(logits, &self.history);
         if self.first_token_at.is_none() {
             self.first_token_at = Some(self.start.elapsed());
             self.decode_start = Instant::now();
         }
-        if !self.opts.ignore_eos && self.tokenizer.is_eog(id) {
+        let constrained = self.constraint.is_some();
+        if (constrained || !self.opts.ignore_eos) && self.tokenizer.is_eog(id) {
             return Step::Finished(FinishReason::Eos);
+        }
+        // Whether the grammar is now complete and takes nothing more.
+        let mut grammar_done = false;
+        if let Some(c) = &mut self.constraint {
+            if let Err(e) = c.commit(id) {
+                warn!(error = %e, token = id, "grammar refused a token it allowed");
+                return Step::Finished(FinishReason::Eos);
+            }
+            grammar_done = c.is_finished();
         }
         self.out_tokens.push(id);
         self.history.push(id);
@@ -316,6 +392,9 @@ impl<'t> Sequence<'t> {
         }
         if flow == Flow::Stop {
             return Step::Finished(FinishReason::Cancelled);
+        }
+        if grammar_done {
+            return Step::Finished(FinishReason::Eos);
         }
         if self.out_tokens.len() >= self.opts.max_tokens || !room {
             return Step::Finished(FinishReason::Length);
@@ -343,6 +422,7 @@ impl<'t> Sequence<'t> {
             start,
             prompt_len,
             cached_prompt,
+            mut mask_ms,
             ..
         } = self;
         let decode_time = decode_start.elapsed();
@@ -379,6 +459,10 @@ impl<'t> Sequence<'t> {
             per_forward_ms_max: forward_ms().fold(0.0, f64::max),
             per_forward_ms_mean: forward_ms().sum::<f64>() / n_fwd as f64,
             forward_calls: n_fwd,
+            masks: mask_ms.len(),
+            mask_ms_mean: mask_ms.iter().sum::<f64>() / mask_ms.len().max(1) as f64,
+            mask_ms_p99: percentile(&mut mask_ms, 0.99),
+            mask_ms_max: mask_ms.iter().copied().fold(0.0, f64::max),
         };
         Generation {
             text: scan.text,
@@ -388,6 +472,16 @@ impl<'t> Sequence<'t> {
             metrics,
         }
     }
+}
+
+/// The `q` quantile of `v` (nearest rank; 0 when empty); sorts `v`.
+fn percentile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_unstable_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
 }
 
 /// Generates from `prompt` (token ids) with a fresh sequence in `state`, calling `on_token`

@@ -24,6 +24,10 @@ pub trait Observer: Send + Sync {
     fn started(&self, _prompt_tokens: usize) {}
     /// A running request ended (every `started` is followed by one `ended`).
     fn ended(&self) {}
+    /// A request constrained by a response format started running.
+    fn constrained_request(&self) {}
+    /// The grammar mask of one sampled token of a constrained request took this long.
+    fn grammar_mask(&self, _took: Duration) {}
 }
 
 /// An observer that ignores everything.

@@ -13,9 +13,10 @@ use super::limits::Limits;
 use super::loader::ModelDescription;
 use super::memory::KvMemory;
 use crate::model::ModelConfig;
+use crate::sampling::constraint::{ConstraintError, GrammarCompiler, ResponseFormat};
 use crate::sampling::{SamplingError, SamplingParams};
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Roles a chat message may have.
@@ -36,6 +37,8 @@ pub struct Request {
     pub time_limit: Option<Duration>,
     /// Alternatives to report per token (0 = no logprobs).
     pub logprobs: usize,
+    /// What the output must be (JSON schema, regex, grammar); `None`: free text.
+    pub response_format: Option<ResponseFormat>,
 }
 
 /// A request's prompt before tokenization.
@@ -48,6 +51,14 @@ pub enum Prompt {
     Chat {
         messages: Vec<ChatMessage>,
         /// For templates that honour it (Qwen3): `Some(false)` asks for no thinking section.
+        enable_thinking: Option<bool>,
+    },
+    /// Chat messages as JSON (in the shape `transformers` passes templates: assistant
+    /// `tool_calls`, tool `tool_call_id`), with the tools (a JSON array) the model may
+    /// call; roles are the caller's to check.
+    ChatJson {
+        messages: String,
+        tools: Option<String>,
         enable_thinking: Option<bool>,
     },
 }
@@ -65,6 +76,8 @@ pub enum RequestError {
     StopLength(usize),
     #[error("sampling: {0}")]
     Sampling(#[from] SamplingError),
+    #[error(transparent)]
+    ResponseFormat(#[from] ConstraintError),
     #[error("unknown role {role:?} in messages[{index}] (expected one of: {})", ROLES.join(", "))]
     UnknownRole { index: usize, role: String },
     #[error("cannot render the chat template: {0}")]
@@ -140,6 +153,16 @@ pub fn prompt_tokens(
             // The template writes the special tokens that delimit the turns.
             (rendered.as_str(), true)
         }
+        Prompt::ChatJson {
+            messages,
+            tools,
+            enable_thinking,
+        } => {
+            rendered = chat_template
+                .render_json(messages, tools.as_deref(), true, *enable_thinking)
+                .map_err(|e| RequestError::Template(e.to_string()))?;
+            (rendered.as_str(), true)
+        }
     };
     let encoded = tokenizer
         .encode(text, parse_special)
@@ -206,6 +229,26 @@ pub struct Served {
     pub limits: Limits,
     /// The KV cache's types, size per position and the memory it may take.
     pub kv: KvMemory,
+    /// Compiles response formats; built by the first request that has one.
+    pub grammars: GrammarCache,
+}
+
+/// A [`GrammarCompiler`] for the served vocabulary, built on first use (most servers never
+/// need one, and building it takes a moment).
+#[derive(Default)]
+pub struct GrammarCache(OnceLock<Result<GrammarCompiler, ConstraintError>>);
+
+impl GrammarCache {
+    pub fn get(
+        &self,
+        tokenizer: &Tokenizer,
+        vocab: usize,
+    ) -> Result<&GrammarCompiler, ConstraintError> {
+        self.0
+            .get_or_init(|| GrammarCompiler::new(tokenizer, vocab))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
 }
 
 impl Served {
@@ -221,6 +264,14 @@ impl Served {
     /// shared KV cache.
     pub fn build(&self, req: Request, default_max_tokens: usize) -> Result<Built, RequestError> {
         check_parameters(&req)?;
+        let grammar = match &req.response_format {
+            None => None,
+            Some(f) => Some(
+                self.grammars
+                    .get(&self.tokenizer, self.config.vocab)?
+                    .compile(f)?,
+            ),
+        };
         let tokens = prompt_tokens(&self.tokenizer, &self.chat_template, &req.prompt)?;
         let max_tokens = resolve_max_tokens(
             &self.limits,
@@ -236,6 +287,7 @@ impl Served {
                 stop: req.stop,
                 ignore_eos: req.ignore_eos,
                 time_limit: req.time_limit,
+                grammar,
             },
             logprobs: req.logprobs,
         })
@@ -327,6 +379,7 @@ mod tests {
             ignore_eos: false,
             time_limit: None,
             logprobs: MAX_LOGPROBS,
+            response_format: None,
         }
     }
 

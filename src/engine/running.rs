@@ -133,6 +133,9 @@ impl<'t> Running<'t> {
         span.record("cached_prompt_tokens", granted.reused);
         obs.prompt_tokens_reused(granted.reused);
         obs.started(job.prompt.len());
+        if seq.is_constrained() {
+            obs.constrained_request();
+        }
         let lp_buf = if job.logprobs > 0 {
             vec![0.0f32; model.config.vocab]
         } else {
@@ -267,7 +270,7 @@ impl<'t> Running<'t> {
             ..
         } = self;
         let n_logprobs = job.logprobs.min(MAX_LOGPROBS);
-        seq.advance(logits, room, |ev| {
+        let step = seq.advance(logits, room, |ev| {
             let Some(id) = ev.id else {
                 tail.push_str(ev.text);
                 return Flow::Continue;
@@ -300,7 +303,11 @@ impl<'t> Running<'t> {
             } else {
                 Flow::Continue
             }
-        })
+        });
+        if let Some(took) = seq.take_mask_time() {
+            obs.grammar_mask(took);
+        }
+        step
     }
 
     /// Ends the request: the events its client gets, how it is counted, and whether its

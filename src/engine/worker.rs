@@ -192,6 +192,7 @@ fn engine_main(shared: Arc<Shared>, config: EngineConfig, loader: Loader) {
         description: assets.description.clone(),
         limits,
         kv,
+        grammars: Default::default(),
     });
     shared.state().send_replace(EngineState::Ready(served));
     info!(

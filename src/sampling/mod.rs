@@ -2,6 +2,9 @@
 //! top-k, top-p and min-p, after a repetition penalty; reproducible from a seed.
 //!
 //! The filter order is llama.cpp's: penalties → top-k → top-p → min-p → temperature → draw.
+//! A [`constraint`] (JSON schema, regex, grammar) masks the logits before all of them.
+
+pub mod constraint;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -18,6 +18,13 @@ const LATENCY_BUCKETS: &[f64] = &[
     60.0,
 ];
 
+/// Upper bounds (seconds) of the grammar-mask histogram's buckets: a mask takes from
+/// microseconds to milliseconds.
+const MASK_BUCKETS: &[f64] = &[
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1,
+];
+
 /// Upper bounds of the batch-size histogram's buckets (sequences per engine step).
 const BATCH_BUCKETS: &[u64] = &[1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64];
 
@@ -80,6 +87,8 @@ impl CountHistogram {
 
 /// A fixed-bucket histogram of durations.
 pub struct Histogram {
+    /// Upper bounds (seconds) of the buckets but the last.
+    buckets: &'static [f64],
     /// Observations per bucket (not cumulative); the last one is +Inf.
     counts: Vec<AtomicU64>,
     sum_nanos: AtomicU64,
@@ -87,17 +96,20 @@ pub struct Histogram {
 
 impl Histogram {
     fn new() -> Self {
+        Self::with_buckets(LATENCY_BUCKETS)
+    }
+
+    fn with_buckets(buckets: &'static [f64]) -> Self {
         Self {
-            counts: (0..=LATENCY_BUCKETS.len())
-                .map(|_| AtomicU64::new(0))
-                .collect(),
+            buckets,
+            counts: (0..=buckets.len()).map(|_| AtomicU64::new(0)).collect(),
             sum_nanos: AtomicU64::new(0),
         }
     }
 
     pub fn observe(&self, d: Duration) {
         let s = d.as_secs_f64();
-        let i = LATENCY_BUCKETS.partition_point(|&b| b < s);
+        let i = self.buckets.partition_point(|&b| b < s);
         self.counts[i].fetch_add(1, Ordering::Relaxed);
         self.sum_nanos
             .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Ordering::Relaxed);
@@ -113,7 +125,7 @@ impl Histogram {
         let mut cum = 0u64;
         for (i, c) in self.counts.iter().enumerate() {
             cum += c.load(Ordering::Relaxed);
-            match LATENCY_BUCKETS.get(i) {
+            match self.buckets.get(i) {
                 Some(b) => {
                     let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
                 }
@@ -140,6 +152,9 @@ pub struct Metrics {
     pub queue_wait: Histogram,
     pub time_to_first_token: Histogram,
     pub decode_step: Histogram,
+    /// Time to compute each grammar mask of a constrained request.
+    pub grammar_mask: Histogram,
+    constrained_requests: AtomicU64,
     /// Sequences in each engine step's forward pass.
     pub batch_size: CountHistogram,
     prompt_tokens_reused: AtomicU64,
@@ -167,6 +182,8 @@ impl Metrics {
             queue_wait: Histogram::new(),
             time_to_first_token: Histogram::new(),
             decode_step: Histogram::new(),
+            grammar_mask: Histogram::with_buckets(MASK_BUCKETS),
+            constrained_requests: AtomicU64::new(0),
             batch_size: CountHistogram::new(),
             prompt_tokens_reused: AtomicU64::new(0),
             kv_reserved: AtomicU64::new(0),
@@ -215,6 +232,11 @@ impl Metrics {
     /// Prompt tokens of the requests that started running so far.
     pub fn prompt_tokens_total(&self) -> u64 {
         self.prompt_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Requests with a response format that started running so far.
+    pub fn constrained_requests(&self) -> u64 {
+        self.constrained_requests.load(Ordering::Relaxed)
     }
 
     /// Requests running now (admitted into the batch and not yet ended).
@@ -291,7 +313,10 @@ impl Metrics {
              inferno_kv_cache_cached_tokens {}\n\
              # HELP inferno_kv_cache_capacity_tokens KV-cache positions for all sequences (the budget).\n\
              # TYPE inferno_kv_cache_capacity_tokens gauge\n\
-             inferno_kv_cache_capacity_tokens {}\n",
+             inferno_kv_cache_capacity_tokens {}\n\
+             # HELP inferno_constrained_requests_total Requests with a response format (JSON schema, regex, grammar) that started running.\n\
+             # TYPE inferno_constrained_requests_total counter\n\
+             inferno_constrained_requests_total {}\n",
             self.tokens.load(Ordering::Relaxed),
             self.prompt_tokens.load(Ordering::Relaxed),
             self.running.load(Ordering::Relaxed),
@@ -300,6 +325,7 @@ impl Metrics {
             self.kv_reserved.load(Ordering::Relaxed),
             self.kv_cached.load(Ordering::Relaxed),
             self.kv_budget.load(Ordering::Relaxed),
+            self.constrained_requests.load(Ordering::Relaxed),
         );
         self.queue_wait.render(
             &mut out,
@@ -315,6 +341,11 @@ impl Metrics {
             &mut out,
             "inferno_decode_step_seconds",
             "Time between consecutive tokens of a request.",
+        );
+        self.grammar_mask.render(
+            &mut out,
+            "inferno_grammar_mask_seconds",
+            "Time to compute the allowed-token mask of one step of a constrained request.",
         );
         self.batch_size.render(
             &mut out,
@@ -366,6 +397,12 @@ impl Observer for Metrics {
     fn prompt_tokens_reused(&self, n: usize) {
         self.prompt_tokens_reused
             .fetch_add(n as u64, Ordering::Relaxed);
+    }
+    fn constrained_request(&self) {
+        self.constrained_requests.fetch_add(1, Ordering::Relaxed);
+    }
+    fn grammar_mask(&self, took: Duration) {
+        self.grammar_mask.observe(took);
     }
 }
 

@@ -8,8 +8,12 @@ use crate::engine::{
     self, Engine, EngineState, Event, FinishReason, GenerateOptions, Job, JobError, Prompt, Served,
     SubmitError, TokenLogprob,
 };
+use crate::sampling::constraint::{tool_call_grammar, ResponseFormat};
 use crate::sampling::SamplingParams;
+use crate::tokenizer::tool_calls::{Parsed, ToolCallParser};
 use crate::tokenizer::ChatMessage;
+use serde_json::{json, Value};
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -178,6 +182,140 @@ pub(crate) struct Prepared {
     pub prompt: Vec<u32>,
     pub options: GenerateOptions,
     pub logprobs: usize,
+    /// Whether the output is parsed for tool calls.
+    pub tools: bool,
+}
+
+/// How a request lets the model use its tools.
+#[derive(Clone, Debug, PartialEq)]
+enum ToolMode {
+    /// No tools (none given, or tool_choice none).
+    Off,
+    Auto,
+    Required,
+    Named(String),
+}
+
+fn tool_mode(req: &pb::GenerateRequest) -> Result<ToolMode, Status> {
+    use pb::tool_choice::{Choice, Mode};
+    let choice = req.tool_choice.as_ref().and_then(|c| c.choice.clone());
+    let mode = match choice {
+        None => ToolMode::Auto,
+        Some(Choice::Mode(m)) => match Mode::try_from(m) {
+            Ok(Mode::Unspecified | Mode::Auto) => ToolMode::Auto,
+            Ok(Mode::None) => ToolMode::Off,
+            Ok(Mode::Required) => ToolMode::Required,
+            Err(_) => return Err(invalid(format!("tool_choice mode {m} is unknown"))),
+        },
+        Some(Choice::Function(name)) => {
+            if !req.tools.iter().any(|t| t.name == name) {
+                return Err(invalid(format!(
+                    "tool_choice names the function {name:?}, which is not among the tools"
+                )));
+            }
+            ToolMode::Named(name)
+        }
+    };
+    if req.tools.is_empty() {
+        return match mode {
+            ToolMode::Required => Err(invalid("tool_choice is required but no tools are given")),
+            _ => Ok(ToolMode::Off),
+        };
+    }
+    if req.messages.is_empty() {
+        return Err(invalid(
+            "tools need a chat request (messages), not a raw prompt",
+        ));
+    }
+    if req.response_format.is_some() && matches!(mode, ToolMode::Required | ToolMode::Named(_)) {
+        return Err(invalid(
+            "response_format cannot be combined with a required or named tool_choice",
+        ));
+    }
+    Ok(mode)
+}
+
+/// Parses JSON text that must be an object (a schema, a call's arguments).
+fn json_object(what: &str, text: &str) -> Result<Value, Status> {
+    let v: Value = serde_json::from_str(text)
+        .map_err(|e| invalid(format!("{what} is not valid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(invalid(format!("{what} must be a JSON object")));
+    }
+    Ok(v)
+}
+
+/// The tools as the chat template takes them (`transformers`' shape), and the schema of
+/// one call of any tool `mode` allows.
+fn tools_json(tools: &[pb::Tool], mode: &ToolMode) -> Result<(Value, Value), Status> {
+    let mut shown = Vec::with_capacity(tools.len());
+    let mut calls = Vec::new();
+    for (i, t) in tools.iter().enumerate() {
+        if t.name.is_empty()
+            || !t
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+        {
+            return Err(invalid(format!(
+                "tools[{i}].name must be letters, digits, '_', '-' or '.' (got {:?})",
+                t.name
+            )));
+        }
+        let parameters = if t.parameters.is_empty() {
+            json!({"type": "object", "properties": {}})
+        } else {
+            json_object(&format!("tools[{i}].parameters"), &t.parameters)?
+        };
+        if matches!(mode, ToolMode::Required) || *mode == ToolMode::Named(t.name.clone()) {
+            calls.push(json!({
+                "type": "object",
+                "properties": {"name": {"const": t.name}, "arguments": parameters},
+                "required": ["name", "arguments"],
+                "additionalProperties": false,
+            }));
+        }
+        shown.push(json!({
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": parameters},
+        }));
+    }
+    let call = if calls.len() == 1 {
+        calls.pop().unwrap_or(Value::Null)
+    } else {
+        json!({ "anyOf": calls })
+    };
+    Ok((Value::Array(shown), call))
+}
+
+/// A message as the chat template takes it, with its tool calls or call id.
+fn message_json(i: usize, m: &pb::ChatMessage) -> Result<Value, Status> {
+    let mut v = serde_json::Map::new();
+    v.insert("role".into(), Value::from(m.role.clone()));
+    v.insert("content".into(), Value::from(m.content.clone()));
+    if !m.tool_calls.is_empty() {
+        let calls = m
+            .tool_calls
+            .iter()
+            .enumerate()
+            .map(|(j, c)| {
+                let arguments = json_object(
+                    &format!("messages[{i}].tool_calls[{j}].arguments"),
+                    &c.arguments,
+                )?;
+                Ok(json!({
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": arguments},
+                }))
+            })
+            .collect::<Result<Vec<_>, Status>>()?;
+        v.insert("tool_calls".into(), Value::Array(calls));
+    }
+    if !m.tool_call_id.is_empty() {
+        v.insert("tool_call_id".into(), Value::from(m.tool_call_id.clone()));
+    }
+    Ok(Value::Object(v))
 }
 
 /// Converts a request for the engine, which checks and builds it.
@@ -210,7 +348,48 @@ pub(crate) fn prepare(
              punctuation and spaces)",
         ));
     }
-    let prompt = if has_messages {
+    let mode = tool_mode(&req)?;
+    let mut response_format = req.response_format.map(response_format).transpose()?;
+    let with_tool_fields = req
+        .messages
+        .iter()
+        .any(|m| !m.tool_calls.is_empty() || !m.tool_call_id.is_empty());
+    let prompt = if has_messages && (mode != ToolMode::Off || with_tool_fields) {
+        if let Some((index, m)) = req
+            .messages
+            .iter()
+            .enumerate()
+            .find(|(_, m)| !engine::request::ROLES.contains(&m.role.as_str()))
+        {
+            return Err(invalid(
+                engine::RequestError::UnknownRole {
+                    index,
+                    role: m.role.clone(),
+                }
+                .to_string(),
+            ));
+        }
+        let messages = req
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| message_json(i, m))
+            .collect::<Result<Vec<_>, Status>>()?;
+        let tools = if mode == ToolMode::Off {
+            None
+        } else {
+            let (shown, call) = tools_json(&req.tools, &mode)?;
+            if matches!(mode, ToolMode::Required | ToolMode::Named(_)) {
+                response_format = Some(tool_call_grammar(&call));
+            }
+            Some(shown.to_string())
+        };
+        Prompt::ChatJson {
+            messages: Value::Array(messages).to_string(),
+            tools,
+            enable_thinking: req.enable_thinking,
+        }
+    } else if has_messages {
         Prompt::Chat {
             messages: req
                 .messages
@@ -236,6 +415,7 @@ pub(crate) fn prepare(
                 time_limit: (req.time_limit_ms > 0)
                     .then(|| Duration::from_millis(req.time_limit_ms as u64)),
                 logprobs: req.logprobs as usize,
+                response_format,
             },
             default_max_tokens,
         )
@@ -250,6 +430,32 @@ pub(crate) fn prepare(
         prompt: built.prompt,
         options: built.options,
         logprobs: built.logprobs,
+        tools: mode != ToolMode::Off,
+    })
+}
+
+/// The bytes of a response format's schema, regex or grammar.
+fn format_text_bytes(f: &pb::ResponseFormat) -> usize {
+    use pb::response_format::Format;
+    match &f.format {
+        Some(Format::JsonSchema(t) | Format::Regex(t) | Format::Lark(t)) => t.len(),
+        Some(Format::JsonObject(_)) | None => 0,
+    }
+}
+
+fn response_format(f: pb::ResponseFormat) -> Result<ResponseFormat, Status> {
+    use pb::response_format::Format;
+    Ok(match f.format {
+        Some(Format::JsonSchema(s)) => ResponseFormat::JsonSchema(s),
+        Some(Format::JsonObject(_)) => ResponseFormat::JsonObject,
+        Some(Format::Regex(r)) => ResponseFormat::Regex(r),
+        Some(Format::Lark(g)) => ResponseFormat::Lark(g),
+        None => {
+            return Err(invalid(
+                "response_format is set but names no format (json_schema, json_object, \
+                 regex or lark)",
+            ))
+        }
     })
 }
 
@@ -276,6 +482,7 @@ pub fn finish_reason(f: Option<FinishReason>) -> pb::FinishReason {
         Some(FinishReason::Length) => pb::FinishReason::Length,
         Some(FinishReason::Cancelled) => pb::FinishReason::Cancelled,
         Some(FinishReason::TimeLimit) => pb::FinishReason::TimeLimit,
+        Some(FinishReason::ToolCalls) => pb::FinishReason::ToolCalls,
         None => pb::FinishReason::Error,
     }
 }
@@ -296,17 +503,70 @@ pub struct GenerateStream {
     request_id: String,
     /// A final message (Done with a finish reason, or an error) has been yielded.
     ended: bool,
+    /// Finds tool calls in the text, for a request with tools.
+    tools: Option<ToolCallParser>,
+    /// The calls found so far.
+    calls: Vec<pb::ToolCall>,
+    /// Messages converted but not yet yielded (a token can complete a call).
+    queued: VecDeque<Result<pb::GenerateResponse, Status>>,
 }
 
 impl GenerateStream {
-    fn convert(&mut self, ev: Event) -> Result<pb::GenerateResponse, Status> {
+    /// Splits `text` into what stays text and the calls it completes (queued as events).
+    fn parse_tools(&mut self, text: String, last: bool) -> String {
+        let Some(parser) = &mut self.tools else {
+            return text;
+        };
+        let mut parsed = parser.push(&text);
+        if last {
+            parsed.extend(parser.finish());
+        }
+        let mut out = String::new();
+        for p in parsed {
+            match p {
+                Parsed::Text(t) => out.push_str(&t),
+                Parsed::Call(c) => {
+                    let call = pb::ToolCall {
+                        id: format!("call_{:016x}", rand::random::<u64>()),
+                        name: c.name,
+                        arguments: c.arguments,
+                    };
+                    self.calls.push(call.clone());
+                    self.queued.push_back(Ok(pb::GenerateResponse {
+                        event: Some(pb::generate_response::Event::ToolCall(call)),
+                    }));
+                }
+            }
+        }
+        out
+    }
+
+    /// Converts an engine event into the messages it makes, queued in order.
+    fn convert(&mut self, ev: Event) {
+        let calls_before = self.queued.len();
+        let msg = self.convert_one(ev);
+        // The event's own message goes first for a token, after the calls for the end.
+        let is_token = matches!(
+            &msg,
+            Ok(pb::GenerateResponse {
+                event: Some(pb::generate_response::Event::Token(_))
+            })
+        );
+        if is_token {
+            self.queued.insert(calls_before, msg);
+        } else {
+            self.queued.push_back(msg);
+        }
+    }
+
+    fn convert_one(&mut self, ev: Event) -> Result<pb::GenerateResponse, Status> {
         use pb::generate_response::Event as E;
         match ev {
             Event::Token(t) => Ok(pb::GenerateResponse {
                 event: Some(E::Token(pb::GeneratedToken {
                     index: t.index as u32,
                     id: t.id,
-                    text: t.text,
+                    text: self.parse_tools(t.text, false),
                     logprobs: t.logprobs.map(|l| pb::Logprobs {
                         chosen: Some(self.logprob(&l.chosen)),
                         top: l.top.iter().map(|t| self.logprob(t)).collect(),
@@ -317,11 +577,17 @@ impl GenerateStream {
                 if d.finish_reason.is_some() {
                     self.ended = true;
                 }
+                let text = self.parse_tools(d.text, true);
+                let mut reason = d.finish_reason;
+                if reason == Some(FinishReason::Eos) && !self.calls.is_empty() {
+                    reason = Some(FinishReason::ToolCalls);
+                }
                 let t = &d.timings;
                 Ok(pb::GenerateResponse {
                     event: Some(E::Done(pb::GenerateDone {
-                        finish_reason: finish_reason(d.finish_reason) as i32,
-                        text: d.text,
+                        finish_reason: finish_reason(reason) as i32,
+                        text,
+                        tool_calls: self.calls.clone(),
                         usage: Some(pb::Usage {
                             prompt_tokens: d.prompt_tokens as u32,
                             completion_tokens: d.completion_tokens as u32,
@@ -361,8 +627,14 @@ impl Stream for GenerateStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
+        if let Some(m) = this.queued.pop_front() {
+            return Poll::Ready(Some(m));
+        }
         match this.rx.poll_recv(cx) {
-            Poll::Ready(Some(ev)) => Poll::Ready(Some(this.convert(ev))),
+            Poll::Ready(Some(ev)) => {
+                this.convert(ev);
+                Poll::Ready(this.queued.pop_front())
+            }
             Poll::Ready(None) if !this.ended => {
                 // The engine let go of the request without a final message: never let that
                 // look like a successful stream.
@@ -413,9 +685,28 @@ impl pb::inference_server::Inference for InferenceService {
             );
         }
         let req = request.into_inner();
-        let text_bytes =
-            req.prompt.len() + req.messages.iter().map(|m| m.content.len()).sum::<usize>();
+        let text_bytes = req.prompt.len()
+            + req
+                .messages
+                .iter()
+                .map(|m| {
+                    m.content.len()
+                        + m.tool_calls
+                            .iter()
+                            .map(|c| c.arguments.len())
+                            .sum::<usize>()
+                })
+                .sum::<usize>()
+            + req
+                .tools
+                .iter()
+                .map(|t| t.description.len() + t.parameters.len())
+                .sum::<usize>();
         if let Err(e) = self.check_text_size("prompt", text_bytes) {
+            return self.count("Generate", Err(e));
+        }
+        let format_bytes = req.response_format.as_ref().map_or(0, format_text_bytes);
+        if let Err(e) = self.check_text_size("response_format", format_bytes) {
             return self.count("Generate", Err(e));
         }
         let default_max = self.default_max_tokens;
@@ -446,6 +737,9 @@ impl pb::inference_server::Inference for InferenceService {
             served,
             request_id,
             ended: false,
+            tools: p.tools.then(ToolCallParser::new),
+            calls: Vec::new(),
+            queued: VecDeque::new(),
         }))
     }
 
@@ -534,6 +828,72 @@ impl pb::inference_server::Inference for InferenceService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request with tools and a tool-call turn renders as transformers renders the same
+    /// conversation (the `tools_and_tool_calls` fixture of `tests/fixtures/tokenizer`, made
+    /// by `gen_tokenizer_fixture.py` with the Qwen3 template).
+    #[test]
+    fn tool_requests_render_as_transformers_renders_them() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizer");
+        let raw = std::fs::read_to_string(format!("{dir}/chat.json")).unwrap();
+        let file: Value = serde_json::from_str(&raw).unwrap();
+        let conv = file["conversations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "tools_and_tool_calls")
+            .unwrap();
+        let gguf = crate::gguf::GgufFile::open(format!("{dir}/qwen3-vocab.gguf")).unwrap();
+        let template = crate::tokenizer::ChatTemplate::for_model(&gguf);
+        let messages: Vec<pb::ChatMessage> = conv["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| pb::ChatMessage {
+                role: m["role"].as_str().unwrap().into(),
+                content: m["content"].as_str().unwrap().into(),
+                tool_calls: m["tool_calls"]
+                    .as_array()
+                    .map(|calls| {
+                        calls
+                            .iter()
+                            .map(|c| pb::ToolCall {
+                                id: "call_1".into(),
+                                name: c["function"]["name"].as_str().unwrap().into(),
+                                arguments: c["function"]["arguments"].to_string(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                tool_call_id: String::new(),
+            })
+            .collect();
+        let tools: Vec<pb::Tool> = conv["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| pb::Tool {
+                name: t["function"]["name"].as_str().unwrap().into(),
+                description: t["function"]["description"].as_str().unwrap().into(),
+                parameters: t["function"]["parameters"].to_string(),
+            })
+            .collect();
+        let messages: Vec<Value> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| message_json(i, m).unwrap())
+            .collect();
+        let (shown, _) = tools_json(&tools, &ToolMode::Auto).unwrap();
+        let rendered = template
+            .render_json(
+                &Value::Array(messages).to_string(),
+                Some(&shown.to_string()),
+                conv["add_generation_prompt"].as_bool().unwrap(),
+                None,
+            )
+            .unwrap();
+        assert_eq!(rendered, conv["rendered"].as_str().unwrap());
+    }
 
     #[test]
     fn grpc_timeout_units() {

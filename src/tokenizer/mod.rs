@@ -1,7 +1,8 @@
 //! Text ↔ token conversion for GGUF models: the byte-level BPE tokenizer
 //! (`gpt2` vocabularies) and the SentencePiece BPE tokenizer (`llama`
 //! vocabularies: Llama 2, Mistral) rebuilt from GGUF metadata, the incremental
-//! (streaming) detokenizer, and the chat template renderer.
+//! (streaming) detokenizer, the chat template renderer, and the tool calls found
+//! in generated text.
 //!
 //! Encoding runs the Hugging Face `tokenizers` pipeline pieces (added-token
 //! extraction, normalizer, pre-tokenizer, BPE model), configured to be
@@ -13,6 +14,7 @@ mod byte_level;
 pub mod chat;
 mod pre;
 mod stream;
+pub mod tool_calls;
 
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::NormalizerWrapper;

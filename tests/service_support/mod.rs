@@ -89,6 +89,8 @@ pub fn greedy(prompt: &str, max_tokens: u32) -> pb::GenerateRequest {
 #[derive(Debug, Default)]
 pub struct Collected {
     pub tokens: Vec<GeneratedToken>,
+    /// Tool-call events, in order.
+    pub tool_calls: Vec<pb::ToolCall>,
     pub done: Option<GenerateDone>,
     /// The stream's final status: Ok, or the error it ended with.
     pub status: Option<tonic::Status>,
@@ -129,6 +131,10 @@ pub async fn collect(mut stream: Streaming<pb::GenerateResponse>) -> Collected {
                     Some(Event::Token(t)) => {
                         assert!(c.done.is_none(), "a token after the final message");
                         c.tokens.push(t);
+                    }
+                    Some(Event::ToolCall(t)) => {
+                        assert!(c.done.is_none(), "a tool call after the final message");
+                        c.tool_calls.push(t);
                     }
                     Some(Event::Done(d)) => {
                         assert!(c.done.is_none(), "two final messages");
@@ -281,6 +287,7 @@ pub fn reference_on(opts: &LoadOptions, prompts: &[&str], max_tokens: usize) -> 
         stop: vec![],
         ignore_eos: true,
         time_limit: None,
+        grammar: None,
     };
     prompts
         .iter()
@@ -297,4 +304,25 @@ pub fn reference_on(opts: &LoadOptions, prompts: &[&str], max_tokens: usize) -> 
             .tokens
         })
         .collect()
+}
+
+/// The real checkpoint the real-model tests use (Qwen2.5-Coder-0.5B-Instruct Q4_K_M), from
+/// `INFERNO_TEST_MODEL` or the cache `scripts/fetch-test-model.sh` fills; `None` if absent.
+pub fn real_model_path() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    if let Some(p) = std::env::var_os("INFERNO_TEST_MODEL") {
+        return Some(PathBuf::from(p));
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    let p = cache
+        .join("inferno-models")
+        .join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    p.exists().then_some(p)
+}
+
+/// Whether the tests run under CI, where a missing real checkpoint is a failure.
+pub fn in_ci() -> bool {
+    matches!(std::env::var("CI").as_deref(), Ok("true") | Ok("1"))
 }
