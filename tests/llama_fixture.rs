@@ -5,47 +5,22 @@
 //! scaling, Q/K/V/O biases, tied and untied output; on every backend.
 
 use inferno::backend::gpu::GpuBackend;
-use inferno::backend::{create_backend, BackendOptions, Device, KvType};
+use inferno::backend::{Device, KvType};
 use inferno::gguf::{GgufFile, GgufWriter, Value};
 use inferno::model::config::RopeScaling;
-use inferno::model::{Architecture, Logits, Model};
+use inferno::model::{Architecture, Model};
 use serde_json::Value as Json;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/llama")
-}
+mod common;
 
-fn manifest() -> Json {
-    let text = std::fs::read_to_string(dir().join("manifest.json"))
-        .expect("tests/fixtures/llama/manifest.json (run gen_llama.py)");
-    serde_json::from_str(&text).expect("manifest is JSON")
-}
+use common::arch::{cpu, greedy, logits, Fixture, Score};
+use common::ids;
 
-fn read_f32(name: &str) -> Vec<f32> {
-    std::fs::read(dir().join(name))
-        .expect(name)
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn ids(v: &Json) -> Vec<u32> {
-    v.as_array()
-        .expect("ids")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
-
-fn open(file: &str) -> GgufFile {
-    GgufFile::open(dir().join(file)).expect(file)
-}
-
-fn cpu(name: &str) -> Device {
-    create_backend(name, &BackendOptions::default()).expect("backend")
-}
+const FIXTURE: Fixture = Fixture {
+    sub: "llama",
+    generator: "gen_llama.py",
+};
 
 /// The GPU backend, or `None` (with a note) where `INFERNO_TEST_GPU=0` declares none.
 fn gpu() -> Option<Device> {
@@ -60,66 +35,6 @@ fn gpu() -> Option<Device> {
              set INFERNO_TEST_GPU=0 only on a machine without one)"
         ),
     }
-}
-
-fn argmax(row: &[f32]) -> usize {
-    (0..row.len())
-        .max_by(|&a, &b| row[a].total_cmp(&row[b]))
-        .unwrap_or(0)
-}
-
-/// Worst |Δ| relative to each position's logit scale (max |reference logit|), and how many
-/// positions share the reference's argmax.
-#[derive(Default, Debug)]
-struct Score {
-    max_rel: f32,
-    agree: usize,
-    total: usize,
-}
-
-impl Score {
-    fn add(&mut self, ours: &[f32], reference: &[f32], vocab: usize) {
-        assert_eq!(ours.len(), reference.len(), "reference shape");
-        for (a, b) in ours.chunks(vocab).zip(reference.chunks(vocab)) {
-            let scale = b.iter().fold(0.0f32, |s, v| s.max(v.abs()));
-            let err = a
-                .iter()
-                .zip(b)
-                .fold(0.0f32, |e, (x, y)| e.max((x - y).abs()));
-            self.max_rel = self.max_rel.max(err / scale);
-            self.agree += (argmax(a) == argmax(b)) as usize;
-            self.total += 1;
-        }
-    }
-}
-
-/// Logits at every position of `ids`, in one pass of `batch`-token chunks.
-fn logits(model: &Model, ids: &[u32], batch: usize) -> Vec<f32> {
-    let vocab = model.config.vocab;
-    let mut out = vec![0.0f32; ids.len() * vocab];
-    let mut st = model.new_state(ids.len(), batch);
-    model
-        .forward(&mut st, ids, Logits::All(&mut out))
-        .expect("forward");
-    out
-}
-
-fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
-    let vocab = model.config.vocab;
-    let mut st = model.new_state(prompt.len() + n + 1, 16);
-    let mut row = vec![0.0; vocab];
-    model
-        .forward(&mut st, prompt, Logits::Last(&mut row))
-        .unwrap();
-    let mut got = Vec::new();
-    for _ in 0..n {
-        let id = argmax(&row) as u32;
-        got.push(id);
-        model
-            .forward(&mut st, &[id], Logits::Last(&mut row))
-            .unwrap();
-    }
-    got
 }
 
 /// Every (model entry, dtype, file) of the fixture.
@@ -148,9 +63,9 @@ fn tolerance(dtype: &str) -> f32 {
 
 #[test]
 fn llama_files_load_with_their_rope_scaling_biases_and_output() {
-    let m = manifest();
+    let m = FIXTURE.manifest();
     for (e, dtype, file) in files(&m) {
-        let model = Model::load(&open(&file), cpu("scalar")).expect("loads");
+        let model = Model::load(&FIXTURE.open(&file), cpu("scalar")).expect("loads");
         let c = &model.config;
         assert_eq!(c.arch, Architecture::Llama, "{file}");
         assert_eq!(
@@ -199,11 +114,11 @@ fn llama_files_load_with_their_rope_scaling_biases_and_output() {
 /// on this file's own (dequantized) weights.
 #[test]
 fn llama_logits_match_transformers_on_every_cpu_backend() {
-    let m = manifest();
+    let m = FIXTURE.manifest();
     let mut report = String::new();
     for backend in ["scalar", "simd", "pool"] {
         for (e, dtype, file) in files(&m) {
-            let g = open(&file);
+            let g = FIXTURE.open(&file);
             let model = Model::load(&g, cpu(backend)).expect("loads");
             let vocab = model.config.vocab;
             let (mut batched, mut stepwise, mut vs_llama_cpp) =
@@ -211,15 +126,15 @@ fn llama_logits_match_transformers_on_every_cpu_backend() {
             let mut deq = Score::default();
             for seq in e["sequences"].as_array().unwrap() {
                 let ids = ids(&seq["ids"]);
-                let hf = read_f32(seq["hf_logits"].as_str().unwrap());
+                let hf = FIXTURE.read_f32(seq["hf_logits"].as_str().unwrap());
                 batched.add(&logits(&model, &ids, 64), &hf, vocab);
                 stepwise.add(&logits(&model, &ids, 1), &hf, vocab);
-                let ll = read_f32(seq["llama_logits"][&dtype].as_str().unwrap());
+                let ll = FIXTURE.read_f32(seq["llama_logits"][&dtype].as_str().unwrap());
                 vs_llama_cpp.add(&ll, &hf, vocab);
                 if let Some(f) = seq["hf_dequant_logits"][&dtype].as_str() {
                     let mut exact = Model::load(&g, cpu(backend)).unwrap();
                     exact.set_kv_types((KvType::F32, KvType::F32)).unwrap();
-                    deq.add(&logits(&exact, &ids, 64), &read_f32(f), vocab);
+                    deq.add(&logits(&exact, &ids, 64), &FIXTURE.read_f32(f), vocab);
                 }
             }
             report += &format!(
@@ -276,11 +191,11 @@ fn llama_logits_match_transformers_on_every_cpu_backend() {
 
 #[test]
 fn llama_f32_greedy_continuation_is_transformers() {
-    let m = manifest();
+    let m = FIXTURE.manifest();
     for backend in ["scalar", "simd", "pool"] {
         for e in m["models"].as_array().unwrap() {
             let file = e["gguf"]["f32"].as_str().unwrap();
-            let model = Model::load(&open(file), cpu(backend)).unwrap();
+            let model = Model::load(&FIXTURE.open(file), cpu(backend)).unwrap();
             let prompt = ids(&e["greedy"]["prompt"]);
             let want = ids(&e["greedy"]["hf"]);
             assert_eq!(
@@ -297,14 +212,14 @@ fn llama_f32_greedy_continuation_is_transformers() {
 #[test]
 fn llama_logits_match_transformers_on_the_gpu() {
     let Some(gpu) = gpu() else { return };
-    let m = manifest();
+    let m = FIXTURE.manifest();
     for (e, dtype, file) in files(&m) {
-        let model = Model::load(&open(&file), gpu.clone()).expect("loads on gpu");
+        let model = Model::load(&FIXTURE.open(&file), gpu.clone()).expect("loads on gpu");
         let vocab = model.config.vocab;
         let mut s = Score::default();
         for seq in e["sequences"].as_array().unwrap() {
             let ids = ids(&seq["ids"]);
-            let hf = read_f32(seq["hf_logits"].as_str().unwrap());
+            let hf = FIXTURE.read_f32(seq["hf_logits"].as_str().unwrap());
             s.add(&logits(&model, &ids, 64), &hf, vocab);
         }
         println!(
@@ -328,7 +243,7 @@ fn llama_logits_match_transformers_on_the_gpu() {
 
 /// The fixture file rewritten: metadata changed by `edit`, tensor `drop` left out.
 fn rewritten(file: &str, drop: Option<&str>, edit: impl Fn(&mut Vec<(String, Value)>)) -> GgufFile {
-    let src = open(file);
+    let src = FIXTURE.open(file);
     let mut meta: Vec<(String, Value)> = src
         .metadata()
         .iter()
@@ -368,14 +283,14 @@ fn llama3_metadata(meta: &mut Vec<(String, Value)>) {
 
 /// Worst relative error of a model loaded from `g` against transformers on the llama3 model.
 fn llama3_error(g: &GgufFile) -> f32 {
-    let m = manifest();
+    let m = FIXTURE.manifest();
     let e = &m["models"][0];
     assert_eq!(e["name"], "tiny-llama3");
     let model = Model::load(g, cpu("scalar")).expect("loads");
     let mut s = Score::default();
     for seq in e["sequences"].as_array().unwrap() {
         let ids = ids(&seq["ids"]);
-        let hf = read_f32(seq["hf_logits"].as_str().unwrap());
+        let hf = FIXTURE.read_f32(seq["hf_logits"].as_str().unwrap());
         s.add(&logits(&model, &ids, 64), &hf, model.config.vocab);
     }
     s.max_rel

@@ -5,106 +5,21 @@
 //! and refused with a clear error on the gpu backend.
 
 use inferno::backend::gpu::GpuBackend;
-use inferno::backend::{create_backend, BackendOptions, Device, KvType};
+use inferno::backend::{Device, KvType};
 use inferno::gguf::{GgufFile, GgufWriter, Value};
 use inferno::model::{Architecture, Ffn, Logits, Model, MoeConfig, SeqStep};
 use serde_json::Value as Json;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3moe")
-}
+mod common;
 
-fn manifest() -> Json {
-    let text = std::fs::read_to_string(dir().join("manifest.json"))
-        .expect("tests/fixtures/qwen3moe/manifest.json (run gen_qwen3moe.py)");
-    serde_json::from_str(&text).expect("manifest is JSON")
-}
+use common::arch::{cpu, greedy, logits, Fixture, Score};
+use common::ids;
 
-fn read_f32(name: &str) -> Vec<f32> {
-    std::fs::read(dir().join(name))
-        .expect(name)
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn ids(v: &Json) -> Vec<u32> {
-    v.as_array()
-        .expect("ids")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
-
-fn open(file: &str) -> GgufFile {
-    GgufFile::open(dir().join(file)).expect(file)
-}
-
-fn cpu(name: &str) -> Device {
-    create_backend(name, &BackendOptions::default()).expect("backend")
-}
-
-fn argmax(row: &[f32]) -> usize {
-    (0..row.len())
-        .max_by(|&a, &b| row[a].total_cmp(&row[b]))
-        .unwrap_or(0)
-}
-
-/// Worst |Δ| relative to each position's logit scale (max |reference logit|), and how many
-/// positions share the reference's argmax.
-#[derive(Default, Debug)]
-struct Score {
-    max_rel: f32,
-    agree: usize,
-    total: usize,
-}
-
-impl Score {
-    fn add(&mut self, ours: &[f32], reference: &[f32], vocab: usize) {
-        assert_eq!(ours.len(), reference.len(), "reference shape");
-        for (a, b) in ours.chunks(vocab).zip(reference.chunks(vocab)) {
-            let scale = b.iter().fold(0.0f32, |s, v| s.max(v.abs()));
-            let err = a
-                .iter()
-                .zip(b)
-                .fold(0.0f32, |e, (x, y)| e.max((x - y).abs()));
-            self.max_rel = self.max_rel.max(err / scale);
-            self.agree += (argmax(a) == argmax(b)) as usize;
-            self.total += 1;
-        }
-    }
-}
-
-/// Logits at every position of `ids`, in one pass of `batch`-token chunks.
-fn logits(model: &Model, ids: &[u32], batch: usize) -> Vec<f32> {
-    let vocab = model.config.vocab;
-    let mut out = vec![0.0f32; ids.len() * vocab];
-    let mut st = model.new_state(ids.len(), batch);
-    model
-        .forward(&mut st, ids, Logits::All(&mut out))
-        .expect("forward");
-    out
-}
-
-fn greedy(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
-    let vocab = model.config.vocab;
-    let mut st = model.new_state(prompt.len() + n + 1, 16);
-    let mut row = vec![0.0; vocab];
-    model
-        .forward(&mut st, prompt, Logits::Last(&mut row))
-        .unwrap();
-    let mut got = Vec::new();
-    for _ in 0..n {
-        let id = argmax(&row) as u32;
-        got.push(id);
-        model
-            .forward(&mut st, &[id], Logits::Last(&mut row))
-            .unwrap();
-    }
-    got
-}
+const FIXTURE: Fixture = Fixture {
+    sub: "qwen3moe",
+    generator: "gen_qwen3moe.py",
+};
 
 /// Every (model entry, dtype, file) of the fixture.
 fn files(m: &Json) -> Vec<(Json, String, String)> {
@@ -133,9 +48,9 @@ fn tolerance(dtype: &str) -> f32 {
 
 #[test]
 fn qwen3moe_files_load_with_their_experts_viewed_in_place() {
-    let m = manifest();
+    let m = FIXTURE.manifest();
     for (e, dtype, file) in files(&m) {
-        let g = open(&file);
+        let g = FIXTURE.open(&file);
         let model = Model::load(&g, cpu("simd")).expect("loads");
         let c = &model.config;
         assert_eq!(c.arch, Architecture::Qwen3Moe, "{file}");
@@ -190,24 +105,24 @@ fn qwen3moe_files_load_with_their_experts_viewed_in_place() {
 /// this file's own (dequantized) weights.
 #[test]
 fn qwen3moe_logits_match_transformers_on_every_cpu_backend() {
-    let m = manifest();
+    let m = FIXTURE.manifest();
     let mut report = String::new();
     for backend in ["scalar", "simd", "pool"] {
         for (e, dtype, file) in files(&m) {
-            let g = open(&file);
+            let g = FIXTURE.open(&file);
             let model = Model::load(&g, cpu(backend)).expect("loads");
             let vocab = model.config.vocab;
             let (mut batched, mut stepwise, mut deq) =
                 (Score::default(), Score::default(), Score::default());
             for seq in e["sequences"].as_array().unwrap() {
                 let ids = ids(&seq["ids"]);
-                let hf = read_f32(seq["hf_logits"].as_str().unwrap());
+                let hf = FIXTURE.read_f32(seq["hf_logits"].as_str().unwrap());
                 batched.add(&logits(&model, &ids, 64), &hf, vocab);
                 stepwise.add(&logits(&model, &ids, 1), &hf, vocab);
                 if let Some(f) = seq["hf_dequant_logits"][&dtype].as_str() {
                     let mut exact = Model::load(&g, cpu(backend)).unwrap();
                     exact.set_kv_types((KvType::F32, KvType::F32)).unwrap();
-                    deq.add(&logits(&exact, &ids, 64), &read_f32(f), vocab);
+                    deq.add(&logits(&exact, &ids, 64), &FIXTURE.read_f32(f), vocab);
                 }
             }
             report += &format!(
@@ -260,11 +175,11 @@ fn qwen3moe_logits_match_transformers_on_every_cpu_backend() {
 
 #[test]
 fn qwen3moe_f32_greedy_continuation_is_transformers() {
-    let m = manifest();
+    let m = FIXTURE.manifest();
     for backend in ["scalar", "simd", "pool"] {
         for e in m["models"].as_array().unwrap() {
             let file = e["gguf"]["f32"].as_str().unwrap();
-            let model = Model::load(&open(file), cpu(backend)).unwrap();
+            let model = Model::load(&FIXTURE.open(file), cpu(backend)).unwrap();
             let prompt = ids(&e["greedy"]["prompt"]);
             let want = ids(&e["greedy"]["hf"]);
             assert_eq!(
@@ -280,10 +195,10 @@ fn qwen3moe_f32_greedy_continuation_is_transformers() {
 /// by expert together) and still get exactly the logits each gets alone.
 #[test]
 fn batched_sequences_routed_together_get_their_own_logits() {
-    let m = manifest();
+    let m = FIXTURE.manifest();
     let e = &m["models"][0];
     for backend in ["scalar", "pool"] {
-        let model = Model::load(&open("tiny-qwen3moe.q8_0.gguf"), cpu(backend)).unwrap();
+        let model = Model::load(&FIXTURE.open("tiny-qwen3moe.q8_0.gguf"), cpu(backend)).unwrap();
         let vocab = model.config.vocab;
         let seqs: Vec<Vec<u32>> = e["sequences"]
             .as_array()
@@ -316,7 +231,7 @@ fn batched_sequences_routed_together_get_their_own_logits() {
 
 /// The fixture file rewritten: metadata changed by `edit`, tensor `drop` left out.
 fn rewritten(file: &str, drop: Option<&str>, edit: impl Fn(&mut Vec<(String, Value)>)) -> GgufFile {
-    let src = open(file);
+    let src = FIXTURE.open(file);
     let mut meta: Vec<(String, Value)> = src
         .metadata()
         .iter()
@@ -344,13 +259,13 @@ fn set(meta: &mut Vec<(String, Value)>, key: &str, value: Value) {
 
 /// Worst relative error of a model loaded from `g` against transformers on model `index`.
 fn error_against(g: &GgufFile, index: usize) -> f32 {
-    let m = manifest();
+    let m = FIXTURE.manifest();
     let e = &m["models"][index];
     let model = Model::load(g, cpu("scalar")).expect("loads");
     let mut s = Score::default();
     for seq in e["sequences"].as_array().unwrap() {
         let ids = ids(&seq["ids"]);
-        let hf = read_f32(seq["hf_logits"].as_str().unwrap());
+        let hf = FIXTURE.read_f32(seq["hf_logits"].as_str().unwrap());
         s.add(&logits(&model, &ids, 64), &hf, model.config.vocab);
     }
     s.max_rel
@@ -361,7 +276,7 @@ fn error_against(g: &GgufFile, index: usize) -> f32 {
 /// qwen3moe behaviour).
 #[test]
 fn the_top_k_renormalisation_follows_expert_weights_norm() {
-    let m = manifest();
+    let m = FIXTURE.manifest();
     assert_eq!(m["models"][0]["config"]["norm_topk_prob"], true);
     assert_eq!(m["models"][1]["config"]["norm_topk_prob"], false);
     let key = "qwen3moe.expert_weights_norm";
@@ -456,7 +371,7 @@ fn the_gpu_backend_refuses_qwen3moe_clearly() {
              set INFERNO_TEST_GPU=0 only on a machine without one)"
         ),
     };
-    let msg = match Model::load(&open("tiny-qwen3moe.f32.gguf"), gpu) {
+    let msg = match Model::load(&FIXTURE.open("tiny-qwen3moe.f32.gguf"), gpu) {
         Ok(_) => panic!("loaded on the gpu"),
         Err(e) => e.to_string(),
     };
@@ -475,11 +390,15 @@ fn experts_the_router_does_not_choose_are_never_computed() {
     let file = "tiny-qwen3moe.f32.gguf";
     let name = "blk.0.ffn_up_exps.weight";
     for backend in ["scalar", "pool"] {
-        let clean = logits(&Model::load(&open(file), cpu(backend)).unwrap(), &[42], 1);
+        let clean = logits(
+            &Model::load(&FIXTURE.open(file), cpu(backend)).unwrap(),
+            &[42],
+            1,
+        );
         assert!(clean.iter().all(|v| v.is_finite()));
         let mut poisoned_by = Vec::new();
         for expert in 0..8 {
-            let src = open(file);
+            let src = FIXTURE.open(file);
             let mut w = GgufWriter::new();
             for (k, v) in src.metadata() {
                 w.add(k.clone(), v.clone());

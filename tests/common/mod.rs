@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: fixture paths and loading.
 #![allow(dead_code)]
 
+pub mod arch;
+
 use inferno::backend::{create_backend, BackendOptions};
 use inferno::gguf::GgufFile;
 use inferno::model::synth::{self, SynthSpec};
