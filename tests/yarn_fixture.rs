@@ -6,29 +6,21 @@
 
 use inferno::backend::gpu::GpuBackend;
 use inferno::backend::{create_backend, BackendOptions, Device};
-use inferno::gguf::GgufFile;
 use inferno::model::config::RopeScaling;
 use inferno::model::{Logits, Model};
-use serde_json::Value as Json;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/yarn")
-}
+mod common;
 
-fn manifest() -> Json {
-    let text = std::fs::read_to_string(dir().join("manifest.json"))
-        .expect("tests/fixtures/yarn/manifest.json (run gen_yarn.py)");
-    serde_json::from_str(&text).expect("manifest is JSON")
-}
+use common::arch::Fixture;
+
+const FIXTURE: Fixture = Fixture {
+    sub: "yarn",
+    generator: "gen_yarn.py",
+};
 
 fn reference() -> Vec<f32> {
-    std::fs::read(dir().join("tiny-yarn.seq0.hf.f32"))
-        .expect("reference logits")
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    FIXTURE.read_f32("tiny-yarn.seq0.hf.f32")
 }
 
 fn devices() -> Vec<(String, Device)> {
@@ -57,7 +49,7 @@ fn devices() -> Vec<(String, Device)> {
 
 #[test]
 fn yarn_metadata_is_read_as_transformers_configures_it() {
-    let g = GgufFile::open(dir().join("tiny-yarn.f32.gguf")).expect("fixture");
+    let g = FIXTURE.open("tiny-yarn.f32.gguf");
     let model = Model::load(
         &g,
         create_backend("scalar", &BackendOptions::default()).unwrap(),
@@ -81,7 +73,7 @@ fn yarn_metadata_is_read_as_transformers_configures_it() {
 
 #[test]
 fn yarn_logits_match_transformers_at_every_position_on_every_backend() {
-    let m = manifest();
+    let m = FIXTURE.manifest();
     let ids: Vec<u32> = m["ids"]
         .as_array()
         .unwrap()
@@ -94,7 +86,7 @@ fn yarn_logits_match_transformers_at_every_position_on_every_backend() {
     let without = m["max_abs_diff_without_yarn"].as_f64().unwrap() as f32;
     // The scaling matters far more than the tolerance: ignoring it could not pass.
     assert!(without > 1e-2 * scale, "{without} vs scale {scale}");
-    let g = GgufFile::open(dir().join("tiny-yarn.f32.gguf")).expect("fixture");
+    let g = FIXTURE.open("tiny-yarn.f32.gguf");
     for (name, dev) in devices() {
         let model = Model::load(&g, dev).expect("load");
         let mut got = vec![0.0f32; ids.len() * vocab];
