@@ -1040,7 +1040,7 @@ pub fn prepare_matrix(k: &Kernels, w: &mut Matrix) {
         GgmlType::Q8_0 => PackedQ8::pack(k.isa, w).map(|p| Arc::new(p) as _),
         GgmlType::Q4_0 | GgmlType::Q5_0 => PackedLegacy::pack(k.isa, w).map(|p| Arc::new(p) as _),
         t if PackedK::packs(t) && PackedK::isa_has_kernels(k.isa) => {
-            PackedK::pack(w).map(|p| Arc::new(p) as _)
+            PackedK::pack(k.isa, w).map(|p| Arc::new(p) as _)
         }
         _ => None,
     };

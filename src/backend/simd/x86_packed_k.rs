@@ -17,7 +17,9 @@
 //! the f32 accumulator with the scalar expression (separate multiplies, no FMA), block after
 //! block, so every output is bit-identical to the scalar dot product of its row.
 
-use super::packed_k::{quant_line, store_window, x4, x_bsum_pair, x_d, x_min_pair, Job};
+use super::packed_k::{
+    fifth_masks_at, qs_line, quant_line, store_window, x4, x_bsum_pair, x_d, x_min_pair, Job,
+};
 use super::GROUP;
 use crate::tensor::k_quants::Q8_K_BYTES;
 use crate::tensor::GgmlType;
@@ -72,6 +74,24 @@ unsafe fn scale_lanes_i8(p: *const u8) -> __m256i {
 // AVX-512 VNNI
 // ---------------------------------------------------------------------------------------
 
+/// Writes the lanes of `v` (rows `g·16 ..` of token `t`'s output) that fall in the job's
+/// `r0..r1`, with one masked store (no call to `memcpy` for 16 floats).
+///
+/// # Safety
+/// The caller owns those output elements; AVX-512 F enabled.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_window_512(j: Job<'_>, g: usize, t: usize, v: __m512) {
+    let first = g * GROUP;
+    let lo = j.r0.max(first) - first;
+    let hi = j.r1.min(first + GROUP).saturating_sub(first);
+    if lo < hi {
+        let mask = ((1u32 << hi) - (1u32 << lo)) as __mmask16;
+        // SAFETY: only the lanes `lo..hi`, rows inside `r0..r1`, are written.
+        unsafe { _mm512_mask_storeu_ps(j.out.add(t * j.ldo + first), mask, v) };
+    }
+}
+
 /// Q4_K (`FIVE = false`) or Q5_K (`FIVE = true`), group `g`, tokens `t0..t0 + T`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
@@ -92,28 +112,40 @@ unsafe fn q45_vnni<const T: usize, const FIVE: bool>(j: Job<'_>, g: usize, t0: u
             std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
         let mut isum = [_mm512_setzero_si512(); T];
         for c in 0..4 {
-            let mut lo = [_mm512_setzero_si512(); T];
-            let mut hi = [_mm512_setzero_si512(); T];
+            // One token alone has only two accumulator chains, which the latency of
+            // `vpdpbusd` would bound: give it two per half, lines alternating (exact in i32).
+            let split = if T == 1 { 2 } else { 1 };
+            let mut lo = [[_mm512_setzero_si512(); 2]; T];
+            let mut hi = [[_mm512_setzero_si512(); 2]; T];
             for k in 0..8 {
                 // SAFETY (this block): every line read is inside the packed super-block, every
                 // activation byte inside the token's Q8_K block.
                 unsafe {
-                    let wv = _mm512_loadu_si512(blk.add((ql + 8 * c + k) * 64) as *const __m512i);
-                    let mut wl = _mm512_and_si512(wv, m4);
-                    let mut wh = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
+                    let line = if FIVE {
+                        qs_line(p.dtype, p.fifth, c, k)
+                    } else {
+                        ql + 8 * c + k
+                    };
+                    let wv = _mm512_loadu_si512(blk.add(line * 64) as *const __m512i);
+                    let (wl, wh);
                     if FIVE {
-                        let h = _mm512_loadu_si512(blk.add((5 + k) * 64) as *const __m512i);
-                        let bit = |b: usize| _mm512_set1_epi8((1u32 << b) as u8 as i8);
-                        let kl = _mm512_test_epi8_mask(h, bit(2 * c));
-                        let kh = _mm512_test_epi8_mask(h, bit(2 * c + 1));
-                        wl = _mm512_mask_add_epi8(wl, kl, wl, sixteen);
-                        wh = _mm512_mask_add_epi8(wh, kh, wh, sixteen);
+                        // The fifth bits of this line as the two byte masks (`FifthBits::Masks`),
+                        // 16 where set, merged with the nibble: `(w & 0x0f) | f` in one op.
+                        let m = blk.add(fifth_masks_at(c, k)) as *const u64;
+                        let fl = _mm512_maskz_mov_epi8(m.read_unaligned(), sixteen);
+                        let fh = _mm512_maskz_mov_epi8(m.add(1).read_unaligned(), sixteen);
+                        wl = _mm512_ternarylogic_epi32::<0xEC>(wv, fl, m4);
+                        wh = _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16(wv, 4), fh, m4);
+                    } else {
+                        wl = _mm512_and_si512(wv, m4);
+                        wh = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
                     }
+                    let a = k % split;
                     for t in 0..T {
                         let xl = _mm512_set1_epi32(x4(x[t], 64 * c + 4 * k));
                         let xh = _mm512_set1_epi32(x4(x[t], 64 * c + 32 + 4 * k));
-                        lo[t] = _mm512_dpbusd_epi32(lo[t], wl, xl);
-                        hi[t] = _mm512_dpbusd_epi32(hi[t], wh, xh);
+                        lo[t][a] = _mm512_dpbusd_epi32(lo[t][a], wl, xl);
+                        hi[t][a] = _mm512_dpbusd_epi32(hi[t][a], wh, xh);
                     }
                 }
                 // Keep the loop line-major (as in the Q8_0 kernel): otherwise LLVM hoists all
@@ -130,8 +162,15 @@ unsafe fn q45_vnni<const T: usize, const FIVE: bool>(j: Job<'_>, g: usize, t0: u
                 )
             };
             for t in 0..T {
-                let s =
-                    _mm512_add_epi32(_mm512_mullo_epi32(lo[t], sl), _mm512_mullo_epi32(hi[t], sh));
+                let (l, h) = if T == 1 {
+                    (
+                        _mm512_add_epi32(lo[t][0], lo[t][1]),
+                        _mm512_add_epi32(hi[t][0], hi[t][1]),
+                    )
+                } else {
+                    (lo[t][0], hi[t][0])
+                };
+                let s = _mm512_add_epi32(_mm512_mullo_epi32(l, sl), _mm512_mullo_epi32(h, sh));
                 isum[t] = _mm512_add_epi32(isum[t], s);
             }
         }
@@ -164,18 +203,8 @@ unsafe fn q45_vnni<const T: usize, const FIVE: bool>(j: Job<'_>, g: usize, t0: u
         }
     }
     for (t, a) in acc.iter().enumerate() {
-        let mut lanes = [0.0f32; GROUP];
-        // SAFETY: `lanes` holds 16 floats; the destination rows are the caller's.
-        unsafe {
-            _mm512_storeu_ps(lanes.as_mut_ptr(), *a);
-            store_window(
-                j.out.add((t0 + t) * j.ldo + g * GROUP),
-                &lanes,
-                g * GROUP,
-                j.r0,
-                j.r1,
-            );
-        }
+        // SAFETY: the destination rows are the caller's.
+        unsafe { store_window_512(j, g, t0 + t, *a) };
     }
 }
 
@@ -278,18 +307,8 @@ unsafe fn q6_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
         }
     }
     for (t, a) in acc.iter().enumerate() {
-        let mut lanes = [0.0f32; GROUP];
-        // SAFETY: as in `q45_vnni`.
-        unsafe {
-            _mm512_storeu_ps(lanes.as_mut_ptr(), *a);
-            store_window(
-                j.out.add((t0 + t) * j.ldo + g * GROUP),
-                &lanes,
-                g * GROUP,
-                j.r0,
-                j.r1,
-            );
-        }
+        // SAFETY: the destination rows are the caller's.
+        unsafe { store_window_512(j, g, t0 + t, *a) };
     }
 }
 
