@@ -14,6 +14,7 @@ mod byte_level;
 pub mod chat;
 mod pre;
 mod stream;
+pub mod reasoning;
 pub mod tool_calls;
 
 use tokenizers::models::bpe::{Vocab, BPE};
