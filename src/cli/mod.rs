@@ -197,7 +197,12 @@ pub struct GenerateArgs {
     /// With --tools: auto (the model decides), none (no tools shown, no calls parsed),
     /// required (exactly one call of some tool, grammar-constrained) or a tool's name
     /// (exactly one call of that tool, grammar-constrained).
-    #[arg(long, value_name = "MODE|NAME", requires = "tools", default_value = "auto")]
+    #[arg(
+        long,
+        value_name = "MODE|NAME",
+        requires = "tools",
+        default_value = "auto"
+    )]
     pub tool_choice: String,
     /// Report a thinking model's reasoning (a <think> ... </think> section at the start of
     /// the output, or the rest of one the prompt opened) apart from its answer: with

@@ -402,7 +402,11 @@ pub(crate) struct PromptPlan {
 pub(crate) fn plan_prompt(req: &pb::GenerateRequest) -> Result<PromptPlan, Status> {
     let has_messages = !req.messages.is_empty();
     let mode = tool_mode(req)?;
-    let mut response_format = req.response_format.clone().map(response_format).transpose()?;
+    let mut response_format = req
+        .response_format
+        .clone()
+        .map(response_format)
+        .transpose()?;
     let with_tool_fields = req
         .messages
         .iter()

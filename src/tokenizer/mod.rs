@@ -13,8 +13,8 @@
 mod byte_level;
 pub mod chat;
 mod pre;
-mod stream;
 pub mod reasoning;
+mod stream;
 pub mod tool_calls;
 
 use tokenizers::models::bpe::{Vocab, BPE};
