@@ -939,6 +939,74 @@ mod tests {
         assert_eq!(rendered, conv["rendered"].as_str().unwrap());
     }
 
+    /// Tool conversations as the API sends them (assistant turns with tool_calls, tool
+    /// messages with tool_call_id) render through Qwen2.5-Coder's template as transformers
+    /// renders them, byte for byte (`tests/fixtures/chat_tools`, made by
+    /// `gen_chat_tools_fixture.py`): tools, calls and arguments keep their keys' order.
+    #[test]
+    fn tool_conversations_render_as_transformers_renders_them_with_qwen25s_template() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/chat_tools/qwen2.5-coder-tools.json"
+        );
+        let file: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let template =
+            crate::tokenizer::ChatTemplate::new(file["chat_template"].as_str().unwrap()).unwrap();
+        let convs = file["conversations"].as_array().unwrap();
+        assert_eq!(convs.len(), 3);
+        for conv in convs {
+            let name = conv["name"].as_str().unwrap();
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            let req = pb::GenerateRequest {
+                messages: conv["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| pb::ChatMessage {
+                        role: text(&m["role"]),
+                        content: text(&m["content"]),
+                        tool_calls: m["tool_calls"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(|c| pb::ToolCall {
+                                id: text(&c["id"]),
+                                name: text(&c["function"]["name"]),
+                                arguments: c["function"]["arguments"].to_string(),
+                            })
+                            .collect(),
+                        tool_call_id: text(&m["tool_call_id"]),
+                    })
+                    .collect(),
+                tools: conv["tools"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| pb::Tool {
+                        name: text(&t["function"]["name"]),
+                        description: text(&t["function"]["description"]),
+                        parameters: t["function"]["parameters"].to_string(),
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+            let plan = plan_prompt(&req).unwrap();
+            assert!(plan.tools && plan.response_format.is_none(), "{name}");
+            let Prompt::ChatJson {
+                messages,
+                tools,
+                enable_thinking,
+            } = plan.prompt
+            else {
+                panic!("{name}: not a chat with tools");
+            };
+            let rendered = template
+                .render_json(&messages, tools.as_deref(), true, enable_thinking)
+                .unwrap();
+            assert_eq!(rendered, conv["rendered"].as_str().unwrap(), "{name}");
+        }
+    }
+
     #[test]
     fn grpc_timeout_units() {
         assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
