@@ -52,7 +52,14 @@ pub(super) fn run(shared: &Shared, assets: &EngineAssets, limits: Limits) {
             }
             shared.set_busy(true);
         }
-        admit(shared, assets, &limits, &mut pool, masks.as_ref(), &mut active);
+        admit(
+            shared,
+            assets,
+            &limits,
+            &mut pool,
+            masks.as_ref(),
+            &mut active,
+        );
         reap(shared, &mut pool, &mut active);
         if active.is_empty() {
             continue;
