@@ -374,6 +374,39 @@ mod tests {
         assert_eq!(p.finish(), Split::default());
     }
 
+    /// Qwen3's `<think>` and `</think>` are tokens of their own: a reply generated token by
+    /// token, decoded as the engine streams it, splits as its text does.
+    #[test]
+    fn qwen3_think_tokens_streamed_one_by_one() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizer");
+        let gguf = crate::gguf::GgufFile::open(format!("{dir}/qwen3-vocab.gguf")).unwrap();
+        let tok = crate::tokenizer::Tokenizer::from_gguf(&gguf).unwrap();
+        let reply = "<think>\nZürich is in CET.\n</think>\n\nIt is 13:00 in Zürich.";
+        let ids = tok.encode(reply, true).unwrap();
+        let open = tok.token_id("<think>").unwrap();
+        let close = tok.token_id("</think>").unwrap();
+        assert_eq!(ids[0], open);
+        assert!(ids.contains(&close));
+        let mut dec = tok.stream_decoder();
+        let mut p = ReasoningParser::new();
+        let (mut r, mut a) = (String::new(), String::new());
+        for &id in &ids {
+            let s = p.push(&dec.push(id));
+            r.push_str(&s.reasoning);
+            a.push_str(&s.answer);
+        }
+        let s = p.push(&dec.finish());
+        r.push_str(&s.reasoning);
+        a.push_str(&s.answer);
+        let s = p.finish();
+        r.push_str(&s.reasoning);
+        a.push_str(&s.answer);
+        assert_eq!(
+            (r.as_str(), a.as_str()),
+            ("Zürich is in CET.", "It is 13:00 in Zürich.")
+        );
+    }
+
     #[test]
     fn tool_calls_are_found_in_the_answer_only() {
         let text = "<think>I could write <tool_call>{\"name\": \"x\"}</tool_call> here\
