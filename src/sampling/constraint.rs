@@ -361,12 +361,7 @@ impl Constraint {
         match link.jobs.try_send(job) {
             Ok(()) => {}
             // Computed here when asked for, as without a worker.
-            Err(e @ (TrySendError::Full(_) | TrySendError::Disconnected(_))) => {
-                eprintln!(
-                    "DEBUG prefetch failed: {}",
-                    matches!(e, TrySendError::Full(_))
-                );
-                let (TrySendError::Full(job) | TrySendError::Disconnected(job)) = e;
+            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => {
                 self.state = Some(job.state)
             }
         }
@@ -394,30 +389,19 @@ impl Constraint {
     /// or longer than the vocabulary the grammar knows: entries past it are disallowed).
     /// Returns how long computing the mask took (on the worker, for a prefetched one).
     pub fn mask_logits(&mut self, logits: &mut [f32]) -> Result<Duration, ConstraintError> {
-        let Self { state, worker, .. } = self;
-        let state = match state {
-            Some(s) => s,
-            None => {
-                let s = worker.as_ref().and_then(|l| l.back.recv().ok());
-                state.insert(s.ok_or_else(|| {
-                    ConstraintError::Matcher("the grammar mask worker stopped".into())
-                })?)
-            }
-        };
-        let (mask, took) = match state.mask.take() {
-            Some(ready) => {
-                self.ahead += 1;
-                (ready.map_err(ConstraintError::Matcher)?, state.took)
-            }
+        let state = self.state()?;
+        let (mask, took, ahead) = match state.mask.take() {
+            Some(ready) => (ready.map_err(ConstraintError::Matcher)?, state.took, true),
             None => {
                 let t0 = Instant::now();
                 let mask = state
                     .matcher
                     .compute_mask()
                     .map_err(|e| ConstraintError::Matcher(e.to_string()))?;
-                (mask, t0.elapsed())
+                (mask, t0.elapsed(), false)
             }
         };
+        self.ahead += usize::from(ahead);
         apply_mask(&mask, logits);
         self.mask_time += took;
         self.masks += 1;
