@@ -1,9 +1,12 @@
 //! The `inferno` binary end to end: commands on a synthetic model, and errors that print one
 //! clear line and exit non-zero.
 
+mod service_support;
+
 use inferno::gguf::{GgufWriter, Value};
 use inferno::model::synth::{self, SynthSpec};
 use inferno::tensor::GgmlType;
+use service_support::{in_ci, real_model_path};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -553,4 +556,221 @@ fn generate_follows_a_regex_or_a_json_schema_and_refuses_a_bad_one() {
         &inferno(&["generate", "--model", m, "--regex", "(oops", "x"]),
         "cannot compile the regex response format",
     );
+}
+
+/// A tools file in both accepted shapes: OpenAI's wrapped form and the bare function.
+fn tools_file(dir: &Path) -> PathBuf {
+    let path = dir.join("tools.json");
+    std::fs::write(
+        &path,
+        r#"[
+          {"type": "function", "function": {"name": "get_weather",
+            "description": "The weather in a city now.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string",
+              "minLength": 1, "maxLength": 12}, "unit": {"enum": ["c", "f"]}},
+              "required": ["city", "unit"], "additionalProperties": false}}},
+          {"name": "get_time", "description": "The local time in a time zone.",
+           "parameters": {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}},
+             "required": ["tz"], "additionalProperties": false}}
+        ]"#,
+    )
+    .unwrap();
+    path
+}
+
+/// Whether `call` ({"name", "arguments"}) is a valid call of one of `tools_file`'s tools.
+fn check_call(call: &serde_json::Value, names: &[&str]) {
+    let name = call["name"].as_str().unwrap();
+    assert!(names.contains(&name), "{call}");
+    let args = call["arguments"].as_object().unwrap();
+    if name == "get_time" {
+        assert!(
+            ["UTC", "CET"].contains(&args["tz"].as_str().unwrap()),
+            "{call}"
+        );
+        assert_eq!(args.len(), 1, "{call}");
+    } else {
+        let city = args["city"].as_str().unwrap();
+        assert!((1..=12).contains(&city.chars().count()), "{call}");
+        assert!(
+            ["c", "f"].contains(&args["unit"].as_str().unwrap()),
+            "{call}"
+        );
+        assert_eq!(args.len(), 2, "{call}");
+    }
+}
+
+#[test]
+fn generate_calls_tools_from_a_file_on_the_real_checkpoint() {
+    let Some(path) = real_model_path() else {
+        assert!(
+            !in_ci(),
+            "CI must run the real-model test: set INFERNO_TEST_MODEL"
+        );
+        eprintln!("SKIPPED: no real checkpoint (set INFERNO_TEST_MODEL)");
+        return;
+    };
+    let m = path.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let tools = tools_file(dir.path());
+    let t = tools.to_str().unwrap();
+    for (choice, names) in [
+        ("required", &["get_weather", "get_time"][..]),
+        ("get_time", &["get_time"][..]),
+    ] {
+        let args = [
+            "generate",
+            "--model",
+            m,
+            "--ctx-size",
+            "1024",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "120",
+            "--tools",
+            t,
+            "--tool-choice",
+            choice,
+            "What is the weather in Paris, and what time is it there?",
+        ];
+        // Text output: the call is one JSON line on stdout, and nothing else is.
+        let o = inferno(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        let lines: Vec<&str> = out.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{out:?}");
+        let call: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        check_call(&call, names);
+        assert!(
+            stderr(&o).contains("finish_reason: FINISH_REASON_TOOL_CALLS"),
+            "{}",
+            stderr(&o)
+        );
+        // JSON output: the same call (greedy), in "tool_calls", and no text.
+        let mut json_args = args.to_vec();
+        json_args.splice(1..1, ["--output", "json"]);
+        let o = inferno(&json_args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["finish_reason"], "FINISH_REASON_TOOL_CALLS", "{v}");
+        assert_eq!(v["tool_calls"], serde_json::json!([call]), "{v}");
+        assert_eq!(v["text"], "", "{v}");
+    }
+}
+
+#[test]
+fn tools_files_and_tool_choices_that_cannot_work_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    // The flags are checked before the model loads: no model file is needed.
+    let m = dir.path().join("absent.gguf");
+    let m = m.to_str().unwrap();
+    let good = tools_file(dir.path());
+    let run = |tools: &Path, choice: &str| {
+        inferno(&[
+            "generate",
+            "--model",
+            m,
+            "--tools",
+            tools.to_str().unwrap(),
+            "--tool-choice",
+            choice,
+            "hi",
+        ])
+    };
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    assert_clean_error(
+        &run(&dir.path().join("missing.json"), "auto"),
+        "cannot read the tools file",
+    );
+    for (text, says) in [
+        ("[{\"name\": ", "is not valid JSON"),
+        ("{\"name\": \"f\"}", "must hold a JSON array of tools"),
+        ("[]", "holds no tools"),
+        (
+            "[{\"description\": \"x\"}]",
+            "tool 0 has no \"name\" string",
+        ),
+        (
+            "[{\"name\": \"f\"}, {\"type\": \"function\"}]",
+            "tool 1 has type \"function\" but no \"function\" object",
+        ),
+        ("[{\"type\": \"retrieval\"}]", "only \"function\" is known"),
+        (
+            "[{\"name\": \"f\", \"parameters\": [1]}]",
+            "\"parameters\" that are not a JSON object",
+        ),
+        (
+            "[{\"name\": \"has space\"}]",
+            "tools[0].name must be letters",
+        ),
+    ] {
+        let p = write("bad.json", text);
+        assert_clean_error(&run(&p, "auto"), says);
+    }
+    assert_clean_error(
+        &run(&good, "no_such_tool"),
+        "--tool-choice names the function \"no_such_tool\"",
+    );
+    // A tool choice needs tools.
+    let o = inferno(&["generate", "--model", m, "--tool-choice", "required", "hi"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--tools"), "{}", stderr(&o));
+}
+
+#[test]
+fn generate_separates_reasoning_from_the_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_model(dir.path());
+    let m = model.to_str().unwrap();
+    // Random weights do not think: a regex writes the section.
+    let rx = "<think>\n[a-z]{1,8}\n</think>\n\n[a-z]{1,8}";
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            m,
+            "--temperature",
+            "1.5",
+            "--seed",
+            "5",
+            "--max-tokens",
+            "64",
+            "--regex",
+            rx,
+        ];
+        args.extend_from_slice(extra);
+        args.push("Hello");
+        let o = inferno(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        o
+    };
+    let plain: serde_json::Value =
+        serde_json::from_slice(&run(&["--output", "json"]).stdout).unwrap();
+    let text = plain["text"].as_str().unwrap();
+    assert!(plain.get("reasoning_content").is_none());
+    let (reasoning, answer) = text
+        .strip_prefix("<think>\n")
+        .and_then(|t| t.split_once("\n</think>\n\n"))
+        .unwrap_or_else(|| panic!("{text:?}"));
+    let sep: serde_json::Value =
+        serde_json::from_slice(&run(&["--output", "json", "--separate-reasoning"]).stdout).unwrap();
+    assert_eq!(sep["tokens"], plain["tokens"]);
+    assert_eq!(sep["reasoning_content"], reasoning);
+    assert_eq!(sep["text"], answer);
+    // Text output: the answer alone on stdout, the reasoning marked on stderr.
+    let o = run(&["--separate-reasoning"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{answer}\n"));
+    assert!(
+        stderr(&o).contains(&format!("[reasoning]\n{reasoning}\n[/reasoning]\n")),
+        "{}",
+        stderr(&o)
+    );
+    // Without the flag, stdout has all of it, tags included.
+    let o = run(&[]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{text}\n"));
 }

@@ -88,6 +88,11 @@ async fn the_demo_model_follows_a_regex_and_bad_formats_are_refused() {
         metric(&text, "inferno_grammar_mask_seconds_count") >= 4.0 * 5.0,
         "a mask per sampled token:\n{text}"
     );
+    // Each mask, computed ahead or not, was waited for once.
+    assert_eq!(
+        metric(&text, "inferno_grammar_mask_wait_seconds_count"),
+        metric(&text, "inferno_grammar_mask_seconds_count")
+    );
 }
 
 /// A chat request for `task`, greedy or sampled, with at most `max_tokens` tokens.

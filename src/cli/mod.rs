@@ -12,12 +12,14 @@ use crate::backend::KvType;
 use crate::engine::loader::{self, EngineAssets, LoadOptions};
 use crate::engine::memory::gib;
 use crate::engine::request::{check_context, prompt_tokens, Prompt};
-use crate::engine::{generate, Flow, GenerateOptions};
+use crate::engine::{generate, FinishReason, Flow, GenerateOptions};
 use crate::gguf::GgufFile;
 use crate::model::Logits;
 use crate::sampling::constraint::{GrammarCompiler, ResponseFormat};
 use crate::sampling::SamplingParams;
-use crate::tokenizer::{ChatMessage, Tokenizer};
+use crate::tokenizer::reasoning::{ReasoningParser, ReplyParser, ReplyPiece};
+use crate::tokenizer::tool_calls::Parsed;
+use crate::tokenizer::Tokenizer;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::io::{IsTerminal, Write};
@@ -185,6 +187,30 @@ pub struct GenerateArgs {
     /// output is a sentence of its `start` rule).
     #[arg(long, value_name = "FILE", group = "response_format")]
     pub grammar: Option<PathBuf>,
+    /// Tools the model may call, from this JSON file: an array of OpenAI-style tools
+    /// ({"type": "function", "function": {"name", "description", "parameters"}}) or of
+    /// bare {"name", "description", "parameters"} objects. Implies --chat; the tools are
+    /// shown to the model through its chat template, and each call it makes is printed as
+    /// one JSON line {"name", "arguments"} on stdout (with --output json: in "tool_calls").
+    #[arg(long, value_name = "FILE")]
+    pub tools: Option<PathBuf>,
+    /// With --tools: auto (the model decides), none (no tools shown, no calls parsed),
+    /// required (exactly one call of some tool, grammar-constrained) or a tool's name
+    /// (exactly one call of that tool, grammar-constrained).
+    #[arg(
+        long,
+        value_name = "MODE|NAME",
+        requires = "tools",
+        default_value = "auto"
+    )]
+    pub tool_choice: String,
+    /// Report a thinking model's reasoning (a <think> ... </think> section at the start of
+    /// the output, or the rest of one the prompt opened) apart from its answer: with
+    /// --output text it streams to stderr, between "[reasoning]" and "[/reasoning]" lines,
+    /// and only the answer goes to stdout; with --output json it is "reasoning_content" and
+    /// "text" is the answer. Without this flag the reasoning is ordinary text.
+    #[arg(long)]
+    pub separate_reasoning: bool,
     /// The prompt (with --chat: the user's message).
     pub prompt: String,
 }
@@ -284,26 +310,20 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     };
     sampling.validate()?;
     let format = a.response_format()?;
+    // Checked (files read, tools converted) before the model takes its time to load.
+    let (input, format, with_tools) = if a.chat || a.tools.is_some() {
+        chat_prompt(&a, format)?
+    } else {
+        let text = Prompt::Text {
+            text: a.prompt.clone(),
+            parse_special: false,
+        };
+        (text, format, false)
+    };
     let l = load(&a.model)?;
     let grammar = match &format {
         None => None,
         Some(f) => Some(GrammarCompiler::new(&l.tokenizer, l.model.config.vocab)?.compile(f)?),
-    };
-    let input = if a.chat {
-        let mut messages = Vec::new();
-        if let Some(sys) = &a.system {
-            messages.push(ChatMessage::new("system", sys.clone()));
-        }
-        messages.push(ChatMessage::new("user", a.prompt.clone()));
-        Prompt::Chat {
-            messages,
-            enable_thinking: a.no_think.then_some(false),
-        }
-    } else {
-        Prompt::Text {
-            text: a.prompt.clone(),
-            parse_special: false,
-        }
     };
     let prompt = prompt_tokens(&l.tokenizer, &l.chat_template, &input)?;
     check_context(prompt.len(), Some(a.max_tokens), l.ctx_size).map_err(|e| {
@@ -334,16 +354,44 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     );
     let mut state = l.model.new_state(positions, l.state_rows);
     let stream = a.output == OutputFormat::Text;
-    let mut stdout = std::io::stdout().lock();
+    let reasoning = a.separate_reasoning.then(|| {
+        // As the service does: a prompt ending in an open `<think>` starts inside it.
+        let tail = &prompt[prompt.len().saturating_sub(8)..];
+        ReasoningParser::after_prompt(&l.tokenizer.decode(tail, false).unwrap_or_default())
+    });
+    let mut out = ReplyOut {
+        parser: ReplyParser::new(reasoning, with_tools),
+        stream,
+        stdout: std::io::stdout().lock(),
+        reasoning: String::new(),
+        in_reasoning: false,
+        answer: String::new(),
+        at_line_start: true,
+        calls: Vec::new(),
+    };
     let g = generate(&l.model, &l.tokenizer, &mut state, &prompt, &opts, |ev| {
-        if stream && !ev.text.is_empty() {
-            let _ = stdout.write_all(ev.text.as_bytes());
-            let _ = stdout.flush();
+        if !ev.text.is_empty() {
+            let piece = out.parser.push(ev.text);
+            out.show(piece);
         }
         Flow::Continue
     })?;
+    let piece = out.parser.finish();
+    out.show(piece);
+    out.end_reasoning();
+    let ReplyOut {
+        mut stdout,
+        reasoning,
+        answer,
+        calls,
+        ..
+    } = out;
     let m = &g.metrics;
-    let finish_reason = crate::server::service::finish_reason(Some(g.finish_reason)).as_str_name();
+    let mut finish = g.finish_reason;
+    if finish == FinishReason::Eos && !calls.is_empty() {
+        finish = FinishReason::ToolCalls;
+    }
+    let finish_reason = crate::server::service::finish_reason(Some(finish)).as_str_name();
     match a.output {
         OutputFormat::Text => {
             let _ = writeln!(stdout);
@@ -379,17 +427,205 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             }
         }
         OutputFormat::Json => {
-            let v = serde_json::json!({
-                "text": g.text,
+            let mut v = serde_json::json!({
+                "text": answer,
                 "tokens": g.tokens,
                 "finish_reason": finish_reason,
                 "seed": g.seed,
                 "metrics": g.metrics,
             });
+            if a.separate_reasoning {
+                v["reasoning_content"] = reasoning.into();
+            }
+            if with_tools {
+                v["tool_calls"] = calls.into();
+            }
             writeln!(stdout, "{v}")?;
         }
     }
     Ok(())
+}
+
+/// The chat prompt of `generate --chat` (or `--tools`), built as the service builds a
+/// Generate request's (tools and tool choice included), with the response format it
+/// implies and whether the output has tool calls to find.
+fn chat_prompt(
+    a: &GenerateArgs,
+    format: Option<ResponseFormat>,
+) -> Result<(Prompt, Option<ResponseFormat>, bool)> {
+    use crate::server::pb;
+    let mut messages = Vec::new();
+    if let Some(sys) = &a.system {
+        messages.push(pb::ChatMessage {
+            role: "system".into(),
+            content: sys.clone(),
+            ..Default::default()
+        });
+    }
+    messages.push(pb::ChatMessage {
+        role: "user".into(),
+        content: a.prompt.clone(),
+        ..Default::default()
+    });
+    let tools = match &a.tools {
+        Some(path) => read_tools(path)?,
+        None => Vec::new(),
+    };
+    let tool_choice = a.tools.as_ref().map(|_| {
+        use pb::tool_choice::{Choice, Mode};
+        let choice = match a.tool_choice.as_str() {
+            "auto" => Choice::Mode(Mode::Auto as i32),
+            "none" => Choice::Mode(Mode::None as i32),
+            "required" => Choice::Mode(Mode::Required as i32),
+            name => Choice::Function(name.to_string()),
+        };
+        pb::ToolChoice {
+            choice: Some(choice),
+        }
+    });
+    use pb::response_format::Format;
+    let response_format = format.map(|f| pb::ResponseFormat {
+        format: Some(match f {
+            ResponseFormat::JsonSchema(s) => Format::JsonSchema(s),
+            ResponseFormat::JsonObject => Format::JsonObject(Default::default()),
+            ResponseFormat::Regex(r) => Format::Regex(r),
+            ResponseFormat::Lark(g) => Format::Lark(g),
+        }),
+    });
+    let req = pb::GenerateRequest {
+        messages,
+        enable_thinking: a.no_think.then_some(false),
+        tools,
+        tool_choice,
+        response_format,
+        ..Default::default()
+    };
+    let plan = crate::server::service::plan_prompt(&req).map_err(|s| {
+        // The service's messages name request fields; here they are flags.
+        anyhow!(
+            "{}",
+            s.message()
+                .replace("tool_choice", "--tool-choice")
+                .replace("response_format", "the response format flag")
+        )
+    })?;
+    Ok((plan.prompt, plan.response_format, plan.tools))
+}
+
+/// The tools of a `--tools` file, as the service takes them.
+fn read_tools(path: &Path) -> Result<Vec<crate::server::pb::Tool>> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the tools file {shown}"))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("the tools file {shown} is not valid JSON"))?;
+    let Some(items) = v.as_array() else {
+        bail!("the tools file {shown} must hold a JSON array of tools");
+    };
+    let mut tools = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let bad = |why: &str| anyhow!("the tools file {shown}: tool {i} {why}");
+        // OpenAI's wrapping, or the function itself.
+        let f = match item.get("type") {
+            Some(t) if t == "function" => item
+                .get("function")
+                .ok_or_else(|| bad("has type \"function\" but no \"function\" object"))?,
+            Some(t) => return Err(bad(&format!("has type {t}; only \"function\" is known"))),
+            None => item,
+        };
+        let Some(f) = f.as_object() else {
+            return Err(bad("is not a JSON object"));
+        };
+        let name = match f.get("name") {
+            Some(serde_json::Value::String(n)) => n.clone(),
+            _ => return Err(bad("has no \"name\" string")),
+        };
+        let description = match f.get("description") {
+            None | Some(serde_json::Value::Null) => String::new(),
+            Some(serde_json::Value::String(d)) => d.clone(),
+            Some(_) => return Err(bad("has a \"description\" that is not a string")),
+        };
+        let parameters = match f.get("parameters") {
+            None | Some(serde_json::Value::Null) => String::new(),
+            Some(p @ serde_json::Value::Object(_)) => p.to_string(),
+            Some(_) => return Err(bad("has \"parameters\" that are not a JSON object")),
+        };
+        tools.push(crate::server::pb::Tool {
+            name,
+            description,
+            parameters,
+        });
+    }
+    if tools.is_empty() {
+        bail!("the tools file {shown} holds no tools");
+    }
+    Ok(tools)
+}
+
+/// Where `generate` puts a reply's parts as they come: the answer on stdout, each tool
+/// call as a JSON line on stdout, the reasoning on stderr (with --output text); all of it
+/// kept for --output json.
+struct ReplyOut<W: Write> {
+    parser: ReplyParser,
+    stream: bool,
+    stdout: W,
+    reasoning: String,
+    /// The "[reasoning]" line is printed and its end is not.
+    in_reasoning: bool,
+    answer: String,
+    at_line_start: bool,
+    calls: Vec<serde_json::Value>,
+}
+
+impl<W: Write> ReplyOut<W> {
+    fn show(&mut self, piece: ReplyPiece) {
+        if !piece.reasoning.is_empty() {
+            if self.stream {
+                if !self.in_reasoning {
+                    eprintln!("[reasoning]");
+                    self.in_reasoning = true;
+                }
+                eprint!("{}", piece.reasoning);
+            }
+            self.reasoning.push_str(&piece.reasoning);
+        }
+        for p in piece.answer {
+            self.end_reasoning();
+            let shown = match p {
+                Parsed::Text(t) => {
+                    self.answer.push_str(&t);
+                    t
+                }
+                Parsed::Call(c) => {
+                    let arguments: serde_json::Value =
+                        serde_json::from_str(&c.arguments).unwrap_or_default();
+                    let call = serde_json::json!({"name": c.name, "arguments": arguments});
+                    let mut line = if self.at_line_start {
+                        String::new()
+                    } else {
+                        "\n".to_string()
+                    };
+                    line.push_str(&call.to_string());
+                    line.push('\n');
+                    self.calls.push(call);
+                    line
+                }
+            };
+            if self.stream && !shown.is_empty() {
+                let _ = self.stdout.write_all(shown.as_bytes());
+                let _ = self.stdout.flush();
+                self.at_line_start = shown.ends_with('\n');
+            }
+        }
+    }
+
+    /// Closes the reasoning on stderr once the answer starts (or the reply ends).
+    fn end_reasoning(&mut self) {
+        if self.in_reasoning {
+            eprintln!("\n[/reasoning]");
+            self.in_reasoning = false;
+        }
+    }
 }
 
 fn cmd_tokenize(a: TokenizeArgs) -> Result<()> {

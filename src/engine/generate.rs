@@ -7,7 +7,7 @@
 //! level, inside the caller's span when it has one.
 
 use crate::model::{Logits, Model, ModelError, State};
-use crate::sampling::constraint::{Constraint, Grammar};
+use crate::sampling::constraint::{Constraint, Grammar, MaskHandle, MaskWorker};
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use serde::Serialize;
@@ -212,7 +212,7 @@ pub struct Sequence<'t> {
     masked: Vec<f32>,
     /// Each mask's computation time, in ms.
     mask_ms: Vec<f64>,
-    last_mask: Option<Duration>,
+    last_mask: Option<(Duration, Duration)>,
 }
 
 impl<'t> Sequence<'t> {
@@ -295,9 +295,10 @@ impl<'t> Sequence<'t> {
         self.constraint.is_some()
     }
 
-    /// How long the grammar mask computed by the last [`Self::advance`] took, once
-    /// (constrained sequences; `None` when that call computed none).
-    pub fn take_mask_time(&mut self) -> Option<Duration> {
+    /// How long the grammar mask used by the last [`Self::advance`] took to compute, and
+    /// how long that call waited for it and applied it, once (constrained sequences;
+    /// `None` when that call used none).
+    pub fn take_mask_time(&mut self) -> Option<(Duration, Duration)> {
         self.last_mask.take()
     }
 
@@ -342,12 +343,13 @@ impl<'t> Sequence<'t> {
             None => logits,
             Some(c) => {
                 let _span = debug_span!("grammar_mask").entered();
+                let t0 = Instant::now();
                 self.masked.clear();
                 self.masked.extend_from_slice(logits);
                 match c.mask_logits(&mut self.masked) {
                     Ok(took) => {
                         self.mask_ms.push(took.as_secs_f64() * 1e3);
-                        self.last_mask = Some(took);
+                        self.last_mask = Some((took, t0.elapsed()));
                     }
                     Err(e) => {
                         // The grammar admitted every token sampled so far, so this is
@@ -399,7 +401,19 @@ impl<'t> Sequence<'t> {
         if self.out_tokens.len() >= self.opts.max_tokens || !room {
             return Step::Finished(FinishReason::Length);
         }
+        if let Some(c) = &mut self.constraint {
+            // The next mask needs only the tokens so far: computed while the token runs.
+            c.prefetch();
+        }
         Step::Feed(id)
+    }
+
+    /// Has the grammar's masks computed ahead on `worker`, each while the forward pass of
+    /// its step runs (no effect on an unconstrained sequence).
+    pub fn use_mask_worker(&mut self, worker: MaskHandle) {
+        if let Some(c) = &mut self.constraint {
+            c.use_worker(worker);
+        }
     }
 
     /// Ends the generation: releases the text the stop scan still held (unless a stop
@@ -496,6 +510,14 @@ pub fn generate(
 ) -> Result<Generation, GenerateError> {
     let vocab = model.config.vocab;
     let mut seq = Sequence::new(tokenizer, vocab, prompt, opts.clone(), state.capacity())?;
+    // Without a thread for it (none could start), masks are computed in line.
+    let masks = seq
+        .is_constrained()
+        .then(|| MaskWorker::start(1).ok())
+        .flatten();
+    if let Some(w) = &masks {
+        seq.use_mask_worker(w.handle());
+    }
     state.reset();
     let mut logits = vec![0.0f32; vocab];
 

@@ -28,6 +28,9 @@ pub trait Observer: Send + Sync {
     fn constrained_request(&self) {}
     /// The grammar mask of one sampled token of a constrained request took this long.
     fn grammar_mask(&self, _took: Duration) {}
+    /// Sampling waited this long for that mask (computed ahead while the forward pass
+    /// ran) and applied it.
+    fn grammar_mask_wait(&self, _took: Duration) {}
 }
 
 /// An observer that ignores everything.

@@ -22,6 +22,7 @@ use super::running::{End, Running};
 use super::scheduler::{self, Role, Verdict};
 use super::shared::Shared;
 use crate::model::{Model, Scratch, SeqStep};
+use crate::sampling::constraint::MaskWorker;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 use tracing::{debug_span, info, warn, Span};
@@ -31,6 +32,15 @@ pub(super) fn run(shared: &Shared, assets: &EngineAssets, limits: Limits) {
     let model = &assets.model;
     let mut scratch = model.new_scratch(limits.step_rows(), limits.max_seqs);
     let mut pool = KvPool::new(limits.kv_budget);
+    // Computes constrained sequences' next masks while the forward pass runs; without it
+    // (the thread could not start) they are computed in line.
+    let masks = match MaskWorker::start(limits.max_seqs) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            warn!(error = %e, "cannot start the grammar mask thread; masks are computed in line");
+            None
+        }
+    };
     let mut active: Vec<Running<'_>> = Vec::with_capacity(limits.max_seqs);
     let mut steps: Vec<SeqStep<'static>> = Vec::with_capacity(limits.max_seqs);
     shared.publish_kv(pool.usage());
@@ -42,7 +52,14 @@ pub(super) fn run(shared: &Shared, assets: &EngineAssets, limits: Limits) {
             }
             shared.set_busy(true);
         }
-        admit(shared, assets, &limits, &mut pool, &mut active);
+        admit(
+            shared,
+            assets,
+            &limits,
+            &mut pool,
+            masks.as_ref(),
+            &mut active,
+        );
         reap(shared, &mut pool, &mut active);
         if active.is_empty() {
             continue;
@@ -76,6 +93,7 @@ fn admit<'t>(
     assets: &'t EngineAssets,
     limits: &Limits,
     pool: &mut KvPool,
+    masks: Option<&MaskWorker>,
     active: &mut Vec<Running<'t>>,
 ) {
     let obs = shared.observer();
@@ -117,7 +135,7 @@ fn admit<'t>(
                     .send(Event::Failed(JobError::InvalidArgument(msg)));
             }
             Verdict::Wait | Verdict::Start => {
-                if let Some(r) = Running::start(shared, assets, limits, pool, job) {
+                if let Some(r) = Running::start(shared, assets, limits, pool, masks, job) {
                     active.push(r);
                 }
             }

@@ -13,6 +13,7 @@ use super::observer::Observer;
 use super::scheduler::{self, Role, Slot, StopCause};
 use super::shared::Shared;
 use crate::model::{KvCache, Logits, SeqStep};
+use crate::sampling::constraint::MaskWorker;
 use std::time::{Duration, Instant};
 use tracing::{debug_span, error, info, info_span, warn, Span};
 
@@ -75,6 +76,7 @@ impl<'t> Running<'t> {
         assets: &'t EngineAssets,
         limits: &Limits,
         pool: &mut KvPool,
+        masks: Option<&MaskWorker>,
         job: Job,
     ) -> Option<Self> {
         let obs = shared.observer();
@@ -135,6 +137,9 @@ impl<'t> Running<'t> {
         obs.started(job.prompt.len());
         if seq.is_constrained() {
             obs.constrained_request();
+            if let Some(w) = masks {
+                seq.use_mask_worker(w.handle());
+            }
         }
         let lp_buf = if job.logprobs > 0 {
             vec![0.0f32; model.config.vocab]
@@ -304,8 +309,9 @@ impl<'t> Running<'t> {
                 Flow::Continue
             }
         });
-        if let Some(took) = seq.take_mask_time() {
+        if let Some((took, waited)) = seq.take_mask_time() {
             obs.grammar_mask(took);
+            obs.grammar_mask_wait(waited);
         }
         step
     }

@@ -9,6 +9,8 @@
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -228,34 +230,179 @@ impl Grammar {
     /// A fresh matcher for one sequence.
     pub fn start(&self) -> Constraint {
         Constraint {
-            matcher: self.matcher.clone(),
+            state: Some(Box::new(MatcherState {
+                matcher: self.matcher.clone(),
+                mask: None,
+                took: Duration::ZERO,
+            })),
+            worker: None,
             vocab: self.vocab,
             mask_time: Duration::ZERO,
             masks: 0,
+            ahead: 0,
         }
+    }
+}
+
+/// A sequence's matcher, and the mask computed ahead for its next step (if any). Boxed so
+/// that handing it to the [`MaskWorker`] and back moves a pointer.
+struct MatcherState {
+    matcher: Matcher,
+    /// The next step's mask, computed by the worker (or the reason it could not be).
+    mask: Option<Result<SimpleVob, String>>,
+    /// How long computing `mask` took.
+    took: Duration,
+}
+
+struct MaskJob {
+    state: Box<MatcherState>,
+    reply: SyncSender<Box<MatcherState>>,
+    /// Cleared when the sequence ends, so a mask it no longer needs is not computed.
+    wanted: Arc<AtomicBool>,
+}
+
+/// Computes grammar masks on a thread of its own: once a sequence has committed its token,
+/// its next mask depends on nothing else, so it is computed while the engine runs the next
+/// forward pass (which it then waits for only if the mask took longer). One per engine;
+/// each constrained sequence has at most one mask in flight.
+pub struct MaskWorker {
+    jobs: SyncSender<MaskJob>,
+}
+
+/// A sequence's way to the [`MaskWorker`], with the channel its states come back on
+/// (made once per sequence, used for every token).
+struct WorkerLink {
+    jobs: SyncSender<MaskJob>,
+    reply: SyncSender<Box<MatcherState>>,
+    back: Receiver<Box<MatcherState>>,
+    wanted: Arc<AtomicBool>,
+}
+
+impl Drop for WorkerLink {
+    fn drop(&mut self) {
+        self.wanted.store(false, Ordering::Release);
+    }
+}
+
+/// What a sequence holds of a [`MaskWorker`] (cheap to clone).
+#[derive(Clone)]
+pub struct MaskHandle(SyncSender<MaskJob>);
+
+impl MaskWorker {
+    /// Starts the thread; `sequences` is how many sequences may have a mask in flight at
+    /// once (more are computed on the caller's thread instead). The thread ends once the
+    /// worker and every handle to it are gone.
+    pub fn start(sequences: usize) -> std::io::Result<Self> {
+        let (jobs, rx) = sync_channel::<MaskJob>(sequences.max(1));
+        std::thread::Builder::new()
+            .name("inferno-mask".into())
+            .spawn(move || {
+                for MaskJob {
+                    mut state,
+                    reply,
+                    wanted,
+                } in rx
+                {
+                    if !wanted.load(Ordering::Acquire) {
+                        continue;
+                    }
+                    let t0 = Instant::now();
+                    let mask = state.matcher.compute_mask().map_err(|e| e.to_string());
+                    state.took = t0.elapsed();
+                    state.mask = Some(mask);
+                    // The sequence may have ended meanwhile; its state goes with it.
+                    let _ = reply.send(state);
+                }
+            })?;
+        Ok(Self { jobs })
+    }
+
+    pub fn handle(&self) -> MaskHandle {
+        MaskHandle(self.jobs.clone())
     }
 }
 
 /// One sequence's position in its grammar.
 pub struct Constraint {
-    matcher: Matcher,
+    /// `None` while the worker has it.
+    state: Option<Box<MatcherState>>,
+    worker: Option<WorkerLink>,
     vocab: usize,
     mask_time: Duration,
     masks: usize,
+    /// Masks that were computed ahead on the worker.
+    ahead: usize,
 }
 
 impl Constraint {
+    /// Lets the sequence's masks be computed ahead on `worker` ([`Self::prefetch`]).
+    pub fn use_worker(&mut self, worker: MaskHandle) {
+        let (reply, back) = sync_channel(1);
+        self.worker = Some(WorkerLink {
+            jobs: worker.0,
+            reply,
+            back,
+            wanted: Arc::new(AtomicBool::new(true)),
+        });
+    }
+
+    /// Starts computing the next step's mask on the worker, if the sequence has one (and
+    /// it has room); [`Self::mask_logits`] waits for it.
+    pub fn prefetch(&mut self) {
+        let Some(link) = &self.worker else { return };
+        let Some(state) = self.state.take() else {
+            return;
+        };
+        let job = MaskJob {
+            state,
+            reply: link.reply.clone(),
+            wanted: Arc::clone(&link.wanted),
+        };
+        match link.jobs.try_send(job) {
+            Ok(()) => {}
+            // Computed here when asked for, as without a worker.
+            Err(TrySendError::Full(job) | TrySendError::Disconnected(job)) => {
+                self.state = Some(job.state)
+            }
+        }
+    }
+
+    /// The matcher, back from the worker if it is there.
+    fn state(&mut self) -> Result<&mut MatcherState, ConstraintError> {
+        if self.state.is_none() {
+            let back = self.worker.as_ref().map(|l| l.back.recv());
+            match back {
+                Some(Ok(state)) => self.state = Some(state),
+                _ => {
+                    return Err(ConstraintError::Matcher(
+                        "the grammar mask worker stopped".into(),
+                    ))
+                }
+            }
+        }
+        self.state
+            .as_deref_mut()
+            .ok_or_else(|| ConstraintError::Matcher("the grammar state is lost".into()))
+    }
+
     /// Sets every logit the grammar does not allow next to −∞ (`logits` may be shorter
     /// or longer than the vocabulary the grammar knows: entries past it are disallowed).
-    /// Returns how long computing the mask took.
+    /// Returns how long computing the mask took (on the worker, for a prefetched one).
     pub fn mask_logits(&mut self, logits: &mut [f32]) -> Result<Duration, ConstraintError> {
-        let t0 = Instant::now();
-        let mask = self
-            .matcher
-            .compute_mask()
-            .map_err(|e| ConstraintError::Matcher(e.to_string()))?;
+        let state = self.state()?;
+        let (mask, took, ahead) = match state.mask.take() {
+            Some(ready) => (ready.map_err(ConstraintError::Matcher)?, state.took, true),
+            None => {
+                let t0 = Instant::now();
+                let mask = state
+                    .matcher
+                    .compute_mask()
+                    .map_err(|e| ConstraintError::Matcher(e.to_string()))?;
+                (mask, t0.elapsed(), false)
+            }
+        };
+        self.ahead += usize::from(ahead);
         apply_mask(&mask, logits);
-        let took = t0.elapsed();
         self.mask_time += took;
         self.masks += 1;
         if mask.is_zero() {
@@ -268,24 +415,34 @@ impl Constraint {
 
     /// Advances the grammar by the sampled token.
     pub fn commit(&mut self, token: u32) -> Result<(), ConstraintError> {
-        self.matcher
+        let state = self.state()?;
+        // A mask computed ahead is for the state before this token.
+        state.mask = None;
+        state
+            .matcher
             .consume_token(token)
             .map_err(|e| ConstraintError::Matcher(e.to_string()))
     }
 
     /// Whether the text so far is a complete sentence of the grammar.
     pub fn is_accepting(&mut self) -> bool {
-        self.matcher.is_accepting().unwrap_or(false)
+        self.state()
+            .is_ok_and(|s| s.matcher.is_accepting().unwrap_or(false))
     }
 
     /// Whether the grammar can take no further token (the sequence should end).
-    pub fn is_finished(&self) -> bool {
-        self.matcher.is_stopped()
+    pub fn is_finished(&mut self) -> bool {
+        self.state().is_ok_and(|s| s.matcher.is_stopped())
     }
 
     /// Total time spent computing masks, and how many were computed.
     pub fn mask_stats(&self) -> (Duration, usize) {
         (self.mask_time, self.masks)
+    }
+
+    /// How many of the masks were computed ahead on the worker.
+    pub fn masks_ahead(&self) -> usize {
+        self.ahead
     }
 
     /// The vocabulary size the grammar's masks cover.
@@ -334,11 +491,26 @@ mod tests {
     /// Samples uniformly among the allowed tokens until end-of-generation or the grammar
     /// finishes; checks that the end token is allowed exactly when the grammar accepts.
     fn walk(tok: &Tokenizer, g: &Grammar, end: u32, vocab: usize, seed: u64) -> String {
+        walk_with(tok, g, end, vocab, seed, None).0
+    }
+
+    /// [`walk`], with each next mask computed ahead on `worker` when given.
+    fn walk_with(
+        tok: &Tokenizer,
+        g: &Grammar,
+        end: u32,
+        vocab: usize,
+        seed: u64,
+        worker: Option<&MaskWorker>,
+    ) -> (String, usize, usize) {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let mut c = g.start();
+        if let Some(w) = worker {
+            c.use_worker(w.handle());
+        }
         let mut logits = vec![0.0f32; vocab];
         let mut ids = Vec::new();
-        for _ in 0..200 {
+        for step in 0..200 {
             logits.fill(0.0);
             c.mask_logits(&mut logits).unwrap();
             assert!(logits[tok.vocab_size()..].iter().all(|l| l.is_infinite()));
@@ -358,8 +530,49 @@ mod tests {
                 assert!(c.is_accepting());
                 break;
             }
+            // As the engine does: only for a step that will come.
+            if step < 199 {
+                c.prefetch();
+            }
         }
-        tok.decode(&ids, false).unwrap()
+        // One mask per sampled token, whoever computed it.
+        let masks = c.mask_stats().1;
+        assert!(
+            masks == ids.len() || masks == ids.len() + 1,
+            "{masks} masks"
+        );
+        (tok.decode(&ids, false).unwrap(), masks, c.masks_ahead())
+    }
+
+    #[test]
+    fn masks_computed_ahead_on_the_worker_give_the_same_walks() {
+        let (tok, comp, end, vocab) = compiler();
+        let rx = "(ab|12)[0-9]{1,3}(true)?";
+        let schema = r#"{"type":"object","properties":{"ok":{"type":"boolean"}},
+            "required":["ok"]}"#;
+        // Room for one sequence's mask at a time: two walks side by side also exercise the
+        // in-line fallback when the worker's queue is full.
+        let worker = MaskWorker::start(1).unwrap();
+        for f in [
+            ResponseFormat::Regex(rx.into()),
+            ResponseFormat::JsonSchema(schema.into()),
+        ] {
+            let g = comp.compile(&f).unwrap();
+            for seed in 0..12 {
+                let inline = walk(&tok, &g, end, vocab, seed);
+                // Alone, every mask after the first is computed ahead.
+                let (text, masks, ahead) = walk_with(&tok, &g, end, vocab, seed, Some(&worker));
+                assert_eq!(text, inline, "{f:?} seed {seed}");
+                assert_eq!(ahead + 1, masks, "{f:?} seed {seed}");
+                let (a, b) = std::thread::scope(|s| {
+                    let a = s.spawn(|| walk_with(&tok, &g, end, vocab, seed, Some(&worker)));
+                    let b = s.spawn(|| walk_with(&tok, &g, end, vocab, seed, Some(&worker)));
+                    (a.join().unwrap().0, b.join().unwrap().0)
+                });
+                assert_eq!(a, inline, "{f:?} seed {seed}");
+                assert_eq!(b, inline, "{f:?} seed {seed}");
+            }
+        }
     }
 
     #[test]

@@ -154,6 +154,9 @@ pub struct Metrics {
     pub decode_step: Histogram,
     /// Time to compute each grammar mask of a constrained request.
     pub grammar_mask: Histogram,
+    /// How long sampling waited for each mask (what the forward pass did not hide of its
+    /// computation) and applied it.
+    pub grammar_mask_wait: Histogram,
     constrained_requests: AtomicU64,
     /// Sequences in each engine step's forward pass.
     pub batch_size: CountHistogram,
@@ -183,6 +186,7 @@ impl Metrics {
             time_to_first_token: Histogram::new(),
             decode_step: Histogram::new(),
             grammar_mask: Histogram::with_buckets(MASK_BUCKETS),
+            grammar_mask_wait: Histogram::with_buckets(MASK_BUCKETS),
             constrained_requests: AtomicU64::new(0),
             batch_size: CountHistogram::new(),
             prompt_tokens_reused: AtomicU64::new(0),
@@ -347,6 +351,12 @@ impl Metrics {
             "inferno_grammar_mask_seconds",
             "Time to compute the allowed-token mask of one step of a constrained request.",
         );
+        self.grammar_mask_wait.render(
+            &mut out,
+            "inferno_grammar_mask_wait_seconds",
+            "Time sampling waited for the mask of one step of a constrained request (it is \
+             computed while the step's forward pass runs) and applied it.",
+        );
         self.batch_size.render(
             &mut out,
             "inferno_batch_size",
@@ -403,6 +413,9 @@ impl Observer for Metrics {
     }
     fn grammar_mask(&self, took: Duration) {
         self.grammar_mask.observe(took);
+    }
+    fn grammar_mask_wait(&self, took: Duration) {
+        self.grammar_mask_wait.observe(took);
     }
 }
 

@@ -10,7 +10,8 @@ use crate::engine::{
 };
 use crate::sampling::constraint::{tool_call_grammar, ResponseFormat};
 use crate::sampling::SamplingParams;
-use crate::tokenizer::tool_calls::{Parsed, ToolCallParser};
+use crate::tokenizer::reasoning::{ReasoningParser, ReplyParser};
+use crate::tokenizer::tool_calls::Parsed;
 use crate::tokenizer::ChatMessage;
 use serde_json::{json, Value};
 use std::collections::VecDeque;
@@ -182,8 +183,8 @@ pub(crate) struct Prepared {
     pub prompt: Vec<u32>,
     pub options: GenerateOptions,
     pub logprobs: usize,
-    /// Whether the output is parsed for tool calls.
-    pub tools: bool,
+    /// Splits the output into reasoning, text and tool calls as the request asks.
+    pub reply: ReplyParser,
 }
 
 /// How a request lets the model use its tools.
@@ -348,8 +349,64 @@ pub(crate) fn prepare(
              punctuation and spaces)",
         ));
     }
-    let mode = tool_mode(&req)?;
-    let mut response_format = req.response_format.map(response_format).transpose()?;
+    let plan = plan_prompt(&req)?;
+    let separate_reasoning = req.separate_reasoning;
+    let built = served
+        .build(
+            engine::Request {
+                prompt: plan.prompt,
+                max_tokens: req.max_tokens.map(|n| n as usize),
+                sampling: sampling_params(req.sampling.as_ref()),
+                stop: req.stop,
+                ignore_eos: req.ignore_eos,
+                time_limit: (req.time_limit_ms > 0)
+                    .then(|| Duration::from_millis(req.time_limit_ms as u64)),
+                logprobs: req.logprobs as usize,
+                response_format: plan.response_format,
+            },
+            default_max_tokens,
+        )
+        .map_err(|e| invalid(e.to_string()))?;
+    let request_id = if req.request_id.is_empty() {
+        format!("{:016x}", rand::random::<u64>())
+    } else {
+        req.request_id
+    };
+    let reasoning = separate_reasoning.then(|| {
+        // A few tokens are enough to see whether the prompt ends in an open `<think>`.
+        let tail = &built.prompt[built.prompt.len().saturating_sub(8)..];
+        let text = served.tokenizer.decode(tail, false).unwrap_or_default();
+        ReasoningParser::after_prompt(&text)
+    });
+    Ok(Prepared {
+        request_id,
+        prompt: built.prompt,
+        options: built.options,
+        logprobs: built.logprobs,
+        reply: ReplyParser::new(reasoning, plan.tools),
+    })
+}
+
+/// What the engine gets of a request's prompt: the prompt itself (a chat rendered with
+/// its tools and tool turns through the model's template), the response format (the
+/// request's, or a required or named tool call's grammar), and whether the output is
+/// parsed for tool calls. The command line builds its prompts with this too.
+pub(crate) struct PromptPlan {
+    pub prompt: Prompt,
+    pub response_format: Option<ResponseFormat>,
+    pub tools: bool,
+}
+
+/// Checks and converts a request's prompt, messages, tools, tool choice and response
+/// format (exactly one of prompt and messages is assumed given).
+pub(crate) fn plan_prompt(req: &pb::GenerateRequest) -> Result<PromptPlan, Status> {
+    let has_messages = !req.messages.is_empty();
+    let mode = tool_mode(req)?;
+    let mut response_format = req
+        .response_format
+        .clone()
+        .map(response_format)
+        .transpose()?;
     let with_tool_fields = req
         .messages
         .iter()
@@ -400,36 +457,13 @@ pub(crate) fn prepare(
         }
     } else {
         Prompt::Text {
-            text: req.prompt,
+            text: req.prompt.clone(),
             parse_special: true,
         }
     };
-    let built = served
-        .build(
-            engine::Request {
-                prompt,
-                max_tokens: req.max_tokens.map(|n| n as usize),
-                sampling: sampling_params(req.sampling.as_ref()),
-                stop: req.stop,
-                ignore_eos: req.ignore_eos,
-                time_limit: (req.time_limit_ms > 0)
-                    .then(|| Duration::from_millis(req.time_limit_ms as u64)),
-                logprobs: req.logprobs as usize,
-                response_format,
-            },
-            default_max_tokens,
-        )
-        .map_err(|e| invalid(e.to_string()))?;
-    let request_id = if req.request_id.is_empty() {
-        format!("{:016x}", rand::random::<u64>())
-    } else {
-        req.request_id
-    };
-    Ok(Prepared {
-        request_id,
-        prompt: built.prompt,
-        options: built.options,
-        logprobs: built.logprobs,
+    Ok(PromptPlan {
+        prompt,
+        response_format,
         tools: mode != ToolMode::Off,
     })
 }
@@ -503,26 +537,29 @@ pub struct GenerateStream {
     request_id: String,
     /// A final message (Done with a finish reason, or an error) has been yielded.
     ended: bool,
-    /// Finds tool calls in the text, for a request with tools.
-    tools: Option<ToolCallParser>,
+    /// Splits the text into reasoning, answer text and tool calls, as the request asked.
+    reply: ReplyParser,
     /// The calls found so far.
     calls: Vec<pb::ToolCall>,
+    /// All the reasoning so far (with separate_reasoning).
+    reasoning: String,
     /// Messages converted but not yet yielded (a token can complete a call).
     queued: VecDeque<Result<pb::GenerateResponse, Status>>,
 }
 
 impl GenerateStream {
-    /// Splits `text` into what stays text and the calls it completes (queued as events).
-    fn parse_tools(&mut self, text: String, last: bool) -> String {
-        let Some(parser) = &mut self.tools else {
-            return text;
-        };
-        let mut parsed = parser.push(&text);
+    /// Splits `text` into its reasoning and answer text (returned) and the calls it
+    /// completes (queued as events).
+    fn split_reply(&mut self, text: String, last: bool) -> (String, String) {
+        let mut piece = self.reply.push(&text);
         if last {
-            parsed.extend(parser.finish());
+            let end = self.reply.finish();
+            piece.reasoning.push_str(&end.reasoning);
+            piece.answer.extend(end.answer);
         }
+        self.reasoning.push_str(&piece.reasoning);
         let mut out = String::new();
-        for p in parsed {
+        for p in piece.answer {
             match p {
                 Parsed::Text(t) => out.push_str(&t),
                 Parsed::Call(c) => {
@@ -538,7 +575,7 @@ impl GenerateStream {
                 }
             }
         }
-        out
+        (piece.reasoning, out)
     }
 
     /// Converts an engine event into the messages it makes, queued in order.
@@ -562,22 +599,26 @@ impl GenerateStream {
     fn convert_one(&mut self, ev: Event) -> Result<pb::GenerateResponse, Status> {
         use pb::generate_response::Event as E;
         match ev {
-            Event::Token(t) => Ok(pb::GenerateResponse {
-                event: Some(E::Token(pb::GeneratedToken {
-                    index: t.index as u32,
-                    id: t.id,
-                    text: self.parse_tools(t.text, false),
-                    logprobs: t.logprobs.map(|l| pb::Logprobs {
-                        chosen: Some(self.logprob(&l.chosen)),
-                        top: l.top.iter().map(|t| self.logprob(t)).collect(),
-                    }),
-                })),
-            }),
+            Event::Token(t) => {
+                let (reasoning, text) = self.split_reply(t.text, false);
+                Ok(pb::GenerateResponse {
+                    event: Some(E::Token(pb::GeneratedToken {
+                        index: t.index as u32,
+                        id: t.id,
+                        text,
+                        logprobs: t.logprobs.map(|l| pb::Logprobs {
+                            chosen: Some(self.logprob(&l.chosen)),
+                            top: l.top.iter().map(|t| self.logprob(t)).collect(),
+                        }),
+                        reasoning,
+                    })),
+                })
+            }
             Event::Done(d) => {
                 if d.finish_reason.is_some() {
                     self.ended = true;
                 }
-                let text = self.parse_tools(d.text, true);
+                let (reasoning, text) = self.split_reply(d.text, true);
                 let mut reason = d.finish_reason;
                 if reason == Some(FinishReason::Eos) && !self.calls.is_empty() {
                     reason = Some(FinishReason::ToolCalls);
@@ -602,6 +643,8 @@ impl GenerateStream {
                             total_ms: t.total.as_secs_f64() * 1e3,
                         }),
                         request_id: self.request_id.clone(),
+                        reasoning,
+                        reasoning_content: std::mem::take(&mut self.reasoning),
                     })),
                 })
             }
@@ -737,8 +780,9 @@ impl pb::inference_server::Inference for InferenceService {
             served,
             request_id,
             ended: false,
-            tools: p.tools.then(ToolCallParser::new),
+            reply: p.reply,
             calls: Vec::new(),
+            reasoning: String::new(),
             queued: VecDeque::new(),
         }))
     }
@@ -893,6 +937,74 @@ mod tests {
             )
             .unwrap();
         assert_eq!(rendered, conv["rendered"].as_str().unwrap());
+    }
+
+    /// Tool conversations as the API sends them (assistant turns with tool_calls, tool
+    /// messages with tool_call_id) render through Qwen2.5-Coder's template as transformers
+    /// renders them, byte for byte (`tests/fixtures/chat_tools`, made by
+    /// `gen_chat_tools_fixture.py`): tools, calls and arguments keep their keys' order.
+    #[test]
+    fn tool_conversations_render_as_transformers_renders_them_with_qwen25s_template() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/chat_tools/qwen2.5-coder-tools.json"
+        );
+        let file: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let template =
+            crate::tokenizer::ChatTemplate::new(file["chat_template"].as_str().unwrap()).unwrap();
+        let convs = file["conversations"].as_array().unwrap();
+        assert_eq!(convs.len(), 3);
+        for conv in convs {
+            let name = conv["name"].as_str().unwrap();
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            let req = pb::GenerateRequest {
+                messages: conv["messages"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| pb::ChatMessage {
+                        role: text(&m["role"]),
+                        content: text(&m["content"]),
+                        tool_calls: m["tool_calls"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(|c| pb::ToolCall {
+                                id: text(&c["id"]),
+                                name: text(&c["function"]["name"]),
+                                arguments: c["function"]["arguments"].to_string(),
+                            })
+                            .collect(),
+                        tool_call_id: text(&m["tool_call_id"]),
+                    })
+                    .collect(),
+                tools: conv["tools"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| pb::Tool {
+                        name: text(&t["function"]["name"]),
+                        description: text(&t["function"]["description"]),
+                        parameters: t["function"]["parameters"].to_string(),
+                    })
+                    .collect(),
+                ..Default::default()
+            };
+            let plan = plan_prompt(&req).unwrap();
+            assert!(plan.tools && plan.response_format.is_none(), "{name}");
+            let Prompt::ChatJson {
+                messages,
+                tools,
+                enable_thinking,
+            } = plan.prompt
+            else {
+                panic!("{name}: not a chat with tools");
+            };
+            let rendered = template
+                .render_json(&messages, tools.as_deref(), true, enable_thinking)
+                .unwrap();
+            assert_eq!(rendered, conv["rendered"].as_str().unwrap(), "{name}");
+        }
     }
 
     #[test]

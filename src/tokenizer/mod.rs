@@ -13,6 +13,7 @@
 mod byte_level;
 pub mod chat;
 mod pre;
+pub mod reasoning;
 mod stream;
 pub mod tool_calls;
 
