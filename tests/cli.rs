@@ -6,7 +6,7 @@ mod service_support;
 use inferno::gguf::{GgufWriter, Value};
 use inferno::model::synth::{self, SynthSpec};
 use inferno::tensor::GgmlType;
-use service_support::{in_ci, real_model_path};
+use service_support::real_model_or_skip;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -602,12 +602,7 @@ fn check_call(call: &serde_json::Value, names: &[&str]) {
 
 #[test]
 fn generate_calls_tools_from_a_file_on_the_real_checkpoint() {
-    let Some(path) = real_model_path() else {
-        assert!(
-            !in_ci(),
-            "CI must run the real-model test: set INFERNO_TEST_MODEL"
-        );
-        eprintln!("SKIPPED: no real checkpoint (set INFERNO_TEST_MODEL)");
+    let Some(path) = real_model_or_skip() else {
         return;
     };
     let m = path.to_str().unwrap();

@@ -158,12 +158,7 @@ fn validate(schema: &Value, text: &str) -> Result<(), String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_model_outputs_validate_under_their_schemas_regexes_and_grammars() {
-    let Some(path) = real_model_path() else {
-        assert!(
-            !in_ci(),
-            "CI must run the real-model test: set INFERNO_TEST_MODEL"
-        );
-        eprintln!("SKIPPED: no real checkpoint (set INFERNO_TEST_MODEL)");
+    let Some(path) = real_model_or_skip() else {
         return;
     };
     let config = ServerConfig {

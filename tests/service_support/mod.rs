@@ -326,3 +326,18 @@ pub fn real_model_path() -> Option<std::path::PathBuf> {
 pub fn in_ci() -> bool {
     matches!(std::env::var("CI").as_deref(), Ok("true") | Ok("1"))
 }
+
+/// The real checkpoint for a real-model test; `None` (the test says it skipped) when it is
+/// absent outside CI. Under CI a missing checkpoint fails the test.
+#[allow(dead_code)]
+pub fn real_model_or_skip() -> Option<std::path::PathBuf> {
+    let p = real_model_path();
+    if p.is_none() {
+        assert!(
+            !in_ci(),
+            "CI must run the real-model test: set INFERNO_TEST_MODEL"
+        );
+        eprintln!("SKIPPED: no real checkpoint (set INFERNO_TEST_MODEL)");
+    }
+    p
+}
