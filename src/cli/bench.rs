@@ -14,10 +14,11 @@
 //! With `--json-schema FILE` (or `--json-object`) each generation test instead runs twice,
 //! alternating, on the same streams and token count: unconstrained and constrained. Both
 //! decode as the engine does, not by feeding random tokens: every step is one batched
-//! forward pass, then each stream's engine [`Sequence`] picks its next token greedily from
-//! the logits (for the constrained run: waits for the grammar mask its [`MaskWorker`]
-//! computed during the forward pass, masks the logits, samples, commits, and starts the
-//! next mask). Reported besides both figures: their ratio and the per-token mask time and
+//! forward pass (for one stream too, as in the engine), then each stream's engine
+//! [`Sequence`] picks its next token greedily from the logits (for the constrained run:
+//! waits for the grammar mask its [`MaskWorker`] computed during the forward pass, masks
+//! the logits, samples, commits, and starts the next mask). The engine's scheduler is not
+//! involved. Reported besides both figures: their ratio and the per-token mask time and
 //! wait. A stream whose grammar completes (or that picks end-of-generation where the
 //! grammar allows it) starts over at the grammar's start, so every test decodes all N
 //! tokens of every stream; the number of such restarts is reported.
@@ -99,13 +100,19 @@ pub struct BenchArgs {
     #[arg(long, visible_alias = "ctv", value_parser = super::parse_kv_type)]
     pub cache_type_v: Option<crate::backend::KvType>,
     /// Run every generation test twice, unconstrained and constrained to a JSON value valid
-    /// under the JSON schema in this file, and report both, their ratio and the per-token
-    /// grammar mask time. Both runs decode through the engine's per-sequence sampling
-    /// (greedy) and mask worker over batched forward passes, not the engine's scheduler; a
-    /// stream whose grammar completes restarts it, so each run decodes every token.
+    /// under the JSON schema in this file (alternating runs, same streams and token count),
+    /// and report both tokens/s, their ratio, the per-token grammar mask time and how long
+    /// sampling waited for the mask (including masking the logits), p50/p99/max. Both runs
+    /// decode as the service does per step, though not through its scheduler: one batched
+    /// forward pass (also for one stream), then the engine's per-sequence sampling, greedy,
+    /// with the mask worker computing each next mask during the forward pass. So the
+    /// unconstrained figure includes sampling and is not the plain tgN figure. A stream
+    /// whose JSON completes starts the schema over (reported as restarts), so every run
+    /// decodes all its tokens; use a schema whose values are long (benches/schemas).
     #[arg(long, value_name = "FILE", group = "bench_format")]
     pub json_schema: Option<PathBuf>,
-    /// As --json-schema, constrained to any JSON object.
+    /// As --json-schema, constrained to any JSON object (on random weights such a value
+    /// closes within a few tokens, so the run mostly measures restarts).
     #[arg(long, group = "bench_format")]
     pub json_object: bool,
 }
