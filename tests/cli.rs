@@ -410,6 +410,120 @@ fn bench_times_batched_decode_of_several_streams() {
 }
 
 #[test]
+fn bench_compares_constrained_decode_with_unconstrained() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = demo_model(dir.path());
+    let m = m.to_str().unwrap();
+    let schema = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/schemas/catalog.json");
+    let (n, reps) = (6u64, 2u64);
+    let o = inferno(&[
+        "bench",
+        "-m",
+        m,
+        "-p",
+        "4",
+        "-n",
+        "6",
+        "-s",
+        "1,3",
+        "-r",
+        "2",
+        "-t",
+        "1",
+        "--json-schema",
+        schema,
+        "-o",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    let tests: Vec<&str> = rows.iter().map(|r| r["test"].as_str().unwrap()).collect();
+    // The prompt test runs once; each generation test unconstrained, then constrained.
+    assert_eq!(
+        tests,
+        ["pp4", "tg6", "tg6 +schema", "tg6 x3", "tg6 x3 +schema"]
+    );
+    for r in &rows {
+        let samples = r["samples_ts"].as_array().unwrap();
+        assert_eq!(samples.len(), reps as usize, "{r}");
+        assert!(samples.iter().all(|s| s.as_f64().unwrap() > 0.0), "{r}");
+    }
+    for pair in [&rows[1..3], &rows[3..5]] {
+        let (free, held) = (&pair[0], &pair[1]);
+        assert!(free.get("constraint").is_none(), "{free}");
+        let c = &held["constraint"];
+        assert_eq!(c["format"], "json_schema");
+        let ratio = c["ratio"].as_f64().unwrap();
+        let want = held["avg_ts"].as_f64().unwrap() / free["avg_ts"].as_f64().unwrap();
+        assert!((ratio - want).abs() < 1e-9 * want, "{ratio} vs {want}");
+        // One mask per token of every stream in every timed run, one more per restart.
+        let streams = held["streams"].as_u64().unwrap();
+        let restarts = c["restarts"].as_u64().unwrap();
+        for key in ["mask", "mask_wait"] {
+            let t = &c[key];
+            assert_eq!(
+                t["n"].as_u64().unwrap(),
+                n * streams * reps + restarts,
+                "{c}"
+            );
+            let (p50, p99, max) = (
+                t["p50_ms"].as_f64().unwrap(),
+                t["p99_ms"].as_f64().unwrap(),
+                t["max_ms"].as_f64().unwrap(),
+            );
+            assert!(0.0 <= p50 && p50 <= p99 && p99 <= max && max > 0.0, "{c}");
+        }
+    }
+    // The table shows both figures, and the ratio with the mask times beneath it.
+    let o = inferno(&[
+        "bench",
+        "-m",
+        m,
+        "-p",
+        "0",
+        "-n",
+        "3",
+        "-r",
+        "1",
+        "-t",
+        "1",
+        "--json-object",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(out.contains(" tg3 |"), "{out}");
+    assert!(out.contains("tg3 +object |"), "{out}");
+    assert!(
+        out.contains("tg3 +object: ") && out.contains("× unconstrained; mask p50 "),
+        "{out}"
+    );
+    assert!(out.contains("sampling waited p50 "), "{out}");
+    // A schema that is not JSON, or that llguidance refuses, fails before any model loads.
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{\"type\": ").unwrap();
+    let bad = bad.to_str().unwrap();
+    let o = inferno(&["bench", "-m", m, "-p", "0", "-n", "2", "--json-schema", bad]);
+    assert_clean_error(&o, "cannot use the schema in");
+    assert_clean_error(&o, "json_schema is not valid JSON");
+    let odd = dir.path().join("odd.json");
+    std::fs::write(&odd, r#"{"type": "no-such-type"}"#).unwrap();
+    assert_clean_error(
+        &inferno(&[
+            "bench",
+            "-m",
+            m,
+            "-p",
+            "0",
+            "-n",
+            "2",
+            "--json-schema",
+            odd.to_str().unwrap(),
+        ]),
+        "cannot compile the json_schema response format",
+    );
+}
+
+#[test]
 fn logs_carry_no_colour_codes_off_a_terminal() {
     // `serve` warns about a non-loopback address before it checks the backend, which then
     // fails: a logged line, then exit, without binding anything.

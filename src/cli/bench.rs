@@ -10,18 +10,34 @@
 //! does for concurrent requests: each of the N steps is one batched forward pass over one new
 //! token of every sequence (each first filled with `--depth` + 1 random tokens, untimed), and
 //! the figure is the aggregate: S × N tokens over the time of the N steps.
+//!
+//! With `--json-schema FILE` (or `--json-object`) each generation test instead runs twice,
+//! alternating, on the same streams and token count: unconstrained and constrained. Both
+//! decode as the engine does, not by feeding random tokens: every step is one batched
+//! forward pass (for one stream too, as in the engine), then each stream's engine
+//! [`Sequence`] picks its next token greedily from the logits (for the constrained run:
+//! waits for the grammar mask its [`MaskWorker`] computed during the forward pass, masks
+//! the logits, samples, commits, and starts the next mask). The engine's scheduler is not
+//! involved. Reported besides both figures: their ratio and the per-token mask time and
+//! wait. A stream whose grammar completes (or that picks end-of-generation where the
+//! grammar allows it) starts over at the grammar's start, so every test decodes all N
+//! tokens of every stream; the number of such restarts is reported.
 
 use crate::backend::simd::Isa;
+use crate::engine::generate::{Flow, GenerateOptions, Sequence, Step};
 use crate::engine::loader::{load_model, LoadOptions, LoadedModel};
 use crate::engine::memory::resident_bytes;
-use crate::model::{KvCache, Logits, Model, Scratch, SeqStep, State};
+use crate::model::{KvCache, Logits, Model, ModelConfig, Scratch, SeqStep, State};
+use crate::sampling::constraint::{Grammar, GrammarCompiler, MaskWorker, ResponseFormat};
+use crate::sampling::SamplingParams;
+use crate::tokenizer::Tokenizer;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -83,6 +99,88 @@ pub struct BenchArgs {
     /// Type the KV cache stores values as (default as for keys).
     #[arg(long, visible_alias = "ctv", value_parser = super::parse_kv_type)]
     pub cache_type_v: Option<crate::backend::KvType>,
+    /// Run every generation test twice, unconstrained and constrained to a JSON value valid
+    /// under the JSON schema in this file (alternating runs, same streams and token count),
+    /// and report both tokens/s, their ratio, the per-token grammar mask time and how long
+    /// sampling waited for the mask (including masking the logits), p50/p99/max. Both runs
+    /// decode as the service does per step, though not through its scheduler: one batched
+    /// forward pass (also for one stream), then the engine's per-sequence sampling, greedy,
+    /// with the mask worker computing each next mask during the forward pass. So the
+    /// unconstrained figure includes sampling and is not the plain tgN figure. A stream
+    /// whose JSON completes starts the schema over (reported as restarts), so every run
+    /// decodes all its tokens; use a schema whose values are long (benches/schemas).
+    #[arg(long, value_name = "FILE", group = "bench_format")]
+    pub json_schema: Option<PathBuf>,
+    /// As --json-schema, constrained to any JSON object (on random weights such a value
+    /// closes within a few tokens, so the run mostly measures restarts).
+    #[arg(long, group = "bench_format")]
+    pub json_object: bool,
+}
+
+impl BenchArgs {
+    /// The response format the constrained runs follow, with its file read.
+    fn response_format(&self) -> Result<Option<ResponseFormat>> {
+        Ok(if let Some(p) = &self.json_schema {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read {}", p.display()))?;
+            Some(ResponseFormat::JsonSchema(text))
+        } else if self.json_object {
+            Some(ResponseFormat::JsonObject)
+        } else {
+            None
+        })
+    }
+}
+
+/// Percentiles of per-token times, in milliseconds.
+#[derive(Debug, Serialize)]
+pub struct TimeSummary {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub n: usize,
+}
+
+impl TimeSummary {
+    fn of(times: &mut [Duration]) -> Self {
+        times.sort_unstable();
+        let at = |q: f64| {
+            if times.is_empty() {
+                return 0.0;
+            }
+            // Nearest rank.
+            let i = ((q * times.len() as f64).ceil() as usize).clamp(1, times.len()) - 1;
+            times[i].as_secs_f64() * 1e3
+        };
+        Self {
+            p50_ms: at(0.5),
+            p99_ms: at(0.99),
+            max_ms: at(1.0),
+            n: times.len(),
+        }
+    }
+
+    fn shown(&self) -> String {
+        format!(
+            "p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+            self.p50_ms, self.p99_ms, self.max_ms
+        )
+    }
+}
+
+/// What a constrained generation test measured besides its throughput.
+#[derive(Debug, Serialize)]
+pub struct ConstraintResult {
+    /// `json_schema` or `json_object`.
+    pub format: String,
+    /// Constrained tokens/s over the unconstrained run's (means of the samples).
+    pub ratio: f64,
+    /// Computing each token's mask (on the mask worker, for a mask computed ahead).
+    pub mask: TimeSummary,
+    /// How long sampling each token waited for its mask and applied it.
+    pub mask_wait: TimeSummary,
+    /// Times a stream's grammar completed and started over, over the timed runs.
+    pub restarts: usize,
 }
 
 /// One row of results.
@@ -104,6 +202,10 @@ pub struct BenchResult {
     /// With `--roofline`: the memory-bandwidth bound for this test (generation tests only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub roofline_ts: Option<f64>,
+    /// With `--json-schema`/`--json-object`: set on the constrained run of a generation
+    /// test (whose unconstrained twin is the row before it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<ConstraintResult>,
 }
 
 /// Mean and sample standard deviation.
@@ -130,6 +232,13 @@ struct Runner<'a> {
     caches: Vec<KvCache>,
     batch_scratch: Option<Scratch>,
     batch_logits: Vec<Vec<f32>>,
+    /// For structured comparisons: the tokenizer the sequences decode with, the worker
+    /// that computes their masks, and what the constrained runs measured.
+    tokenizer: Option<&'a Tokenizer>,
+    masks: Option<MaskWorker>,
+    mask_times: Vec<Duration>,
+    wait_times: Vec<Duration>,
+    restarts: usize,
 }
 
 impl Runner<'_> {
@@ -203,6 +312,115 @@ impl Runner<'_> {
         }
         Ok((s * n_gen) as f64 / start.elapsed().as_secs_f64())
     }
+
+    /// `n_gen` engine-style steps over the first `s` caches' sequences (each first filled
+    /// with `depth` + 1 tokens, untimed): one batched forward pass, then each stream's
+    /// [`Sequence`] picks its next token from the logits, under `grammar` when given.
+    /// Returns aggregate tokens per second; with `record`, the constrained run's mask
+    /// times and restarts are kept.
+    fn run_sequences(
+        &mut self,
+        s: usize,
+        depth: usize,
+        n_gen: usize,
+        grammar: Option<&Grammar>,
+        record: bool,
+    ) -> Result<f64> {
+        let tokenizer = self.tokenizer.context("no tokenizer for sequences")?;
+        let vocab = self.model.config.vocab;
+        let prompt = self.tokens(depth + 1);
+        let scratch = self
+            .batch_scratch
+            .as_mut()
+            .context("no scratch for batched steps")?;
+        let caches = &mut self.caches[..s];
+        let context = caches.first().map_or(0, KvCache::capacity);
+        for (kv, l) in caches.iter_mut().zip(&mut self.batch_logits) {
+            kv.clear();
+            let chunks = prompt.chunks(scratch.rows());
+            let last = chunks.len() - 1;
+            for (i, part) in chunks.enumerate() {
+                let mut one = [SeqStep {
+                    kv: &mut *kv,
+                    tokens: part,
+                    // The first sampled token needs the prompt's last logits.
+                    logits: if i == last {
+                        Logits::Last(&mut *l)
+                    } else {
+                        Logits::None
+                    },
+                }];
+                self.model.forward_batch(&mut one, scratch)?;
+            }
+        }
+        let opts = GenerateOptions {
+            max_tokens: n_gen + 1,
+            sampling: SamplingParams {
+                temperature: 0.0,
+                seed: Some(0),
+                ..SamplingParams::default()
+            },
+            // Unconstrained streams run every token; constrained ones end (and restart)
+            // where the grammar allows end-of-generation and the model picks it.
+            ignore_eos: true,
+            grammar: grammar.cloned(),
+            ..GenerateOptions::default()
+        };
+        let masks = self.masks.as_ref();
+        let start_seq = || -> Result<Sequence<'_>> {
+            let mut seq = Sequence::new(tokenizer, vocab, &prompt, opts.clone(), context)?;
+            if let Some(w) = masks {
+                seq.use_mask_worker(w.handle());
+            }
+            Ok(seq)
+        };
+        let mut seqs = (0..s).map(|_| start_seq()).collect::<Result<Vec<_>>>()?;
+        let mut next = vec![0u32; s];
+        let mut restarts = 0;
+        let (mask_times, wait_times) = (&mut self.mask_times, &mut self.wait_times);
+        // Every mask a step used, with how long sampling waited for it.
+        let mut record_mask = |seq: &mut Sequence<'_>| {
+            if let (true, Some((mask, waited))) = (record, seq.take_mask_time()) {
+                mask_times.push(mask);
+                wait_times.push(waited);
+            }
+        };
+        let start = Instant::now();
+        for _ in 0..n_gen {
+            for ((seq, l), id) in seqs.iter_mut().zip(&self.batch_logits).zip(&mut next) {
+                let mut step = seq.advance(l, true, |_| Flow::Continue);
+                record_mask(seq);
+                if let Step::Finished(_) = step {
+                    // A complete value: the stream starts the grammar over from the same
+                    // logits (that first mask is computed in line).
+                    restarts += 1;
+                    *seq = start_seq()?;
+                    step = seq.advance(l, true, |_| Flow::Continue);
+                    record_mask(seq);
+                }
+                *id = match step {
+                    Step::Feed(id) => id,
+                    Step::Finished(why) => bail!("a sequence ended at its first token ({why:?})"),
+                };
+            }
+            let mut batch: Vec<SeqStep<'_>> = caches
+                .iter_mut()
+                .zip(&mut self.batch_logits)
+                .zip(&next)
+                .map(|((kv, l), t)| SeqStep {
+                    kv,
+                    tokens: std::slice::from_ref(t),
+                    logits: Logits::Last(l),
+                })
+                .collect();
+            self.model.forward_batch(&mut batch, scratch)?;
+        }
+        let tps = (s * n_gen) as f64 / start.elapsed().as_secs_f64();
+        if record {
+            self.restarts += restarts;
+        }
+        Ok(tps)
+    }
 }
 
 pub fn cmd_bench(a: BenchArgs) -> Result<()> {
@@ -246,6 +464,32 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         bail!("--streams must be at least 1");
     }
     let max_streams = a.streams.iter().copied().max().unwrap_or(1);
+    // The constrained runs' grammar, compiled before any model is loaded so that a bad
+    // schema fails at once.
+    let format = a.response_format()?;
+    let format_kind = format.as_ref().map_or("", ResponseFormat::kind);
+    let tokenizer = match format {
+        Some(_) => Some(Tokenizer::from_gguf(&gguf).with_context(|| {
+            format!(
+                "constrained decoding needs the tokenizer of {}",
+                a.model.display()
+            )
+        })?),
+        None => None,
+    };
+    let grammar = match (&format, &tokenizer) {
+        (Some(f), Some(tok)) => {
+            let vocab = ModelConfig::from_gguf(&gguf)?.vocab;
+            let g = GrammarCompiler::new(tok, vocab)
+                .and_then(|c| c.compile(f))
+                .with_context(|| match &a.json_schema {
+                    Some(p) => format!("cannot use the schema in {}", p.display()),
+                    None => "cannot use the JSON object format".to_string(),
+                })?;
+            Some(g)
+        }
+        _ => None,
+    };
     // Prompt tests run one sequence; generation tests once per stream count.
     let tests: Vec<(usize, usize, usize, usize)> = tests
         .into_iter()
@@ -281,8 +525,13 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     // Figures that belong beside the table (memory bandwidths), printed under it.
     let mut notes = Vec::new();
     let mut results = Vec::new();
-    // One step per timed or warm-up run of every test.
-    let runs = (a.backend.len() * a.threads.len() * tests.len() * (a.repetitions + 1)) as u64;
+    // One step per timed or warm-up run of every test (twice over for a generation test
+    // with a response format).
+    let per_load: usize = tests
+        .iter()
+        .map(|&(_, _, n, _)| if n > 0 && grammar.is_some() { 2 } else { 1 })
+        .sum();
+    let runs = (a.backend.len() * a.threads.len() * per_load * (a.repetitions + 1)) as u64;
     let bar = super::progress_bar(runs, "loading");
     // A tick keeps the elapsed time moving through a long depth fill; none off a terminal,
     // where nothing is drawn.
@@ -341,6 +590,11 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 caches: Vec::new(),
                 batch_scratch: None,
                 batch_logits: Vec::new(),
+                tokenizer: tokenizer.as_ref(),
+                masks: None,
+                mask_times: Vec::new(),
+                wait_times: Vec::new(),
+                restarts: 0,
             };
             let (kt, vt) = model.kv_types();
             notes.push(format!(
@@ -350,12 +604,22 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 runner.state.capacity(),
                 resident_bytes().map_or("unknown".into(), bytes_shown),
             ));
-            if max_streams > 1 {
+            // Structured runs decode every stream count through batched passes, as the
+            // engine does.
+            if max_streams > 1 || grammar.is_some() {
                 let cap = capacity.min(model.config.context_length);
                 runner.batch_scratch =
                     Some(model.new_scratch(a.batch.max(max_streams), max_streams));
                 runner.caches = (0..max_streams).map(|_| model.new_kv_cache(cap)).collect();
                 runner.batch_logits = vec![vec![0.0; model.config.vocab]; max_streams];
+            }
+            if grammar.is_some() {
+                // As the engine: one mask in flight per sequence; without the thread,
+                // masks are computed in line.
+                runner.masks = MaskWorker::start(max_streams).ok();
+                let most = a.repetitions * max_streams * a.n_gen.iter().max().unwrap_or(&0);
+                runner.mask_times = Vec::with_capacity(most);
+                runner.wait_times = Vec::with_capacity(most);
             }
             if capacity > model.config.context_length {
                 bail!(
@@ -376,8 +640,14 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                     test.push_str(&format!(" @ d{depth}"));
                 }
                 bar.set_message(format!("{backend_name} x{shown_threads} {test}"));
-                let run = |r: &mut Runner<'_>| {
-                    let tps = if streams > 1 {
+                // With a response format, a generation test's runs alternate between the
+                // unconstrained (0) and the constrained (1) variant.
+                let structured = grammar.as_ref().filter(|_| n_gen > 0);
+                let variants = if structured.is_some() { 2 } else { 1 };
+                let run = |r: &mut Runner<'_>, v: usize, record: bool| {
+                    let tps = if let Some(g) = structured {
+                        r.run_sequences(streams, depth, n_gen, (v == 1).then_some(g), record)
+                    } else if streams > 1 {
                         r.run_streams(streams, depth, n_gen)
                     } else {
                         r.run(depth, n_prompt, n_gen)
@@ -385,15 +655,21 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                     bar.inc(1);
                     tps
                 };
-                run(&mut runner)?; // warm-up
+                for v in 0..variants {
+                    run(&mut runner, v, false)?; // warm-up
+                }
                 if let Some(g) = on_gpu {
                     g.set_profiling(true);
                 }
-                let mut samples = Vec::with_capacity(a.repetitions);
+                runner.mask_times.clear();
+                runner.wait_times.clear();
+                runner.restarts = 0;
+                let mut samples = vec![Vec::with_capacity(a.repetitions); variants];
                 for _ in 0..a.repetitions {
-                    samples.push(run(&mut runner)?);
+                    for (v, samples) in samples.iter_mut().enumerate() {
+                        samples.push(run(&mut runner, v, true)?);
+                    }
                 }
-                let (avg, sd) = mean_std(&samples);
                 let roofline = bandwidth.filter(|_| n_gen > 0).map(|bw| {
                     // A batched step reads the weights once and every stream's cache.
                     let mean_ctx = depth as f64 + (n_gen as f64 + 1.0) / 2.0;
@@ -423,46 +699,74 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                         )
                     });
                 }
-                if text {
-                    let roofline = match (a.roofline, roofline) {
-                        (false, _) => String::new(),
-                        // The bound and how much of it this run reached.
-                        (true, Some(r)) => {
-                            format!(" {:>18} |", format!("{r:.1} ({:.0}%)", avg / r * 100.0))
-                        }
-                        (true, None) => format!(" {:>18} |", "-"),
+                let free_avg = mean_std(&samples[0]).0;
+                for (v, samples) in samples.into_iter().enumerate() {
+                    let (avg, sd) = mean_std(&samples);
+                    let constraint = (v == 1).then(|| ConstraintResult {
+                        format: format_kind.to_string(),
+                        ratio: avg / free_avg,
+                        mask: TimeSummary::of(&mut runner.mask_times),
+                        mask_wait: TimeSummary::of(&mut runner.wait_times),
+                        restarts: runner.restarts,
+                    });
+                    let test = if v == 1 {
+                        format!("{test} +{}", short_kind(format_kind))
+                    } else {
+                        test.clone()
                     };
-                    // Above the bar, which redraws under the table.
-                    bar.suspend(|| {
-                        println!(
-                            "| {:<24} | {:>10} | {:>8} | {:<10} | {:<10} | {:>7} | {:>14} | {:>7.2} ± {:>6.2} |{roofline}",
-                            truncate(&model_name, 24),
-                            bytes_shown(size),
-                            count_shown(params),
-                            backend_name,
-                            simd,
-                            shown_threads,
-                            test,
-                            avg,
-                            sd
-                        )
+                    if let Some(c) = &constraint {
+                        notes.push(format!(
+                            "{backend_name} x{shown_threads} {test}: {:.3} × unconstrained; \
+                             mask {}; sampling waited {} ({} masks, {} restarts)",
+                            c.ratio,
+                            c.mask.shown(),
+                            c.mask_wait.shown(),
+                            c.mask.n,
+                            c.restarts
+                        ));
+                    }
+                    if text {
+                        let roofline = match (a.roofline, roofline) {
+                            (false, _) => String::new(),
+                            // The bound and how much of it this run reached.
+                            (true, Some(r)) => {
+                                format!(" {:>18} |", format!("{r:.1} ({:.0}%)", avg / r * 100.0))
+                            }
+                            (true, None) => format!(" {:>18} |", "-"),
+                        };
+                        // Above the bar, which redraws under the table.
+                        bar.suspend(|| {
+                            println!(
+                                "| {:<24} | {:>10} | {:>8} | {:<10} | {:<10} | {:>7} | {:>14} | {:>7.2} ± {:>6.2} |{roofline}",
+                                truncate(&model_name, 24),
+                                bytes_shown(size),
+                                count_shown(params),
+                                backend_name,
+                                simd,
+                                shown_threads,
+                                test,
+                                avg,
+                                sd
+                            )
+                        });
+                    }
+                    results.push(BenchResult {
+                        model: model_name.clone(),
+                        backend: backend_name.clone(),
+                        simd: simd.clone(),
+                        threads: shown_threads,
+                        test,
+                        n_prompt,
+                        n_gen,
+                        depth,
+                        streams,
+                        avg_ts: avg,
+                        stddev_ts: sd,
+                        samples_ts: samples,
+                        roofline_ts: roofline,
+                        constraint,
                     });
                 }
-                results.push(BenchResult {
-                    model: model_name.clone(),
-                    backend: backend_name.clone(),
-                    simd: simd.clone(),
-                    threads: shown_threads,
-                    test,
-                    n_prompt,
-                    n_gen,
-                    depth,
-                    streams,
-                    avg_ts: avg,
-                    stddev_ts: sd,
-                    samples_ts: samples,
-                    roofline_ts: roofline,
-                });
             }
             if a.idle_check > 0.0 {
                 // The model (and its thread pool) is still alive here, only idle; so is the
@@ -565,6 +869,15 @@ fn idle_cpu_percent(secs: f64) -> Option<f64> {
     std::thread::sleep(std::time::Duration::from_secs_f64(secs));
     let c1 = process_cpu_seconds()?;
     Some((c1 - c0) / t0.elapsed().as_secs_f64() * 100.0)
+}
+
+/// The suffix a constrained test's name carries.
+fn short_kind(kind: &str) -> &str {
+    match kind {
+        "json_schema" => "schema",
+        "json_object" => "object",
+        other => other,
+    }
 }
 
 fn truncate(s: &str, n: usize) -> String {
