@@ -452,12 +452,17 @@ impl Constraint {
 }
 
 /// Writes −∞ over every logit whose bit in `mask` is clear. Whole words of allowed tokens
-/// are skipped, so a permissive mask costs one pass over the bitset.
+/// are skipped and whole words of disallowed ones filled at once, so both a permissive and
+/// a strict mask (a JSON grammar allows a few hundred of 150k tokens) cost about one pass.
 fn apply_mask(mask: &SimpleVob, logits: &mut [f32]) {
     let words = mask.as_slice();
     for (w, chunk) in logits.chunks_mut(32).enumerate() {
         let bits = words.get(w).copied().unwrap_or(0);
         if bits == u32::MAX && chunk.len() == 32 {
+            continue;
+        }
+        if bits == 0 {
+            chunk.fill(f32::NEG_INFINITY);
             continue;
         }
         for (b, l) in chunk.iter_mut().enumerate() {
