@@ -212,6 +212,30 @@ fn errors_are_one_clear_line() {
         &inferno(&["synth", "--arch", "qwen3moe", "--preset", "1b", "-o", o]),
         "unknown --preset \"1b\" for qwen3moe (available: 30b-a3b, tiny)",
     );
+    assert_clean_error(
+        &inferno(&[
+            "synth", "--arch", "qwen3moe", "--preset", "tiny", "--layers", "3", "-o", o,
+        ]),
+        "--layers 3: the tiny preset has 1 to 2 layers",
+    );
+    // Fewer layers keep the preset's per-layer shape.
+    let one = dir.path().join("one-layer.gguf");
+    let synth = inferno(&[
+        "synth",
+        "--arch",
+        "qwen3moe",
+        "--preset",
+        "tiny",
+        "--layers",
+        "1",
+        "-o",
+        one.to_str().unwrap(),
+    ]);
+    assert!(synth.status.success(), "{}", stderr(&synth));
+    let gguf = inferno::gguf::GgufFile::open(&one).unwrap();
+    let cfg = inferno::model::ModelConfig::from_gguf(&gguf).unwrap();
+    assert_eq!((cfg.n_layers, cfg.hidden), (1, 64));
+    assert_eq!(cfg.moe.map(|m| m.n_experts), Some(8));
 
     let m = model.to_str().unwrap();
     let long = "a".repeat(300);

@@ -18,6 +18,10 @@ pub struct SynthArgs {
     /// (exactly Qwen3-30B-A3B's shape, the default) or tiny (2 layers, 8 experts).
     #[arg(long)]
     pub preset: Option<String>,
+    /// Decoder blocks to write instead of the preset's (a model too large for the machine
+    /// keeps its per-layer shape with fewer layers).
+    #[arg(long)]
+    pub layers: Option<usize>,
     /// Type of the weight matrices: q8_0, q5_0, q4_0, f16, bf16 or f32.
     #[arg(long, default_value = "q8_0")]
     pub dtype: String,
@@ -50,6 +54,15 @@ pub fn cmd_synth(a: SynthArgs) -> Result<()> {
         );
     };
     spec.seed = a.seed;
+    if let Some(n) = a.layers {
+        if n == 0 || n > spec.n_layers {
+            bail!(
+                "--layers {n}: the {preset} preset has 1 to {} layers",
+                spec.n_layers
+            );
+        }
+        spec.n_layers = n;
+    }
     let bar = super::progress_bar(spec.n_layers as u64 + 2, "synthesizing");
     let w = synth::build_with_progress(&spec, |done, total| {
         bar.set_length(total as u64);
