@@ -99,6 +99,10 @@ pub struct BenchArgs {
     /// Type the KV cache stores values as (default as for keys).
     #[arg(long, visible_alias = "ctv", value_parser = super::parse_kv_type)]
     pub cache_type_v: Option<crate::backend::KvType>,
+    /// How a mixture-of-experts model's experts are loaded: auto, repack or mmap (as for
+    /// `serve`).
+    #[arg(long, default_value = "auto", value_parser = super::parse_experts)]
+    pub experts: crate::engine::loader::ExpertLoad,
     /// Run every generation test twice, unconstrained and constrained to a JSON value valid
     /// under the JSON schema in this file (alternating runs, same streams and token count),
     /// and report both tokens/s, their ratio, the per-token grammar mask time and how long
@@ -552,11 +556,13 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 tracing: false,
                 cache_type_k: a.cache_type_k,
                 cache_type_v: a.cache_type_v,
+                experts: a.experts,
                 ..LoadOptions::default()
             };
             let LoadedModel {
                 model,
                 threads: shown_threads,
+                experts,
             } = load_model(&gguf, &a.model.display().to_string(), &opts)
                 .map_err(anyhow::Error::msg)?;
             let on_gpu = model.device().gpu_backend();
@@ -596,6 +602,9 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 wait_times: Vec::new(),
                 restarts: 0,
             };
+            if let Some(why) = experts {
+                notes.push(format!("{backend_name}: experts {why}"));
+            }
             let (kt, vt) = model.kv_types();
             notes.push(format!(
                 "{backend_name}: KV cache {kt}/{vt}, {} per sequence of {} positions; \

@@ -9,7 +9,7 @@ pub mod serve;
 pub mod synth;
 
 use crate::backend::KvType;
-use crate::engine::loader::{self, EngineAssets, LoadOptions};
+use crate::engine::loader::{self, EngineAssets, ExpertLoad, LoadOptions};
 use crate::engine::memory::gib;
 use crate::engine::request::{check_context, prompt_tokens, Prompt};
 use crate::engine::{generate, FinishReason, Flow, GenerateOptions};
@@ -106,6 +106,12 @@ pub struct RunArgs {
     /// Type the KV cache stores values as: f32, f16 or q8_0 (default as for keys).
     #[arg(long, value_parser = parse_kv_type)]
     pub cache_type_v: Option<KvType>,
+    /// How a mixture-of-experts model's experts are loaded: repack (resident, repacked for
+    /// the multi-row kernels: fast prompts), mmap (left in the mapped file: only routed
+    /// experts are read, a model larger than memory runs) or auto (repack when the model
+    /// fits in memory).
+    #[arg(long, default_value = "auto", value_parser = parse_experts)]
+    pub experts: ExpertLoad,
 }
 
 impl RunArgs {
@@ -116,9 +122,15 @@ impl RunArgs {
             ctx_size: self.ctx_size,
             cache_type_k: self.cache_type_k,
             cache_type_v: self.cache_type_v,
+            experts: self.experts,
             ..LoadOptions::default()
         }
     }
+}
+
+/// How to load experts, from its name, for the command line.
+pub fn parse_experts(s: &str) -> Result<ExpertLoad, String> {
+    ExpertLoad::parse(s)
 }
 
 /// A KV cache type from its name, for the command line.

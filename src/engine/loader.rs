@@ -7,12 +7,12 @@ use super::memory::{self, gib, KvMemory, SystemMemory};
 use crate::backend::{create_backend, BackendOptions, KvType};
 use crate::gguf::{GgufError, GgufFile};
 use crate::model::synth::{self, SynthSpec};
-use crate::model::Model;
+use crate::model::{ExpertWeights, Model};
 use crate::tensor::GgmlType;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 use std::path::Path;
 use std::sync::Arc;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// What `GetModelInfo` says of a built-in synthetic model.
 pub const DEMO_NOTE: &str = "a built-in demo model with random weights: its output is random \
@@ -37,6 +37,78 @@ pub struct LoadOptions {
     /// for an F32 model, else F16).
     pub cache_type_k: Option<KvType>,
     pub cache_type_v: Option<KvType>,
+    /// How a mixture-of-experts model's expert matrices are loaded.
+    pub experts: ExpertLoad,
+}
+
+/// How to load a mixture-of-experts model's experts (see [`ExpertWeights`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExpertLoad {
+    /// Repacked when the whole model fits in the memory available at load with the
+    /// KV margin ([`memory::margin`]) to spare, else memory-mapped.
+    #[default]
+    Auto,
+    /// Always repacked (resident).
+    Repack,
+    /// Always memory-mapped.
+    Mmap,
+}
+
+impl ExpertLoad {
+    /// The names the command line takes.
+    pub const NAMES: &[&str] = &["auto", "repack", "mmap"];
+
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "auto" => Ok(Self::Auto),
+            "repack" => Ok(Self::Repack),
+            "mmap" => Ok(Self::Mmap),
+            _ => Err(format!(
+                "unknown experts mode {name:?} (supported: {})",
+                Self::NAMES.join(", ")
+            )),
+        }
+    }
+
+    /// What this choice means for a model of `weights` bytes on a machine with `machine`
+    /// memory (`None`: unknown, which keeps auto mapped), with the reason, for the log.
+    pub fn resolve(self, weights: u64, machine: Option<SystemMemory>) -> (ExpertWeights, String) {
+        match self {
+            Self::Repack => (
+                ExpertWeights::Prepared,
+                "repacked (--experts repack)".into(),
+            ),
+            Self::Mmap => (
+                ExpertWeights::Mapped,
+                "memory-mapped (--experts mmap)".into(),
+            ),
+            Self::Auto => match machine {
+                Some(m) if weights.saturating_add(memory::margin(m.total)) <= m.available => (
+                    ExpertWeights::Prepared,
+                    format!(
+                        "repacked: the {:.2} GiB of weights fit in the {:.2} GiB available",
+                        gib(weights),
+                        gib(m.available)
+                    ),
+                ),
+                Some(m) => (
+                    ExpertWeights::Mapped,
+                    format!(
+                        "memory-mapped: the {:.2} GiB of weights and a {:.2} GiB margin do not \
+                         fit in the {:.2} GiB available (prompts run slower; --experts repack \
+                         overrides)",
+                        gib(weights),
+                        gib(memory::margin(m.total)),
+                        gib(m.available)
+                    ),
+                ),
+                None => (
+                    ExpertWeights::Mapped,
+                    "memory-mapped: the machine's memory is unknown".into(),
+                ),
+            },
+        }
+    }
 }
 
 impl Default for LoadOptions {
@@ -48,6 +120,7 @@ impl Default for LoadOptions {
             tracing: true,
             cache_type_k: None,
             cache_type_v: None,
+            experts: ExpertLoad::Auto,
         }
     }
 }
@@ -80,6 +153,8 @@ pub struct EngineAssets {
 pub struct LoadedModel {
     pub model: Model,
     pub threads: usize,
+    /// How the experts were loaded and why (mixture-of-experts models).
+    pub experts: Option<String>,
 }
 
 /// Builds the backend stack `opts` names and loads the model's weights onto it.
@@ -92,8 +167,21 @@ pub fn load_model(gguf: &GgufFile, name: &str, opts: &LoadOptions) -> Result<Loa
         },
     )
     .map_err(|e| e.to_string())?;
-    let mut model =
-        Model::load(gguf, backend).map_err(|e| format!("cannot load model {name}: {e}"))?;
+    let (experts, why) = if gguf
+        .tensors()
+        .iter()
+        .any(|t| t.name.ends_with("_exps.weight"))
+    {
+        let (experts, why) = opts
+            .experts
+            .resolve(weight_bytes(gguf), SystemMemory::read());
+        info!("experts {why}");
+        (experts, Some(why))
+    } else {
+        (ExpertWeights::Mapped, None)
+    };
+    let mut model = Model::load_with(gguf, backend, experts)
+        .map_err(|e| format!("cannot load model {name}: {e}"))?;
     let (k, v) = model.kv_types();
     model
         .set_kv_types((
@@ -102,7 +190,11 @@ pub fn load_model(gguf: &GgufFile, name: &str, opts: &LoadOptions) -> Result<Loa
         ))
         .map_err(|e| format!("cannot use that KV cache type for {name}: {e}"))?;
     let threads = model.device().threads();
-    Ok(LoadedModel { model, threads })
+    Ok(LoadedModel {
+        model,
+        threads,
+        experts: why,
+    })
 }
 
 /// Bytes the model's weights take once loaded.
@@ -120,7 +212,7 @@ pub fn assets_from_gguf(
     // Read before loading, so the model's own memory is counted once: as the resident
     // size subtracted below.
     let machine = SystemMemory::read();
-    let LoadedModel { model, threads } = load_model(gguf, name, opts)?;
+    let LoadedModel { model, threads, .. } = load_model(gguf, name, opts)?;
     let tokenizer = Tokenizer::from_gguf(gguf)
         .map_err(|e| format!("cannot load the tokenizer of {name}: {e}"))?;
     let chat_template = ChatTemplate::for_model(gguf);
@@ -219,6 +311,41 @@ mod tests {
     fn demo_gguf() -> GgufFile {
         let spec = SynthSpec::preset("demo", GgmlType::Q8_0).unwrap();
         GgufFile::from_bytes(synth::build(&spec).unwrap().to_bytes()).unwrap()
+    }
+
+    #[test]
+    fn auto_repacks_experts_only_when_the_weights_fit_with_the_margin() {
+        let gb = 1u64 << 30;
+        let machine = |total, available| Some(SystemMemory { total, available });
+        let auto = |weights, m| ExpertLoad::Auto.resolve(weights, m).0;
+        // 24 GiB machine: the margin is 20% (4.8 GiB).
+        assert_eq!(
+            auto(17 * gb, machine(24 * gb, 22 * gb)),
+            ExpertWeights::Prepared
+        );
+        assert_eq!(
+            auto(18 * gb, machine(24 * gb, 22 * gb)),
+            ExpertWeights::Mapped
+        );
+        // Less available than total (other processes) counts.
+        assert_eq!(
+            auto(17 * gb, machine(24 * gb, 12 * gb)),
+            ExpertWeights::Mapped
+        );
+        assert_eq!(auto(gb, None), ExpertWeights::Mapped);
+        // The explicit choices ignore memory.
+        let m = machine(8 * gb, 4 * gb);
+        assert_eq!(
+            ExpertLoad::Repack.resolve(17 * gb, m).0,
+            ExpertWeights::Prepared
+        );
+        assert_eq!(ExpertLoad::Mmap.resolve(gb, m).0, ExpertWeights::Mapped);
+        let (_, why) = ExpertLoad::Auto.resolve(18 * gb, machine(24 * gb, 22 * gb));
+        assert!(why.contains("--experts repack"), "{why}");
+        assert_eq!(ExpertLoad::parse("mmap"), Ok(ExpertLoad::Mmap));
+        assert!(ExpertLoad::parse("paged")
+            .unwrap_err()
+            .contains("supported: auto, repack, mmap"));
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub mod weights;
 pub use crate::backend::{KvCache, Logits, Scratch, SeqStep};
 pub use config::{Architecture, ModelConfig, MoeConfig};
 pub use qwen::{Model, State};
-pub use weights::{Ffn, ModelWeights, MoeWeights};
+pub use weights::{ExpertWeights, Ffn, ModelWeights, MoeWeights};
 
 use crate::gguf::GgufError;
 use crate::tensor::GgmlType;

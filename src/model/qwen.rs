@@ -26,7 +26,7 @@
 //! so a sequence's results do not depend on what it is batched with. The single-sequence
 //! [`Model::forward`] is the one-sequence case.
 
-use super::weights::Ffn;
+use super::weights::{ExpertWeights, Ffn};
 use super::{ModelConfig, ModelError, ModelWeights};
 use crate::backend::exec::MoeFfn;
 use crate::backend::{
@@ -92,7 +92,17 @@ impl State {
 }
 
 impl Model {
+    /// Loads the model with its expert matrices (if any) left memory-mapped.
     pub fn load(gguf: &GgufFile, device: impl Into<Device>) -> Result<Self, ModelError> {
+        Self::load_with(gguf, device, ExpertWeights::Mapped)
+    }
+
+    /// Loads the model, its expert matrices (if any) loaded as `experts` says.
+    pub fn load_with(
+        gguf: &GgufFile,
+        device: impl Into<Device>,
+        experts: ExpertWeights,
+    ) -> Result<Self, ModelError> {
         let device = device.into();
         let mut config = ModelConfig::from_gguf(gguf)?;
         // The embedding's row count is the true vocabulary size of the weights.
@@ -111,7 +121,7 @@ impl Model {
                 config.arch.name()
             )));
         }
-        let weights = ModelWeights::load(gguf, &config, &device)?;
+        let weights = ModelWeights::load(gguf, &config, &device, experts)?;
         let mut inv_freq = config.rope_inv_freq();
         if let Some(factors) = &weights.rope_freqs {
             if config.rope_scaling != super::config::RopeScaling::None {

@@ -3,7 +3,8 @@
 //! A mixture-of-experts layer's experts are stored stacked, one 3-D tensor per projection
 //! (`ffn_{gate,up,down}_exps`, the expert the slowest dimension); each expert's rows are one
 //! contiguous run of bytes, so every expert is a [`Matrix`] viewing its part of the mapped
-//! file, nothing copied.
+//! file, nothing copied ([`ExpertWeights::Mapped`]), or, when the loader says so, prepared
+//! like every other matrix ([`ExpertWeights::Prepared`]: repacked for the CPU kernels).
 //!
 //! Llama files store the Q and K projection rows permuted (llama.cpp's converter reorders
 //! each head so that RoPE rotates adjacent pairs); they are put back in transformers' order
@@ -61,6 +62,21 @@ pub struct MoeWeights {
     pub normalize: bool,
 }
 
+/// How a mixture-of-experts model's expert matrices are loaded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExpertWeights {
+    /// Left in the memory-mapped file in their stored layout: only the pages of the experts
+    /// tokens are routed to are ever read, and a model larger than memory still runs; the
+    /// CPU kernels multiply them one weight row and token at a time.
+    #[default]
+    Mapped,
+    /// Prepared by the device like the dense matrices: on the CPU backends repacked for the
+    /// multi-row integer kernels (several times faster for prompts, which route many rows
+    /// to each expert), their mapped pages released, so every expert is read once at load
+    /// and stays resident.
+    Prepared,
+}
+
 pub struct ModelWeights {
     pub token_embd: Matrix,
     pub layers: Vec<LayerWeights>,
@@ -75,6 +91,7 @@ pub struct ModelWeights {
 struct Loader<'a> {
     gguf: &'a GgufFile,
     device: &'a Device,
+    experts: ExpertWeights,
 }
 
 impl Loader<'_> {
@@ -184,18 +201,20 @@ impl Loader<'_> {
                         expected: want.to_vec(),
                         found: info.dims.clone(),
                     })?;
-                // Not prepared (repacked): experts stay memory-mapped, so only the pages of
-                // the experts a token is routed to are ever read, and a model larger than
-                // memory can run. The CPU kernels multiply every type in its stored layout
-                // with the same bits as the packed one.
-                Ok(Matrix {
+                let mut m = Matrix {
                     name: format!("{name}[{e}]"),
                     dtype: info.dtype,
                     rows,
                     cols,
                     data: bytes,
                     prepared: None,
-                })
+                };
+                // The CPU kernels multiply every type in its stored layout with the same
+                // bits as the packed one, so the choice changes speed and memory only.
+                if self.experts == ExpertWeights::Prepared {
+                    self.device.prepare_matrix(&mut m)?;
+                }
+                Ok(m)
             })
             .collect()
     }
@@ -274,8 +293,17 @@ fn unpermuted_row(r: usize, head_dim: usize) -> usize {
 }
 
 impl ModelWeights {
-    pub fn load(gguf: &GgufFile, cfg: &ModelConfig, device: &Device) -> Result<Self, ModelError> {
-        let ld = Loader { gguf, device };
+    pub fn load(
+        gguf: &GgufFile,
+        cfg: &ModelConfig,
+        device: &Device,
+        experts: ExpertWeights,
+    ) -> Result<Self, ModelError> {
+        let ld = Loader {
+            gguf,
+            device,
+            experts,
+        };
         let (h, qd, kvd, hd) = (cfg.hidden, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         let token_embd = ld.matrix("token_embd.weight", cfg.vocab, h)?;
         let mut layers = Vec::with_capacity(cfg.n_layers);
