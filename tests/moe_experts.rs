@@ -1,8 +1,10 @@
 //! Expert matrices repacked at load (`--experts repack`, and `auto` when the model fits in
 //! memory) against experts multiplied where they lie in the mapped file: the same logits,
 //! bit for bit, on the multi-threaded CPU backends, for Q8_0 and for a K-quant mixture whose
-//! experts are Q4_K and Q6_K.
+//! experts are Q4_K and Q6_K; and the experts' products batched into one dispatch against
+//! the same products one by one.
 
+use inferno::backend::{Backend, MatmulJob, PoolBackend, ScalarBackend, SimdBackend};
 use inferno::gguf::GgufFile;
 use inferno::model::synth::{self, SynthSpec};
 use inferno::model::{Architecture, ExpertWeights, Ffn, Model};
@@ -38,8 +40,58 @@ fn experts(model: &Model) -> Vec<&inferno::tensor::Matrix> {
     out
 }
 
+/// `matmul_batch` on the pool (all jobs in one dispatch where they are quantized products)
+/// against each job's own `matmul`, bit for bit: inputs shared by consecutive jobs and not,
+/// one row and several, jobs of every expert type of the model.
+fn batch_equals_one_by_one(model: &Model, what: &str) {
+    let Ffn::Moe(moe) = &model.weights.layers[0].ffn else {
+        panic!("no experts")
+    };
+    let be = PoolBackend::new(SimdBackend::new(ScalarBackend), 2);
+    let h = moe.gate[0].cols;
+    let x: Vec<f32> = (0..3 * h)
+        .map(|i| ((i * 7919) % 201) as f32 / 50.0 - 2.0)
+        .collect();
+    let y: Vec<f32> = x.iter().rev().copied().collect();
+    for n in [1, 3] {
+        let mut jobs = Vec::new();
+        let mut at = 0;
+        for (w, input) in [
+            (&moe.gate[1], &x),
+            (&moe.up[1], &x),
+            (&moe.gate[4], &y),
+            (&moe.up[6], &x),
+        ] {
+            jobs.push(MatmulJob {
+                w,
+                x: &input[..n * h],
+                n,
+                at,
+            });
+            at += n * w.rows + 5;
+        }
+        let mut batched = vec![f32::NAN; at];
+        be.matmul_batch(&jobs, &mut batched);
+        for j in &jobs {
+            let mut alone = vec![0.0f32; j.out_len()];
+            be.matmul(j.w, j.x, j.n, &mut alone);
+            let got = &batched[j.at..j.at + j.out_len()];
+            let same = got
+                .iter()
+                .zip(&alone)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{what}: {} in a batch of {n}-row jobs differs",
+                j.w.name
+            );
+        }
+    }
+}
+
 fn check(g: &GgufFile, what: &str, types: &[GgmlType]) {
     let ids: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 256).collect();
+    let mut reference: Option<Vec<f32>> = None;
     for backend in ["simd", "pool"] {
         let mapped = Model::load_with(g, cpu(backend), ExpertWeights::Mapped).unwrap();
         let packed = Model::load_with(g, cpu(backend), ExpertWeights::Prepared).unwrap();
@@ -62,7 +114,20 @@ fn check(g: &GgufFile, what: &str, types: &[GgmlType]) {
             let b = logits(&packed, &ids, batch);
             let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(same, "{what} on {backend}, batch {batch}: logits differ");
+            // One token at a time the experts' products go through `matmul_batch` (one
+            // dispatch on the pool, one by one on simd): the same bits either way.
+            if batch == 1 {
+                match &reference {
+                    None => reference = Some(b),
+                    Some(r) => {
+                        let same = r.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(same, "{what}: pool's batched experts differ from simd's");
+                    }
+                }
+            }
         }
+        batch_equals_one_by_one(&mapped, what);
+        batch_equals_one_by_one(&packed, what);
     }
 }
 

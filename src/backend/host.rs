@@ -4,7 +4,10 @@
 use super::exec::{
     wanted_rows, with_first_rows, Buf, Executor, MoeFfn, Op, ScratchSpec, SeqStep, LOGITS,
 };
-use super::{AttentionShape, Backend};
+use super::{AttentionShape, Backend, MatmulJob};
+
+/// Most experts one step's batched expert products take (see [`moe_ffn`]).
+const MAX_BATCHED_EXPERTS: usize = 32;
 
 /// Host activation buffers for forward passes of up to `rows` token rows, sized once.
 pub struct HostScratch {
@@ -121,28 +124,120 @@ fn moe_ffn(be: &dyn Backend, sc: &mut HostScratch, op: MoeFfn<'_>) {
     let mut out = std::mem::take(&mut sc.bufs[op.out.0]);
     let x = &sc.bufs[op.x.0];
     out[..rows * h].fill(0.0);
-    let mut start = 0;
-    for e in 0..n_experts {
-        let end = sc.ends[e];
-        let group = &sc.grouped[start..end];
-        start = end;
-        let c = group.len();
-        if c == 0 {
-            continue;
+    let slots = rows * k;
+    let active = sc.ends[..n_experts]
+        .iter()
+        .scan(0, |start, &end| {
+            let c = end - *start;
+            *start = end;
+            Some(c)
+        })
+        .filter(|&c| c > 0)
+        .count();
+    if 2 * slots <= sc.spec.rows && active <= MAX_BATCHED_EXPERTS {
+        // Few rows (decode): every active expert's gate and up products in one batch, then
+        // every down product in another, so a multi-threaded backend wakes its threads
+        // twice per layer instead of three times per expert. Each expert's rows sit at its
+        // slots (the grouped order); gate outputs fill the first `slots` rows of `g`, up
+        // outputs the next. The products, SiLU and sums are those of the loop below.
+        let one_row = rows == 1;
+        if !one_row {
+            for (i, &(t, _)) in sc.grouped[..slots].iter().enumerate() {
+                let t = t as usize;
+                xs[i * h..(i + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+            }
         }
-        for (i, &(t, _)) in group.iter().enumerate() {
-            let t = t as usize;
-            xs[i * h..(i + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+        let input = |s0: usize, c: usize| -> &[f32] {
+            if one_row {
+                // The one row is every expert's input: quantized once for all of them.
+                &x[..h]
+            } else {
+                &xs[s0 * h..(s0 + c) * h]
+            }
+        };
+        let dummy = MatmulJob {
+            w: &op.gate[0],
+            x: &[],
+            n: 0,
+            at: 0,
+        };
+        let mut jobs = [dummy; 2 * MAX_BATCHED_EXPERTS];
+        let mut count = 0;
+        for (proj, base) in [(op.gate, 0), (op.up, slots * f)] {
+            let mut s0 = 0;
+            for (e, &end) in sc.ends[..n_experts].iter().enumerate() {
+                let c = end - s0;
+                if c > 0 {
+                    jobs[count] = MatmulJob {
+                        w: &proj[e],
+                        x: input(s0, c),
+                        n: c,
+                        at: base + s0 * f,
+                    };
+                    count += 1;
+                }
+                s0 = end;
+            }
         }
-        be.matmul(&op.gate[e], &xs[..c * h], c, &mut g[..c * f]);
-        be.matmul(&op.up[e], &xs[..c * h], c, &mut u[..c * f]);
-        be.silu_mul(&mut g[..c * f], &u[..c * f]);
-        be.matmul(&op.down[e], &g[..c * f], c, &mut ys[..c * h]);
-        for (i, &(t, w)) in group.iter().enumerate() {
+        be.matmul_batch(&jobs[..count], &mut g[..2 * slots * f]);
+        let (gates, ups) = g[..2 * slots * f].split_at_mut(slots * f);
+        let mut s0 = 0;
+        for &end in &sc.ends[..n_experts] {
+            if end > s0 {
+                // Per expert, as in the loop below (the same element ranges).
+                be.silu_mul(&mut gates[s0 * f..end * f], &ups[s0 * f..end * f]);
+            }
+            s0 = end;
+        }
+        let gates: &[f32] = gates;
+        let mut jobs = [dummy; MAX_BATCHED_EXPERTS];
+        count = 0;
+        let mut s0 = 0;
+        for (e, &end) in sc.ends[..n_experts].iter().enumerate() {
+            let c = end - s0;
+            if c > 0 {
+                jobs[count] = MatmulJob {
+                    w: &op.down[e],
+                    x: &gates[s0 * f..end * f],
+                    n: c,
+                    at: s0 * h,
+                };
+                count += 1;
+            }
+            s0 = end;
+        }
+        be.matmul_batch(&jobs[..count], &mut ys[..slots * h]);
+        for (i, &(t, w)) in sc.grouped[..slots].iter().enumerate() {
             let t = t as usize;
             let dst = &mut out[t * h..(t + 1) * h];
             for (o, y) in dst.iter_mut().zip(&ys[i * h..(i + 1) * h]) {
                 *o += y * w;
+            }
+        }
+    } else {
+        let mut start = 0;
+        for e in 0..n_experts {
+            let end = sc.ends[e];
+            let group = &sc.grouped[start..end];
+            start = end;
+            let c = group.len();
+            if c == 0 {
+                continue;
+            }
+            for (i, &(t, _)) in group.iter().enumerate() {
+                let t = t as usize;
+                xs[i * h..(i + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+            }
+            be.matmul(&op.gate[e], &xs[..c * h], c, &mut g[..c * f]);
+            be.matmul(&op.up[e], &xs[..c * h], c, &mut u[..c * f]);
+            be.silu_mul(&mut g[..c * f], &u[..c * f]);
+            be.matmul(&op.down[e], &g[..c * f], c, &mut ys[..c * h]);
+            for (i, &(t, w)) in group.iter().enumerate() {
+                let t = t as usize;
+                let dst = &mut out[t * h..(t + 1) * h];
+                for (o, y) in dst.iter_mut().zip(&ys[i * h..(i + 1) * h]) {
+                    *o += y * w;
+                }
             }
         }
     }

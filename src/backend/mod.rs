@@ -53,6 +53,23 @@ pub struct AttentionShape {
     pub scale: f32,
 }
 
+/// One product of [`Backend::matmul_batch`]: `n` rows of `x` times `w`, written row-major
+/// (`n × w.rows`) from float `at` of the batch's output.
+#[derive(Clone, Copy)]
+pub struct MatmulJob<'a> {
+    pub w: &'a Matrix,
+    pub x: &'a [f32],
+    pub n: usize,
+    pub at: usize,
+}
+
+impl MatmulJob<'_> {
+    /// Floats of output the job writes.
+    pub fn out_len(&self) -> usize {
+        self.n * self.w.rows
+    }
+}
+
 /// A set of kernels. Every slice argument is sized by the caller; shapes are validated when
 /// the model is loaded, so implementations may index without re-checking.
 pub trait Backend: Send + Sync {
@@ -73,6 +90,16 @@ pub trait Backend: Send + Sync {
     /// `out[t][r] = Σ_c x[t][c] · w[r][c]` for `t < n`: `x` is `n × w.cols`, `out` is
     /// `n × w.rows`, both row-major.
     fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]);
+
+    /// Several independent products as one piece of work (the experts of a decode step):
+    /// a multi-threaded backend hands all their rows to its threads at once instead of
+    /// waking them once per product. Jobs write ascending, disjoint ranges of `out`; each
+    /// output equals [`Backend::matmul`]'s.
+    fn matmul_batch(&self, jobs: &[MatmulJob<'_>], out: &mut [f32]) {
+        for j in jobs {
+            self.matmul(j.w, j.x, j.n, &mut out[j.at..j.at + j.out_len()]);
+        }
+    }
 
     /// Row `row` of `w` as f32 (the token-embedding lookup).
     fn get_row(&self, w: &Matrix, row: usize, out: &mut [f32]);
@@ -116,6 +143,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn matmul(&self, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
         (**self).matmul(w, x, n, out)
+    }
+    fn matmul_batch(&self, jobs: &[MatmulJob<'_>], out: &mut [f32]) {
+        (**self).matmul_batch(jobs, out)
     }
     fn get_row(&self, w: &Matrix, row: usize, out: &mut [f32]) {
         (**self).get_row(w, row, out)

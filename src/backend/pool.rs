@@ -11,7 +11,7 @@ use super::scalar::with_quant_scratch;
 use super::simd::quants::QuantMatmul;
 use super::simd::{with_act_scratch, Kernels, OutPtr, Packed, SimdBackend, GROUP};
 use super::threadpool::{default_threads, split, ThreadPool};
-use super::{AttentionShape, Backend, KvLayer, ScalarBackend};
+use super::{AttentionShape, Backend, KvLayer, MatmulJob, ScalarBackend};
 use crate::tensor::{q8_0, GgmlType, Matrix};
 
 /// Products with fewer 16-row groups than this run on the caller alone (dispatch would cost
@@ -21,6 +21,8 @@ const MIN_GROUPS_TO_SPLIT: usize = 4;
 const CHUNKS_PER_THREAD: usize = 8;
 /// Element-wise operations smaller than this run on the caller alone.
 const MIN_ELEMENTS_TO_SPLIT: usize = 16 * 1024;
+/// Most products [`Backend::matmul_batch`] runs in one dispatch (more run one by one).
+const MAX_BATCH: usize = 64;
 
 pub struct PoolBackend {
     simd: SimdBackend<ScalarBackend>,
@@ -165,6 +167,104 @@ impl PoolBackend {
     }
 }
 
+impl PoolBackend {
+    /// [`Backend::matmul_batch`] for jobs that are all quantized products on Q8_K / Q8_1
+    /// activations (K-quants packed or stored, Q4_1, Q5_1, …): each job's input quantized
+    /// once (a job with the previous job's input shares it), then the 16-row groups of
+    /// every job's output cut into chunks for the threads in one dispatch. Returns false,
+    /// having done nothing, for any other jobs.
+    fn matmul_batch_quant(&self, jobs: &[MatmulJob<'_>], out: &mut [f32]) -> bool {
+        let mut quant = [None; MAX_BATCH];
+        if jobs.len() > MAX_BATCH {
+            return false;
+        }
+        for (j, q) in jobs.iter().zip(quant.iter_mut()) {
+            if Packed::of(&self.k, j.w).is_some() {
+                return false;
+            }
+            *q = QuantMatmul::new(&self.k, j.w);
+            if q.is_none() {
+                return false;
+            }
+        }
+        let quant: [Option<QuantMatmul>; MAX_BATCH] = quant;
+        let q = |i: usize| quant[i].expect("checked above");
+        // Where each job's quantized input starts; the first of a run of jobs on one input
+        // quantizes it.
+        let mut offs = [0usize; MAX_BATCH];
+        let mut owns = [true; MAX_BATCH];
+        let mut total = 0;
+        for (i, j) in jobs.iter().enumerate() {
+            let (qi, prev) = (q(i), i.checked_sub(1).map(|p| (&jobs[p], q(p))));
+            let shared = prev.is_some_and(|(pj, pq)| {
+                std::ptr::eq(pj.x.as_ptr(), j.x.as_ptr())
+                    && pj.n == j.n
+                    && pq.cols == qi.cols
+                    && pq.k.activation == qi.k.activation
+            });
+            if shared {
+                offs[i] = offs[i - 1];
+                owns[i] = false;
+            } else {
+                offs[i] = total;
+                total += j.n * qi.qrow;
+            }
+        }
+        // 16-row groups of all jobs, numbered in job order.
+        let mut first = [0usize; MAX_BATCH + 1];
+        for (i, j) in jobs.iter().enumerate() {
+            first[i + 1] = first[i] + j.w.rows.div_ceil(GROUP);
+        }
+        let units = first[jobs.len()];
+        let o = OutPtr(out.as_mut_ptr());
+        with_quant_scratch(total, |qx| {
+            for (i, j) in jobs.iter().enumerate() {
+                if owns[i] {
+                    let len = j.n * q(i).qrow;
+                    q(i).quantize(&j.x[..j.n * j.w.cols], &mut qx[offs[i]..offs[i] + len]);
+                }
+            }
+            let qx: &[u8] = qx;
+            let run = |u0: usize, u1: usize| {
+                // Captured whole (Send + Sync), not as its raw pointer field.
+                let o: OutPtr = o;
+                for (i, j) in jobs.iter().enumerate() {
+                    let (g0, g1) = (u0.max(first[i]), u1.min(first[i + 1]));
+                    if g0 >= g1 {
+                        continue;
+                    }
+                    let r0 = (g0 - first[i]) * GROUP;
+                    let r1 = ((g1 - first[i]) * GROUP).min(j.w.rows);
+                    // SAFETY: the caller checked that job i's output range lies inside `out`
+                    // and apart from every other job's; within it, chunks take disjoint
+                    // rows. `out` and the scratch outlive the job.
+                    unsafe {
+                        q(i).rows(
+                            j.w,
+                            &qx[offs[i]..],
+                            j.n,
+                            r0,
+                            r1,
+                            OutPtr(o.0.add(j.at)),
+                            j.w.rows,
+                        )
+                    };
+                }
+            };
+            if units < MIN_GROUPS_TO_SPLIT {
+                run(0, units);
+            } else {
+                let nc = self.chunks(units);
+                self.pool.run(nc, &|c| {
+                    let (u0, u1) = split(units, c, nc);
+                    run(u0, u1);
+                });
+            }
+        });
+        true
+    }
+}
+
 thread_local! {
     /// Partial softmaxes of a split attention call, grown to the largest call and reused.
     static SPLIT_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -208,6 +308,25 @@ impl Backend for PoolBackend {
                 });
             }
             _ => self.simd.matmul(w, x, n, out),
+        }
+    }
+
+    fn matmul_batch(&self, jobs: &[MatmulJob<'_>], out: &mut [f32]) {
+        // Ascending, disjoint, in-bounds output ranges and long enough inputs: what makes
+        // the threads' writes disjoint.
+        let mut end = 0;
+        for j in jobs {
+            assert!(
+                j.at >= end && j.x.len() >= j.n * j.w.cols,
+                "matmul_batch: a job overlaps the one before it or lacks input rows"
+            );
+            end = j.at + j.out_len();
+        }
+        assert!(end <= out.len(), "matmul_batch: the output is too short");
+        if !self.matmul_batch_quant(jobs, out) {
+            for j in jobs {
+                self.matmul(j.w, j.x, j.n, &mut out[j.at..j.at + j.out_len()]);
+            }
         }
     }
 
