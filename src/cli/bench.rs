@@ -443,14 +443,34 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         });
     let size: u64 = gguf.tensors().iter().map(|t| t.n_bytes).sum();
     // A decode step reads every weight once; the token embedding only for one row, unless
-    // it doubles as the LM head (tied), when it is read whole.
+    // it doubles as the LM head (tied), when it is read whole; of a stacked expert tensor,
+    // the experts its tokens are routed to.
     let tied = !gguf.tensors().iter().any(|t| t.name == "output.weight");
-    let step_bytes: u64 = gguf
+    let moe_cfg = ModelConfig::from_gguf(&gguf).ok().and_then(|c| c.moe);
+    let is_expert = |t: &crate::gguf::TensorInfo| t.name.ends_with("_exps.weight");
+    let dense_bytes: u64 = gguf
         .tensors()
         .iter()
-        .filter(|t| tied || t.name != "token_embd.weight")
+        .filter(|t| (tied || t.name != "token_embd.weight") && !is_expert(t))
         .map(|t| t.n_bytes)
         .sum();
+    let expert_bytes: u64 = gguf
+        .tensors()
+        .iter()
+        .filter(|t| is_expert(t))
+        .map(|t| t.n_bytes)
+        .sum();
+    // The share of every expert tensor a step of `streams` tokens reads, each token routed
+    // to k of E experts uniformly at random: the expected distinct experts E·(1 − (1 − k/E)^s)
+    // over E.
+    let expert_share = |streams: usize| -> f64 {
+        moe_cfg.map_or(1.0, |m| {
+            let used = m.n_used as f64 / m.n_experts.max(1) as f64;
+            1.0 - (1.0 - used).powi(streams as i32)
+        })
+    };
+    let step_bytes =
+        |streams: usize| dense_bytes as f64 + expert_bytes as f64 * expert_share(streams);
     let params: u64 = gguf.tensors().iter().map(|t| t.n_elements()).sum();
     let mut tests = Vec::new();
     for &d in &a.depth {
@@ -528,6 +548,29 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     }
     // Figures that belong beside the table (memory bandwidths), printed under it.
     let mut notes = Vec::new();
+    if let Some(m) = moe_cfg {
+        let share = expert_share(1);
+        let expert_params: u64 = gguf
+            .tensors()
+            .iter()
+            .filter(|t| is_expert(t))
+            .map(|t| t.n_elements())
+            .sum();
+        let embd_rows = gguf
+            .tensor_info("token_embd.weight")
+            .filter(|_| !tied)
+            .map_or(0, |t| t.n_elements() - t.n_elements() / t.dims[1].max(1));
+        let active = (params - expert_params - embd_rows) as f64 + expert_params as f64 * share;
+        notes.push(format!(
+            "mixture of experts, {} of {} per token: one decode step reads {} of weights, \
+             {} active parameters of {}",
+            m.n_used,
+            m.n_experts,
+            bytes_shown(step_bytes(1) as u64),
+            count_shown(active as u64),
+            count_shown(params)
+        ));
+    }
     let mut results = Vec::new();
     // One step per timed or warm-up run of every test (twice over for a generation test
     // with a response format).
@@ -683,7 +726,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                     // A batched step reads the weights once and every stream's cache.
                     let mean_ctx = depth as f64 + (n_gen as f64 + 1.0) / 2.0;
                     let s = streams as f64;
-                    bw * s / (step_bytes as f64 + kv_bytes_per_pos * mean_ctx * s)
+                    bw * s / (step_bytes(streams) + kv_bytes_per_pos * mean_ctx * s)
                 });
                 if let Some(g) = on_gpu {
                     let t = g.step_times();
