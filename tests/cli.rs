@@ -433,6 +433,59 @@ fn bench_times_batched_decode_of_several_streams() {
     );
 }
 
+/// On a mixture-of-experts file `bench` says how the experts were loaded and what one
+/// decode step reads: the routed experts' share, not every expert.
+#[test]
+fn bench_reports_a_moe_steps_active_parameters_and_expert_loading() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("moe.gguf");
+    let f = f.to_str().unwrap();
+    let o = inferno(&["synth", "--arch", "qwen3moe", "--preset", "tiny", "-o", f]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for (mode, says) in [
+        ("mmap", "experts memory-mapped (--experts mmap)"),
+        ("repack", "experts repacked (--experts repack)"),
+    ] {
+        let o = inferno(&[
+            "bench",
+            "-m",
+            f,
+            "-b",
+            "simd",
+            "-p",
+            "0",
+            "-n",
+            "2",
+            "-r",
+            "1",
+            "--experts",
+            mode,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let text = String::from_utf8_lossy(&o.stdout).to_string() + &stderr(&o);
+        assert!(text.contains(says), "{text}");
+        let note = text
+            .lines()
+            .find(|l| l.starts_with("mixture of experts, 2 of 8 per token"))
+            .unwrap_or_else(|| panic!("no experts note: {text}"));
+        // "... N active parameters of T": fewer active than total.
+        let nums: Vec<f64> = note
+            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let (active, total) = (nums[nums.len() - 2], nums[nums.len() - 1]);
+        assert!(active < total, "{note}");
+    }
+    // Refused by the argument parser, which names the value and the choices.
+    let o = inferno(&["bench", "-m", f, "-p", "0", "-n", "2", "--experts", "paged"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("unknown experts mode \"paged\" (supported: auto, repack, mmap)"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[test]
 fn bench_compares_constrained_decode_with_unconstrained() {
     let dir = tempfile::tempdir().unwrap();
