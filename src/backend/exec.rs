@@ -41,6 +41,11 @@ pub struct ScratchSpec {
     /// the host sizes its routing tables by them.
     pub experts: usize,
     pub experts_used: usize,
+    /// Rows of one expert's gate and up projections and of its down projection (0 for dense
+    /// models): the GPU keeps every routed row's products at once, `rows × experts_used` of
+    /// each.
+    pub expert_ffn: usize,
+    pub expert_out: usize,
 }
 
 /// Which logits a forward call produces.

@@ -3,7 +3,8 @@
 //! A mixture-of-experts layer's experts are stored stacked, one 3-D tensor per projection
 //! (`ffn_{gate,up,down}_exps`, the expert the slowest dimension); each expert's rows are one
 //! contiguous run of bytes, so every expert is a [`Matrix`] viewing its part of the mapped
-//! file, nothing copied.
+//! file, nothing copied. On the GPU the stack is uploaded whole, once per projection
+//! (`Device::prepare_experts`), so one dispatch reaches every expert.
 //!
 //! Llama files store the Q and K projection rows permuted (llama.cpp's converter reorders
 //! each head so that RoPE rotates adjacent pairs); they are put back in transformers' order
@@ -175,7 +176,7 @@ impl Loader<'_> {
         let data = self.gguf.tensor_data(name)?;
         let row_bytes = info.dtype.row_size(cols as u64).unwrap_or(0) as usize;
         let size = rows * row_bytes;
-        (0..n)
+        let mut experts = (0..n)
             .map(|e| {
                 let bytes = data
                     .slice(e * size, size)
@@ -197,7 +198,19 @@ impl Loader<'_> {
                     prepared: None,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        if self.device.is_gpu() {
+            let stacked = Matrix {
+                name: name.to_string(),
+                dtype: info.dtype,
+                rows: n * rows,
+                cols,
+                data,
+                prepared: None,
+            };
+            self.device.prepare_experts(&stacked, &mut experts)?;
+        }
+        Ok(experts)
     }
 
     /// A bias of Q or K heads, reordered as [`Loader::head_matrix`] reorders rows.
