@@ -485,6 +485,43 @@ fn bench_and_generate_run_on_gpu_from_the_command_line() {
     assert_eq!(tokens("gpu"), tokens("scalar"));
 }
 
+/// `inferno synth --arch qwen3moe --preset tiny` (as written, Q8_0) generates the same
+/// greedy tokens on gpu as on scalar, from the command line.
+#[test]
+fn a_synthesized_qwen3moe_model_generates_on_gpu_as_on_scalar() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("moe.gguf");
+    let m = path.to_str().unwrap();
+    let o = inferno(&["synth", "--arch", "qwen3moe", "--preset", "tiny", "-o", m]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let tokens = |backend: &str| {
+        let o = inferno(&[
+            "generate",
+            "--model",
+            m,
+            "--backend",
+            backend,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "12",
+            "--ignore-eos",
+            "--output",
+            "json",
+            "Hello",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["tokens"].clone()
+    };
+    let on_gpu = tokens("gpu");
+    assert_eq!(on_gpu.as_array().map(|t| t.len()), Some(12));
+    assert_eq!(on_gpu, tokens("scalar"));
+}
+
 #[test]
 fn a_type_without_gpu_kernels_is_a_clear_error() {
     if gpu().is_none() {
