@@ -4,7 +4,9 @@
 //! - a batched pass gives each sequence exactly the logits it gets alone (every row runs the
 //!   same kernels in the same order, whatever it is batched with);
 //! - a KV prefix copied on the device continues exactly like the original;
-//! - the service streams the same tokens on `gpu` as the in-process `generate`.
+//! - the service streams the same tokens on `gpu` as the in-process `generate`;
+//! - synthetic Qwen3-MoE models take the same comparisons (close to scalar, batched against
+//!   alone, split matrices), and every block type is checked in stacked experts too.
 //!
 //! These tests need a GPU adapter (in CI: Mesa's lavapipe, installed by `scripts/test`) and
 //! fail without one. Only where no GPU is expected, `INFERNO_TEST_GPU=0` skips them, and they
@@ -18,7 +20,7 @@ use inferno::backend::{create_backend, BackendOptions, Device, KvType};
 use inferno::engine::loader::{synthetic_assets, LoadOptions};
 use inferno::gguf::GgufFile;
 use inferno::model::synth::{self, SynthSpec};
-use inferno::model::{Logits, Model, SeqStep};
+use inferno::model::{Architecture, Logits, Model, SeqStep};
 use inferno::tensor::GgmlType;
 use service_support::*;
 use std::sync::Arc;
@@ -61,6 +63,31 @@ fn synth_models() -> Vec<(String, GgufFile)> {
     common::synth_models()
 }
 
+/// Small synthetic Qwen3-MoE models (`synth --arch qwen3moe --preset tiny`) in the types
+/// the expert products read as stored: Q8_0 and F16 renormalising two of eight experts' weights,
+/// F32 with three experts and plain top-k weights (so a row's slots need sorting by expert).
+fn moe_models() -> Vec<(String, GgufFile)> {
+    let mut out = Vec::new();
+    for (i, (dtype, used, normalize)) in [
+        (GgmlType::Q8_0, 2, true),
+        (GgmlType::F32, 3, false),
+        (GgmlType::F16, 2, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut spec = SynthSpec::preset_for(Architecture::Qwen3Moe, "tiny", dtype).unwrap();
+        let moe = spec.moe.as_mut().expect("experts");
+        moe.n_used = used;
+        moe.normalize = normalize;
+        spec.seed = 200 + i as u64;
+        let bytes = synth::build(&spec).expect("synth").to_bytes();
+        let name = format!("synth-qwen3moe-{i}-{dtype}");
+        out.push((name, GgufFile::from_bytes(bytes).expect("gguf")));
+    }
+    out
+}
+
 /// The HF-derived fixture models (`tests/fixtures/models`), f32, f16 and Q8_0.
 fn fixture_models() -> Vec<(String, GgufFile)> {
     let manifest = common::manifest();
@@ -89,6 +116,7 @@ fn the_plain_paths_stay_close_to_scalar_too() {
 
 fn close_to_scalar(gpu: Device) {
     let mut models = synth_models();
+    models.extend(moe_models());
     models.extend(fixture_models());
     for (name, g) in &models {
         let scalar = Model::load(g, cpu("scalar")).expect("loads");
@@ -209,7 +237,9 @@ fn gpu_logits_match_transformers_like_the_cpu() {
 #[test]
 fn a_batched_gpu_pass_gives_each_sequence_its_logits_alone_bit_for_bit() {
     let Some(gpu) = gpu() else { return };
-    for (name, g) in synth_models() {
+    // Mixtures of experts route each row on its own: batched rows share the expert
+    // products' dispatches but not their routes.
+    for (name, g) in synth_models().into_iter().chain(moe_models()) {
         let model = Model::load(&g, gpu.clone()).expect("loads");
         let vocab = model.config.vocab as u32;
         let prompts: Vec<Vec<u32>> = (0..3u32)
@@ -455,6 +485,43 @@ fn bench_and_generate_run_on_gpu_from_the_command_line() {
     assert_eq!(tokens("gpu"), tokens("scalar"));
 }
 
+/// `inferno synth --arch qwen3moe --preset tiny` (as written, Q8_0) generates the same
+/// greedy tokens on gpu as on scalar, from the command line.
+#[test]
+fn a_synthesized_qwen3moe_model_generates_on_gpu_as_on_scalar() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("moe.gguf");
+    let m = path.to_str().unwrap();
+    let o = inferno(&["synth", "--arch", "qwen3moe", "--preset", "tiny", "-o", m]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let tokens = |backend: &str| {
+        let o = inferno(&[
+            "generate",
+            "--model",
+            m,
+            "--backend",
+            backend,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "12",
+            "--ignore-eos",
+            "--output",
+            "json",
+            "Hello",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["tokens"].clone()
+    };
+    let on_gpu = tokens("gpu");
+    assert_eq!(on_gpu.as_array().map(|t| t.len()), Some(12));
+    assert_eq!(on_gpu, tokens("scalar"));
+}
+
 #[test]
 fn a_type_without_gpu_kernels_is_a_clear_error() {
     if gpu().is_none() {
@@ -473,11 +540,20 @@ fn a_type_without_gpu_kernels_is_a_clear_error() {
 }
 
 /// The demo model's shape (every row a multiple of 256 values) with each matrix made of
-/// random `dtype` blocks, and the same model with those blocks dequantized to F32.
-fn random_block_models(dtype: GgmlType, seed: u64) -> (GgufFile, GgufFile) {
+/// random `dtype` blocks, and the same model with those blocks dequantized to F32; with
+/// `experts`, the tiny Qwen3-MoE widened to rows of 256 values (its stacked experts too).
+fn random_block_models(dtype: GgmlType, seed: u64, experts: bool) -> (GgufFile, GgufFile) {
     use inferno::gguf::GgufWriter;
     use rand::{Rng, SeedableRng};
-    let mut spec = SynthSpec::preset("demo", GgmlType::F32).unwrap();
+    let mut spec = if experts {
+        let mut s = SynthSpec::preset_for(Architecture::Qwen3Moe, "tiny", GgmlType::F32).unwrap();
+        s.hidden = 256;
+        s.head_dim = 64;
+        s.moe.as_mut().unwrap().expert_ffn = 256;
+        s
+    } else {
+        SynthSpec::preset("demo", GgmlType::F32).unwrap()
+    };
     spec.n_layers = 2;
     let base = GgufFile::from_bytes(synth::build(&spec).unwrap().to_bytes()).unwrap();
     let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
@@ -497,7 +573,9 @@ fn random_block_models(dtype: GgmlType, seed: u64) -> (GgufFile, GgufFile) {
                 .unwrap();
             continue;
         }
-        let (cols, rows) = (t.dims[0] as usize, t.dims[1] as usize);
+        // A stacked expert tensor's rows are its experts' rows, one after another.
+        let cols = t.dims[0] as usize;
+        let rows = t.dims[1..].iter().product::<u64>() as usize;
         let row_bytes = dtype.row_size(cols as u64).unwrap() as usize;
         let mut bytes: Vec<u8> = (0..rows * row_bytes).map(|_| r.random()).collect();
         // Scales small enough that activations stay of order one through the layers.
@@ -514,7 +592,14 @@ fn random_block_models(dtype: GgmlType, seed: u64) -> (GgufFile, GgufFile) {
                     blk[..2].copy_from_slice(&scale(&mut r, 0.01));
                     blk[2..4].copy_from_slice(&scale(&mut r, 0.01));
                 }
-                GgmlType::Q6_K => blk[208..210].copy_from_slice(&scale(&mut r, 0.005)),
+                // The mixture's activations grow through its layers at the dense model's
+                // scale until summation order alone moves its logits by 3e-4 (the GPU's
+                // float path on the dequantized file included): half of it keeps them
+                // of order one.
+                GgmlType::Q6_K => {
+                    let m = if experts { 0.0025 } else { 0.005 };
+                    blk[208..210].copy_from_slice(&scale(&mut r, m))
+                }
                 other => panic!("no random blocks for {other}"),
             }
         }
@@ -541,7 +626,7 @@ fn random_block_models(dtype: GgmlType, seed: u64) -> (GgufFile, GgufFile) {
 #[test]
 fn every_block_type_computes_its_stored_values() {
     let Some(gpu) = gpu() else { return };
-    for (i, dtype) in [
+    for (i, (dtype, experts)) in [
         GgmlType::Q4_0,
         GgmlType::Q5_0,
         GgmlType::Q4_1,
@@ -552,8 +637,10 @@ fn every_block_type_computes_its_stored_values() {
     ]
     .into_iter()
     .enumerate()
+    // Each type in dense matrices and in a mixture's stacked experts.
+    .flat_map(|(i, d)| [(i, (d, false)), (i + 100, (d, true))])
     {
-        let (quant, deq) = random_block_models(dtype, 7 + i as u64);
+        let (quant, deq) = random_block_models(dtype, 7 + i as u64, experts);
         let on_gpu = Model::load(&quant, gpu.clone()).expect("loads on gpu");
         let (got, _) = common::greedy_run(&on_gpu, 4);
         let vocab = on_gpu.config.vocab;
@@ -575,8 +662,12 @@ fn every_block_type_computes_its_stored_values() {
         for (a, b) in got.chunks(vocab).zip(want.chunks(vocab)) {
             worst = worst.max(common::rel_err(a, b));
         }
-        eprintln!("{dtype}: worst relative logit error {worst:e}");
-        assert!(worst < tol, "{dtype}: gpu vs reference {worst} >= {tol}");
+        let what = if experts { "experts" } else { "dense" };
+        eprintln!("{dtype} {what}: worst relative logit error {worst:e}");
+        assert!(
+            worst < tol,
+            "{dtype} {what}: gpu vs reference {worst} >= {tol}"
+        );
     }
 }
 
@@ -615,7 +706,12 @@ fn split_matrices_and_grouped_logits_give_the_same_bits() {
     let capped = Device::gpu(Arc::new(
         GpuBackend::with_options(false, Some(16 * 1024)).expect("gpu"),
     ));
-    for (name, g) in synth_models().into_iter().chain(fixture_models()) {
+    // The F32 and F16 mixtures' expert stacks span several chunks of whole experts.
+    let models = synth_models()
+        .into_iter()
+        .chain(moe_models())
+        .chain(fixture_models());
+    for (name, g) in models {
         let whole = Model::load(&g, gpu().unwrap()).expect("loads");
         let split = Model::load(&g, capped.clone()).expect("loads capped");
         let (a, ta) = common::greedy_run(&whole, 6);

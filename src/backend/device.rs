@@ -146,6 +146,21 @@ impl Device {
         Ok(())
     }
 
+    /// Once per stacked expert tensor at load: `stacked` is every expert of one projection
+    /// as one matrix (expert `e`'s rows at `e * rows ..`), `experts` the views of it the
+    /// model keeps. The host kernels read the views as they are (mapped, not repacked); the
+    /// GPU uploads the stack once, so one dispatch reaches every expert.
+    pub fn prepare_experts(
+        &self,
+        stacked: &Matrix,
+        experts: &mut [Matrix],
+    ) -> Result<(), DeviceError> {
+        if let Target::Gpu(g) = &self.target {
+            g.upload_experts(stacked, experts)?;
+        }
+        Ok(())
+    }
+
     /// Once per vector (norm gains, biases) at load.
     pub fn prepare_vector(&self, v: &mut Vector) -> Result<(), DeviceError> {
         if let Target::Gpu(g) = &self.target {

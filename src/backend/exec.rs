@@ -41,6 +41,11 @@ pub struct ScratchSpec {
     /// the host sizes its routing tables by them.
     pub experts: usize,
     pub experts_used: usize,
+    /// Rows of one expert's gate and up projections and of its down projection (0 for dense
+    /// models): the GPU keeps every routed row's products at once, `rows × experts_used` of
+    /// each.
+    pub expert_ffn: usize,
+    pub expert_out: usize,
 }
 
 /// Which logits a forward call produces.
@@ -112,7 +117,8 @@ pub(crate) fn with_first_rows<'s, 'a>(
 /// of the chosen probabilities when `normalize`). The rows routed to one expert are gathered
 /// into `xs` and multiplied together, so an active expert's weights are read once per step
 /// and an unused expert's not at all; `g`, `u` hold their gate and up rows, `ys` their
-/// outputs.
+/// outputs. (The GPU executor routes on the device, leaving the probabilities in `router`,
+/// and keeps every routed row's products in buffers of its own, sized by [`ScratchSpec`].)
 #[derive(Clone, Copy)]
 pub struct MoeFfn<'a> {
     pub router: Buf,

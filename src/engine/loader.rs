@@ -167,11 +167,16 @@ pub fn load_model(gguf: &GgufFile, name: &str, opts: &LoadOptions) -> Result<Loa
         },
     )
     .map_err(|e| e.to_string())?;
-    let (experts, why) = if gguf
+    let moe = gguf
         .tensors()
         .iter()
-        .any(|t| t.name.ends_with("_exps.weight"))
-    {
+        .any(|t| t.name.ends_with("_exps.weight"));
+    let (experts, why) = if moe && backend.is_gpu() {
+        // The device holds its own copy of each stack; the host's stay mapped.
+        let why = "uploaded to the GPU, one stack per projection".to_string();
+        info!("experts {why}");
+        (ExpertWeights::Mapped, Some(why))
+    } else if moe {
         let (experts, why) = opts
             .experts
             .resolve(weight_bytes(gguf), SystemMemory::read());

@@ -115,12 +115,6 @@ impl Model {
             return Err(ModelError::BadConfig("the vocabulary is empty".into()));
         }
         device.check_head_dim(config.head_dim)?;
-        if config.moe.is_some() && device.is_gpu() {
-            return Err(ModelError::BadConfig(format!(
-                "the gpu backend does not run mixture-of-experts models ({}); use a CPU backend",
-                config.arch.name()
-            )));
-        }
         let weights = ModelWeights::load(gguf, &config, &device, experts)?;
         let mut inv_freq = config.rope_inv_freq();
         if let Some(factors) = &weights.rope_freqs {
@@ -223,6 +217,8 @@ impl Model {
             head_dim: c.head_dim,
             experts: c.moe.map_or(0, |m| m.n_experts),
             experts_used: c.moe.map_or(0, |m| m.n_used),
+            expert_ffn: c.moe.map_or(0, |m| m.expert_ffn),
+            expert_out: c.moe.map_or(0, |_| h),
         })
     }
 

@@ -4,7 +4,9 @@
 //! (`ffn_{gate,up,down}_exps`, the expert the slowest dimension); each expert's rows are one
 //! contiguous run of bytes, so every expert is a [`Matrix`] viewing its part of the mapped
 //! file, nothing copied ([`ExpertWeights::Mapped`]), or, when the loader says so, prepared
-//! like every other matrix ([`ExpertWeights::Prepared`]: repacked for the CPU kernels).
+//! like every other matrix ([`ExpertWeights::Prepared`]: repacked for the CPU kernels). On
+//! the GPU the stack is uploaded whole, once per projection (`Device::prepare_experts`), so
+//! one dispatch reaches every expert.
 //!
 //! Llama files store the Q and K projection rows permuted (llama.cpp's converter reorders
 //! each head so that RoPE rotates adjacent pairs); they are put back in transformers' order
@@ -192,7 +194,7 @@ impl Loader<'_> {
         let data = self.gguf.tensor_data(name)?;
         let row_bytes = info.dtype.row_size(cols as u64).unwrap_or(0) as usize;
         let size = rows * row_bytes;
-        (0..n)
+        let mut experts = (0..n)
             .map(|e| {
                 let bytes = data
                     .slice(e * size, size)
@@ -210,13 +212,26 @@ impl Loader<'_> {
                     prepared: None,
                 };
                 // The CPU kernels multiply every type in its stored layout with the same
-                // bits as the packed one, so the choice changes speed and memory only.
-                if self.experts == ExpertWeights::Prepared {
+                // bits as the packed one, so the choice changes speed and memory only. (The
+                // GPU takes the whole stack below.)
+                if self.experts == ExpertWeights::Prepared && !self.device.is_gpu() {
                     self.device.prepare_matrix(&mut m)?;
                 }
                 Ok(m)
             })
-            .collect()
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        if self.device.is_gpu() {
+            let stacked = Matrix {
+                name: name.to_string(),
+                dtype: info.dtype,
+                rows: n * rows,
+                cols,
+                data,
+                prepared: None,
+            };
+            self.device.prepare_experts(&stacked, &mut experts)?;
+        }
+        Ok(experts)
     }
 
     /// A bias of Q or K heads, reordered as [`Loader::head_matrix`] reorders rows.

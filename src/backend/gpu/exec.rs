@@ -5,7 +5,7 @@
 
 use super::{as_bytes, raw_kind, weight_kind, GpuBackend, GpuContext, GpuError, GpuKv, Kernels};
 use crate::backend::exec::{
-    wanted_rows, with_first_rows, Buf, Executor, Op, ScratchSpec, SeqStep, LOGITS,
+    wanted_rows, with_first_rows, Buf, Executor, MoeFfn, Op, ScratchSpec, SeqStep, LOGITS,
 };
 use crate::backend::rope_angle;
 use crate::tensor::{legacy, q8_0};
@@ -63,12 +63,19 @@ pub struct StepTimes {
 }
 
 /// Offsets (in elements) of the executor's own regions: in the float buffer the quantized
-/// activations' scales and the RoPE table, in the integer buffer the quantized activations.
+/// activations' scales and the RoPE table, in the integer buffer the quantized activations;
+/// for a mixture of experts, each routed (row, expert) slot's weight, gate, up and output
+/// rows (floats) and its expert (integers).
 #[derive(Clone, Copy, Default)]
 struct Internal {
     xs: u32,
     tab: u32,
     xq: u32,
+    route_w: u32,
+    slot_g: u32,
+    slot_u: u32,
+    slot_y: u32,
+    route_e: u32,
 }
 
 /// Device activation buffers for forward passes of up to `rows` token rows, of which up to
@@ -82,6 +89,10 @@ pub struct GpuScratch {
     offsets: Vec<u32>,
     vocab: usize,
     head_dim: usize,
+    /// The mixture-of-experts slots' shape (see [`ScratchSpec`]).
+    experts_used: usize,
+    expert_ffn: usize,
+    expert_out: usize,
     logits: u32,
     ids: u32,
     list: u32,
@@ -110,14 +121,19 @@ impl GpuScratch {
     }
 
     /// Float activations per token row (excluding logits): the model's buffers, the
-    /// quantized activations' scales and the RoPE table.
+    /// quantized activations' scales, the RoPE table and the experts' slots.
     fn floats_per_row(spec: &ScratchSpec) -> usize {
-        spec.widths.iter().sum::<usize>() + Self::max_k(spec) / 32 + spec.head_dim
+        spec.widths.iter().sum::<usize>()
+            + Self::max_k(spec) / 32
+            + spec.head_dim
+            + spec.experts_used * (1 + 2 * spec.expert_ffn + spec.expert_out)
     }
 
-    /// The widest input a matrix product quantizes.
+    /// The most values per token row a matrix product quantizes: the widest input, or a
+    /// row's routed slots of an expert's down projection.
     fn max_k(spec: &ScratchSpec) -> usize {
-        spec.widths.iter().copied().max().unwrap_or(0)
+        let widest = spec.widths.iter().copied().max().unwrap_or(0);
+        widest.max(spec.experts_used * spec.expert_ffn)
     }
 
     /// Most token rows one scratch of this shape can hold on this device.
@@ -147,6 +163,11 @@ impl GpuScratch {
         let offsets: Vec<u32> = spec.widths.iter().map(|w| take(rows * w)).collect();
         let xs = take(rows * max_k / 32);
         let tab = take(rows * spec.head_dim);
+        let slots = rows * spec.experts_used;
+        let route_w = take(slots);
+        let slot_g = take(slots * spec.expert_ffn);
+        let slot_u = take(slots * spec.expert_ffn);
+        let slot_y = take(slots * spec.expert_out);
         let logits = take(logit_rows * vocab);
         let floats = at;
         let mut at = 0u32;
@@ -158,6 +179,7 @@ impl GpuScratch {
         let xq = take(rows * max_k / 4);
         let ids = take(rows);
         let list = take(rows);
+        let route_e = take(slots);
         let words = at;
         let act = ctx.storage_buffer("activations", floats as u64 * 4);
         let actq = ctx.storage_buffer("integer activations", words as u64 * 4);
@@ -207,10 +229,22 @@ impl GpuScratch {
             offsets,
             vocab,
             head_dim: spec.head_dim,
+            experts_used: spec.experts_used,
+            expert_ffn: spec.expert_ffn,
+            expert_out: spec.expert_out,
             logits,
             ids,
             list,
-            own: Internal { xs, tab, xq },
+            own: Internal {
+                xs,
+                tab,
+                xq,
+                route_w,
+                slot_g,
+                slot_u,
+                slot_y,
+                route_e,
+            },
             act,
             actq,
             group,
@@ -301,6 +335,12 @@ impl GpuMatrix {
     /// Uploads `m` in its stored type: Q8_0 as its quantized bytes plus f32 block scales,
     /// F16 and F32 as they are.
     pub(super) fn upload(ctx: &GpuContext, m: &Matrix) -> Result<Self, GpuError> {
+        Self::upload_aligned(ctx, m, 1)
+    }
+
+    /// As [`GpuMatrix::upload`], with every chunk a whole number of `align` rows (a stack of
+    /// experts splits only between experts).
+    fn upload_aligned(ctx: &GpuContext, m: &Matrix, align: usize) -> Result<Self, GpuError> {
         let kind = weight_kind(m.dtype).ok_or_else(|| {
             GpuError::Device(format!("{}: type {} has no GPU kernel", m.name, m.dtype))
         })?;
@@ -319,7 +359,16 @@ impl GpuMatrix {
             GgmlType::F16 => m.cols * 2,
             _ => m.cols * 4,
         } as u64;
-        let per_chunk = ((ctx.max_binding / dev_row_bytes) as usize).clamp(1, m.rows.max(1));
+        let fit = (ctx.max_binding / dev_row_bytes) as usize / align * align;
+        if fit == 0 && align > 1 {
+            return Err(GpuError::Device(format!(
+                "{}: one expert ({} bytes) is larger than a GPU binding ({} bytes)",
+                m.name,
+                align as u64 * dev_row_bytes,
+                ctx.max_binding
+            )));
+        }
+        let per_chunk = fit.clamp(1, m.rows.max(1));
         let mut chunks = Vec::new();
         let mut words = Vec::new();
         let mut scales = Vec::new();
@@ -384,6 +433,50 @@ impl GpuMatrix {
             chunks,
         })
     }
+}
+
+/// The experts of one projection of a mixture-of-experts layer, stacked into one device
+/// matrix (expert `e`'s rows at `e * rows`) whose row chunks hold whole experts; every
+/// expert's [`Matrix`] points at it.
+pub(super) struct GpuExperts {
+    m: GpuMatrix,
+    experts: usize,
+    rows: usize,
+}
+
+impl GpuExperts {
+    pub(super) fn upload(
+        ctx: &GpuContext,
+        stacked: &Matrix,
+        experts: usize,
+    ) -> Result<Self, GpuError> {
+        let rows = stacked.rows / experts.max(1);
+        Ok(Self {
+            m: GpuMatrix::upload_aligned(ctx, stacked, rows.max(1))?,
+            experts,
+            rows,
+        })
+    }
+}
+
+/// The device stack behind one projection's experts, checked to be theirs.
+fn device_experts(ms: &[Matrix]) -> Result<&GpuExperts, GpuError> {
+    let first = ms
+        .first()
+        .ok_or_else(|| GpuError::Device("a mixture of no experts".into()))?;
+    let missing = || GpuError::Device(format!("{} was not uploaded to the GPU", first.name));
+    let stack = first.prepared.as_ref().ok_or_else(missing)?;
+    let e = stack.downcast_ref::<GpuExperts>().ok_or_else(missing)?;
+    let shared = ms
+        .iter()
+        .all(|m| m.prepared.as_ref().is_some_and(|p| Arc::ptr_eq(p, stack)));
+    if !shared || e.experts != ms.len() || e.rows != first.rows || e.m.cols != first.cols {
+        return Err(GpuError::Device(format!(
+            "{}: the experts are not one uploaded stack",
+            first.name
+        )));
+    }
+    Ok(e)
 }
 
 /// Records dispatches into one compute pass. Bind group 0 (the activations) stays set;
@@ -514,6 +607,134 @@ impl<'a> Recorder<'a> {
             (false, Some(q)) if out != q.0 => Some(q),
             _ => None,
         };
+    }
+}
+
+impl Recorder<'_> {
+    /// Output slot `s` = expert `ids[s]` of the stack `w` times input row `s / per_x`, for
+    /// `x_rows * per_x` slots: one dispatch per chunk of whole experts. Q8_0 experts take
+    /// the input quantized first, as [`Recorder::matmul`] does (and keep it for the next
+    /// product of the same input).
+    fn matmul_ids(&mut self, w: &GpuExperts, x: u32, x_rows: usize, per_x: usize, out: u32) {
+        let (k, none) = (self.k, self.none);
+        let m = &w.m;
+        let kept = self.quantized;
+        let x_in = if m.kind == 0 {
+            if kept != Some((x, x_rows, m.cols)) {
+                let blocks = x_rows * m.cols / 32;
+                self.dispatch_count(
+                    &k.quantize_q8,
+                    none,
+                    [x, self.own.xq, self.own.xs, blocks as u32],
+                    blocks,
+                );
+            }
+            self.own.xq
+        } else {
+            x
+        };
+        let slots = x_rows * per_x;
+        for c in &m.chunks {
+            let (gx, gy) = Self::grid(w.rows * slots);
+            self.dispatch(
+                match m.kind {
+                    0 => &k.mm_id_q8,
+                    3 => &k.mm_id_raw,
+                    _ => &k.mm_id_float,
+                },
+                &c.group,
+                &[
+                    w.rows as u32,
+                    m.cols as u32,
+                    slots as u32,
+                    x_in,
+                    self.own.xs,
+                    out,
+                    self.own.route_e,
+                    (c.row0 / w.rows) as u32,
+                    m.code,
+                    m.row_bytes,
+                    (c.rows / w.rows) as u32,
+                    per_x as u32,
+                ],
+                (gx, gy, 1),
+            );
+        }
+        self.quantized = match (m.kind == 0, kept) {
+            (true, _) if out != x => Some((x, x_rows, m.cols)),
+            (false, Some(q)) if out != q.0 => Some(q),
+            _ => None,
+        };
+    }
+
+    /// [`Op::MoeFfn`]: routing on the device (into the slots' experts and weights), each
+    /// slot's gate and up rows, SwiGLU, its down row, then every row's slots summed in
+    /// expert order. Only routed experts' weights are read.
+    fn moe_ffn(&mut self, sc: &GpuScratch, op: MoeFfn<'_>) -> Result<(), GpuError> {
+        let (gate, up, down) = (
+            device_experts(op.gate)?,
+            device_experts(op.up)?,
+            device_experts(op.down)?,
+        );
+        let (n_experts, used, rows) = (op.gate.len(), op.used, op.rows);
+        let (h, f, out_w) = (gate.m.cols, gate.rows, down.rows);
+        let fits = used >= 1
+            && used <= n_experts
+            && used <= sc.experts_used
+            && f <= sc.expert_ffn
+            && out_w <= sc.expert_out
+            && (up.rows, up.m.cols, down.m.cols) == (f, h, f)
+            && up.experts == n_experts
+            && down.experts == n_experts
+            && sc.width(op.router) == n_experts
+            && sc.width(op.x) == h
+            && sc.width(op.out) == out_w;
+        if !fits {
+            return Err(GpuError::Device(format!(
+                "{}: a mixture of {n_experts} experts ({used} used, {f} × {h}, out {out_w})                  does not fit the scratch's {} used, {} × {}",
+                op.gate[0].name, sc.experts_used, sc.expert_ffn, sc.expert_out
+            )));
+        }
+        // Routing writes only the router's buffer and the slots, so an input quantized
+        // for the router's product stays valid for the experts'.
+        let kept = self.quantized.filter(|q| q.0 != sc.at(op.router));
+        let none = self.none;
+        let k = self.k;
+        self.dispatch_count(
+            &k.moe_route,
+            none,
+            [
+                sc.at(op.router),
+                n_experts as u32,
+                rows as u32,
+                used as u32,
+                op.normalize as u32,
+                self.own.route_e,
+                self.own.route_w,
+            ],
+            rows,
+        );
+        self.quantized = kept;
+        let (g, u, y) = (self.own.slot_g, self.own.slot_u, self.own.slot_y);
+        let slots = rows * used;
+        self.matmul_ids(gate, sc.at(op.x), rows, used, g);
+        self.matmul_ids(up, sc.at(op.x), rows, used, u);
+        self.dispatch_count(&k.silu_mul, none, [g, u, (slots * f) as u32], slots * f);
+        self.matmul_ids(down, g, slots, 1, y);
+        self.dispatch_count(
+            &k.moe_sum,
+            none,
+            [
+                y,
+                sc.at(op.out),
+                out_w as u32,
+                used as u32,
+                self.own.route_w,
+                rows as u32,
+            ],
+            rows * out_w,
+        );
+        Ok(())
     }
 }
 
@@ -811,12 +1032,7 @@ impl<'s, 'a> GpuExec<'s, 'a> {
                     count,
                 );
             }
-            Op::MoeFfn(_) => {
-                // Models are refused at load (`Model::load`); this keeps a stray op an error.
-                return Err(GpuError::Device(
-                    "the gpu backend does not run mixture-of-experts layers".into(),
-                ));
-            }
+            Op::MoeFfn(m) => rec.moe_ffn(sc, m)?,
             Op::Add { x, y, rows } => {
                 let count = rows * sc.width(x);
                 let none = rec.none;

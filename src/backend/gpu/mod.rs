@@ -11,6 +11,9 @@
 //! values in device memory as stored; Q4_1, Q5_1, Q4_K, Q5_K and Q6_K keep their raw blocks and
 //! are dequantized in the product. Q2_K, Q3_K and BF16 are refused at load.
 //!
+//! A mixture-of-experts layer keeps each projection's experts stacked in one device matrix;
+//! the step routes every row on the device and multiplies only the routed experts' rows.
+//!
 //! Adapter features are used where present: subgroup reductions in the matrix products and
 //! the packed 4 × i8 dot product for Q8_0; `INFERNO_GPU_PLAIN=1` selects the plain paths (a
 //! workgroup-memory reduction and unpacked bytes), which every adapter runs.
@@ -25,7 +28,7 @@ pub use kv::GpuKv;
 use super::exec::ScratchSpec;
 use super::KvShape;
 use crate::tensor::{GgmlType, Matrix, Vector};
-use exec::{GpuMatrix, GpuVector, MAX_HEAD_DIM};
+use exec::{GpuExperts, GpuMatrix, GpuVector, MAX_HEAD_DIM};
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -84,6 +87,13 @@ struct Kernels {
     mm_q8: wgpu::ComputePipeline,
     mm_float: wgpu::ComputePipeline,
     mm_raw: wgpu::ComputePipeline,
+    /// Mixture of experts: routing, the products of routed experts (per weight kind, as the
+    /// dense products), the weighted sum.
+    moe_route: wgpu::ComputePipeline,
+    mm_id_q8: wgpu::ComputePipeline,
+    mm_id_float: wgpu::ComputePipeline,
+    mm_id_raw: wgpu::ComputePipeline,
+    moe_sum: wgpu::ComputePipeline,
     kv_store: wgpu::ComputePipeline,
     attention: wgpu::ComputePipeline,
     /// Weight rows each Q8_0 product workgroup covers.
@@ -392,6 +402,11 @@ impl Kernels {
             ),
             mm_float: pipeline(&wl, &weights, "mm_float"),
             mm_raw: pipeline(&wl, &weights, "mm_raw"),
+            moe_route: pipeline(&al, &elementwise, "moe_route"),
+            mm_id_q8: pipeline(&wl, &weights, "mm_id_q8"),
+            mm_id_float: pipeline(&wl, &weights, "mm_id_float"),
+            mm_id_raw: pipeline(&wl, &weights, "mm_id_raw"),
+            moe_sum: pipeline(&al, &elementwise, "moe_sum"),
             kv_store: pipeline(&kl, &attention, "kv_store"),
             attention: pipeline(&kl, &attention, "attention"),
             q8_rows: rows_per_group,
@@ -490,6 +505,20 @@ impl GpuBackend {
             return Err(GpuError::Device(e));
         }
         m.prepared = Some(Arc::new(on_device));
+        Ok(())
+    }
+
+    /// Uploads the stacked experts of one projection (once, at load) and makes the stack
+    /// every expert's `prepared`.
+    pub fn upload_experts(&self, stacked: &Matrix, experts: &mut [Matrix]) -> Result<(), GpuError> {
+        let on_device: Arc<dyn std::any::Any + Send + Sync> =
+            Arc::new(GpuExperts::upload(&self.ctx, stacked, experts.len())?);
+        if let Some(e) = self.ctx.take_error() {
+            return Err(GpuError::Device(e));
+        }
+        for m in experts {
+            m.prepared = Some(Arc::clone(&on_device));
+        }
         Ok(())
     }
 

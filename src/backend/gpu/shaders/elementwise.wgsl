@@ -119,3 +119,88 @@ fn quantize_q8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         actq[p.b + blk * 8u + w] = word;
     }
 }
+
+// Mixture-of-experts routing, one invocation per row: the softmax of the row's router
+// logits (written back over them: nothing reads the logits after), the `k` most probable
+// experts (among equal probabilities the lower index; chosen ones are skipped by index, so
+// even NaN picks `k` different experts), their probabilities (divided by their sum, taken
+// in the order chosen, when normalizing), and last the row's slots ordered by expert, so
+// the mixture is summed in expert order as on the host.
+// a: router offset, b: experts, c: rows, d: k, e: normalize, f: slot experts (actq),
+// g: slot weights.
+@compute @workgroup_size(64)
+fn moe_route(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = group_index(wid) * WG + lid;
+    if (t >= p.c) {
+        return;
+    }
+    let lo = p.a + t * p.b;
+    let ids = p.f + t * p.d;
+    let ws = p.g + t * p.d;
+    var mx = bitcast<f32>(0xff800000u);
+    for (var e = 0u; e < p.b; e++) {
+        mx = max(mx, act[lo + e]);
+    }
+    var sum = 0.0;
+    for (var e = 0u; e < p.b; e++) {
+        let v = exp(act[lo + e] - mx);
+        act[lo + e] = v;
+        sum += v;
+    }
+    for (var e = 0u; e < p.b; e++) {
+        act[lo + e] = act[lo + e] / sum;
+    }
+    var total = 0.0;
+    for (var j = 0u; j < p.d; j++) {
+        var best = 0u;
+        var have = false;
+        for (var e = 0u; e < p.b; e++) {
+            var taken = false;
+            for (var i = 0u; i < j; i++) {
+                taken = taken || actq[ids + i] == e;
+            }
+            if (!taken && (!have || act[lo + e] > act[lo + best])) {
+                best = e;
+                have = true;
+            }
+        }
+        actq[ids + j] = best;
+        act[ws + j] = act[lo + best];
+        total += act[lo + best];
+    }
+    if (p.e != 0u) {
+        for (var j = 0u; j < p.d; j++) {
+            act[ws + j] = act[ws + j] / total;
+        }
+    }
+    for (var j = 1u; j < p.d; j++) {
+        let e = actq[ids + j];
+        let w = act[ws + j];
+        var i = j;
+        while (i > 0u && actq[ids + i - 1u] > e) {
+            actq[ids + i] = actq[ids + i - 1u];
+            act[ws + i] = act[ws + i - 1u];
+            i--;
+        }
+        actq[ids + i] = e;
+        act[ws + i] = w;
+    }
+}
+
+// The mixture: out[t] = sum over row t's slots, in order, of weight * expert output.
+// a: slot outputs, b: out offset, c: width, d: slots per row, e: slot weights, f: rows.
+@compute @workgroup_size(64)
+fn moe_sum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let idx = group_index(wid) * WG + lid;
+    if (idx >= p.f * p.c) {
+        return;
+    }
+    let t = idx / p.c;
+    let c = idx % p.c;
+    var s = 0.0;
+    for (var j = 0u; j < p.d; j++) {
+        let slot = t * p.d + j;
+        s += act[p.a + slot * p.c + c] * act[p.e + slot];
+    }
+    act[p.b + idx] = s;
+}

@@ -276,3 +276,100 @@ fn mm_raw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     }
     finish(&acc, lid, SG_VALUES, row, t0, nt);
 }
+
+// ---------------------------------------------------------------------------------------
+// Products with routed experts: the matrix is one projection's experts stacked (a chunk
+// holds experts e0 .. e0 + k, whole), and output slot s (one row's routed expert) is expert
+// ids[s]'s rows times input row s / l. One output value per workgroup; a workgroup whose
+// slot's expert lies in another chunk (or is not routed at all) leaves before reading a
+// weight. The column loops and the reduction are those of the dense products.
+// a: rows per expert, b: cols, c: slots, d: x offset (act; for Q8_0 the quantized words in
+// actq), e: x scale offset (Q8_0), f: out offset (a values per slot), g: slot experts
+// (actq), h: e0, i: element type or raw kind, j: row bytes, k: experts in the chunk,
+// l: slots per input row.
+// ---------------------------------------------------------------------------------------
+
+var<workgroup> slot_expert: u32;
+
+// The expert of `slot`, the same in every invocation (read once, through workgroup memory,
+// so the early exit and the reductions after it stay in uniform control flow).
+fn expert_of(slot: u32, lid: u32) -> u32 {
+    if (lid == 0u) {
+        slot_expert = actq[p.g + slot];
+    }
+    return workgroupUniformLoad(&slot_expert);
+}
+
+fn finish_slot(acc: ptr<function, array<f32, 8>>, lid: u32, sg_lane: u32, sg_id: u32, sg_n: u32, o: u32) {
+    let nt = 1u;
+    REDUCE_BODY
+    if (lid == 0u) {
+        act[o] = partial[0];
+    }
+}
+
+@compute @workgroup_size(64)
+fn mm_id_q8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32 SG_ARGS) {
+    let idx = group_index(wid);
+    if (idx >= p.a * p.c) {
+        return;
+    }
+    let slot = idx / p.a;
+    let e = expert_of(slot, lid);
+    if (e < p.h || e >= p.h + p.k) {
+        return;
+    }
+    let row = (e - p.h) * p.a + idx % p.a;
+    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    for (var u = lid; u < p.b / 8u; u += WG) {
+        q8_unit(row, u, slot / p.l, 1u, &acc);
+    }
+    finish_slot(&acc, lid, SG_VALUES, p.f + idx);
+}
+
+@compute @workgroup_size(64)
+fn mm_id_float(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32 SG_ARGS) {
+    let idx = group_index(wid);
+    if (idx >= p.a * p.c) {
+        return;
+    }
+    let slot = idx / p.a;
+    let e = expert_of(slot, lid);
+    if (e < p.h || e >= p.h + p.k) {
+        return;
+    }
+    let row = (e - p.h) * p.a + idx % p.a;
+    let xb = p.d + (slot / p.l) * p.b;
+    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    for (var c = lid; c < p.b; c += WG) {
+        acc[0] += w_elem(p.i, row * p.b + c) * act[xb + c];
+    }
+    finish_slot(&acc, lid, SG_VALUES, p.f + idx);
+}
+
+@compute @workgroup_size(64)
+fn mm_id_raw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32 SG_ARGS) {
+    let idx = group_index(wid);
+    if (idx >= p.a * p.c) {
+        return;
+    }
+    let slot = idx / p.a;
+    let e = expert_of(slot, lid);
+    if (e < p.h || e >= p.h + p.k) {
+        return;
+    }
+    let row = (e - p.h) * p.a + idx % p.a;
+    let x0 = p.d + (slot / p.l) * p.b;
+    var acc = array<f32, 8>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    var w: array<f32, 32>;
+    for (var g = lid; g < p.b / 32u; g += WG) {
+        group32(p.i, row * p.j, g, &w);
+        let xb = x0 + 32u * g;
+        var s = 0.0;
+        for (var j = 0u; j < 32u; j++) {
+            s += w[j] * act[xb + j];
+        }
+        acc[0] += s;
+    }
+    finish_slot(&acc, lid, SG_VALUES, p.f + idx);
+}
