@@ -46,6 +46,26 @@ fn tolerance(dtype: &str) -> f32 {
     }
 }
 
+/// The batched and token-by-token scores of one file within its type's tolerance of
+/// transformers, with all argmaxes for F32 and >= 90% for the others.
+fn within_tolerance(what: &str, dtype: &str, batched: &Score, stepwise: &Score) {
+    let tol = tolerance(dtype);
+    for (label, s) in [("batched", batched), ("stepwise", stepwise)] {
+        assert!(s.max_rel <= tol, "{what} {label}: {} > {tol}", s.max_rel);
+        let need = if dtype == "f32" {
+            s.total
+        } else {
+            (s.total * 9).div_ceil(10)
+        };
+        assert!(
+            s.agree >= need,
+            "{what} {label}: argmax {}/{}",
+            s.agree,
+            s.total
+        );
+    }
+}
+
 #[test]
 fn qwen3moe_files_load_with_their_experts_viewed_in_place() {
     let m = FIXTURE.manifest();
@@ -138,25 +158,7 @@ fn qwen3moe_logits_match_transformers_on_every_cpu_backend() {
                     "(the same)".into()
                 },
             );
-            let tol = tolerance(&dtype);
-            for (label, s) in [("batched", &batched), ("stepwise", &stepwise)] {
-                assert!(
-                    s.max_rel <= tol,
-                    "{backend} {file} {label}: {} > {tol}",
-                    s.max_rel
-                );
-                let need = if dtype == "f32" {
-                    s.total
-                } else {
-                    (s.total * 9).div_ceil(10)
-                };
-                assert!(
-                    s.agree >= need,
-                    "{backend} {file} {label}: argmax {}/{}",
-                    s.agree,
-                    s.total
-                );
-            }
+            within_tolerance(&format!("{backend} {file}"), &dtype, &batched, &stepwise);
             if dtype != "f32" {
                 assert!(deq.total > 0, "{file}: no dequantized reference");
                 // F16 weights are widened to f32, so F16 is exact against these weights;
@@ -413,25 +415,7 @@ fn qwen3moe_logits_match_transformers_on_the_gpu() {
             "gpu {file}: vs HF rel {:.2e} (stepwise {:.2e}), argmax {}/{}\n",
             batched.max_rel, stepwise.max_rel, batched.agree, batched.total
         );
-        let tol = tolerance(&dtype);
-        for (label, s) in [("batched", &batched), ("stepwise", &stepwise)] {
-            assert!(
-                s.max_rel <= tol,
-                "gpu {file} {label}: {} > {tol}",
-                s.max_rel
-            );
-            let need = if dtype == "f32" {
-                s.total
-            } else {
-                (s.total * 9).div_ceil(10)
-            };
-            assert!(
-                s.agree >= need,
-                "gpu {file} {label}: argmax {}/{}",
-                s.agree,
-                s.total
-            );
-        }
+        within_tolerance(&format!("gpu {file}"), &dtype, &batched, &stepwise);
     }
     println!("{report}");
 }
