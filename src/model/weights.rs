@@ -19,6 +19,7 @@ use super::{Architecture, ModelConfig, ModelError};
 use crate::backend::Device;
 use crate::gguf::{GgufFile, TensorBytes};
 use crate::tensor::{self, GgmlType, Matrix, Vector};
+use rayon::prelude::*;
 
 /// One transformer block's weights.
 pub struct LayerWeights {
@@ -203,7 +204,7 @@ impl Loader<'_> {
                         expected: want.to_vec(),
                         found: info.dims.clone(),
                     })?;
-                let mut m = Matrix {
+                let m = Matrix {
                     name: format!("{name}[{e}]"),
                     dtype: info.dtype,
                     rows,
@@ -211,15 +212,18 @@ impl Loader<'_> {
                     data: bytes,
                     prepared: None,
                 };
-                // The CPU kernels multiply every type in its stored layout with the same
-                // bits as the packed one, so the choice changes speed and memory only. (The
-                // GPU takes the whole stack below.)
-                if self.experts == ExpertWeights::Prepared && !self.device.is_gpu() {
-                    self.device.prepare_matrix(&mut m)?;
-                }
                 Ok(m)
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
+        // The CPU kernels multiply every type in its stored layout with the same bits as the
+        // packed one, so the choice changes speed and memory only. The experts are repacked
+        // side by side: most of the work is the kernel faulting in and releasing pages,
+        // which the threads then share. (The GPU takes the whole stack below.)
+        if self.experts == ExpertWeights::Prepared && !self.device.is_gpu() {
+            experts
+                .par_iter_mut()
+                .try_for_each(|m| self.device.prepare_matrix(m))?;
+        }
         if self.device.is_gpu() {
             let stacked = Matrix {
                 name: name.to_string(),
