@@ -691,7 +691,8 @@ impl Recorder<'_> {
             && sc.width(op.out) == out_w;
         if !fits {
             return Err(GpuError::Device(format!(
-                "{}: a mixture of {n_experts} experts ({used} used, {f} × {h}, out {out_w})                  does not fit the scratch's {} used, {} × {}",
+                "{}: a mixture of {n_experts} experts ({used} used, {f} × {h}, out {out_w}) \
+                 does not fit the scratch's {} used, {} × {}",
                 op.gate[0].name, sc.experts_used, sc.expert_ffn, sc.expert_out
             )));
         }
