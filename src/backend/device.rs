@@ -148,8 +148,9 @@ impl Device {
 
     /// Once per stacked expert tensor at load: `stacked` is every expert of one projection
     /// as one matrix (expert `e`'s rows at `e * rows ..`), `experts` the views of it the
-    /// model keeps. The host kernels read the views as they are (mapped, not repacked); the
-    /// GPU uploads the stack once, so one dispatch reaches every expert.
+    /// model keeps. The host has nothing to do here (the loader repacks the views one by one
+    /// or leaves them mapped, see `ExpertWeights`); the GPU uploads the stack once, so one
+    /// dispatch reaches every expert.
     pub fn prepare_experts(
         &self,
         stacked: &Matrix,
