@@ -476,6 +476,16 @@ fn bench_reports_a_moe_steps_active_parameters_and_expert_loading() {
         let (active, total) = (nums[nums.len() - 2], nums[nums.len() - 1]);
         assert!(active < total, "{note}");
     }
+    // The scalar backend repacks nothing, and says so.
+    let o = inferno(&[
+        "bench", "-m", f, "-b", "scalar", "-p", "0", "-n", "2", "-r", "1",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout).to_string() + &stderr(&o);
+    assert!(
+        text.contains("experts memory-mapped (the scalar backend multiplies them as stored)"),
+        "{text}"
+    );
     // Refused by the argument parser, which names the value and the choices.
     let o = inferno(&["bench", "-m", f, "-p", "0", "-n", "2", "--experts", "paged"]);
     assert!(!o.status.success());

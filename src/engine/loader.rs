@@ -176,6 +176,11 @@ pub fn load_model(gguf: &GgufFile, name: &str, opts: &LoadOptions) -> Result<Loa
         let why = "uploaded to the GPU, one stack per projection".to_string();
         info!("experts {why}");
         (ExpertWeights::Mapped, Some(why))
+    } else if moe && opts.backend.trim() == "scalar" {
+        // The reference backend repacks nothing: every weight stays as stored.
+        let why = "memory-mapped (the scalar backend multiplies them as stored)".to_string();
+        info!("experts {why}");
+        (ExpertWeights::Mapped, Some(why))
     } else if moe {
         let (experts, why) = opts
             .experts
