@@ -559,22 +559,9 @@ impl<'a> Recorder<'a> {
     /// `out[t] = W · x[t]` for `n` rows, chunk by chunk; Q8_0 weights take the activations
     /// quantized to Q8_0 first (as the CPU kernels do).
     fn matmul(&mut self, w: &GpuMatrix, x: u32, n: usize, out: u32) {
-        let (k, none) = (self.k, self.none);
+        let k = self.k;
         let kept = self.quantized;
-        let x_in = if w.kind == 0 {
-            if kept != Some((x, n, w.cols)) {
-                let blocks = n * w.cols / 32;
-                self.dispatch_count(
-                    &k.quantize_q8,
-                    none,
-                    [x, self.own.xq, self.own.xs, blocks as u32],
-                    blocks,
-                );
-            }
-            self.own.xq
-        } else {
-            x
-        };
+        let x_in = self.input_for(w, x, n);
         let rows_per_group = if w.kind == 0 { k.q8_rows as usize } else { 1 };
         for c in &w.chunks {
             let (gx, gy) = Self::grid(c.rows.div_ceil(rows_per_group));
@@ -600,8 +587,39 @@ impl<'a> Recorder<'a> {
                 (gx, gy, (n as u32).div_ceil(TN)),
             );
         }
-        // The quantized input stays valid for the next product unless this one overwrote
-        // its source.
+        self.keep_input(w, x, n, out, kept);
+    }
+
+    /// Where a product of `w` reads its `n` input rows at `x`: Q8_0 weights take them
+    /// quantized to Q8_0 (quantized here unless the buffer already holds them).
+    fn input_for(&mut self, w: &GpuMatrix, x: u32, n: usize) -> u32 {
+        if w.kind != 0 {
+            return x;
+        }
+        if self.quantized != Some((x, n, w.cols)) {
+            let blocks = n * w.cols / 32;
+            let (k, none) = (self.k, self.none);
+            self.dispatch_count(
+                &k.quantize_q8,
+                none,
+                [x, self.own.xq, self.own.xs, blocks as u32],
+                blocks,
+            );
+        }
+        self.own.xq
+    }
+
+    /// After a product of `w` from `x` into `out` (`kept`: what the quantized buffer held
+    /// before it): the quantized input stays valid for the next product unless this one
+    /// overwrote its source.
+    fn keep_input(
+        &mut self,
+        w: &GpuMatrix,
+        x: u32,
+        n: usize,
+        out: u32,
+        kept: Option<(u32, usize, usize)>,
+    ) {
         self.quantized = match (w.kind == 0, kept) {
             (true, _) if out != x => Some((x, n, w.cols)),
             (false, Some(q)) if out != q.0 => Some(q),
@@ -616,23 +634,10 @@ impl Recorder<'_> {
     /// the input quantized first, as [`Recorder::matmul`] does (and keep it for the next
     /// product of the same input).
     fn matmul_ids(&mut self, w: &GpuExperts, x: u32, x_rows: usize, per_x: usize, out: u32) {
-        let (k, none) = (self.k, self.none);
+        let k = self.k;
         let m = &w.m;
         let kept = self.quantized;
-        let x_in = if m.kind == 0 {
-            if kept != Some((x, x_rows, m.cols)) {
-                let blocks = x_rows * m.cols / 32;
-                self.dispatch_count(
-                    &k.quantize_q8,
-                    none,
-                    [x, self.own.xq, self.own.xs, blocks as u32],
-                    blocks,
-                );
-            }
-            self.own.xq
-        } else {
-            x
-        };
+        let x_in = self.input_for(m, x, x_rows);
         let slots = x_rows * per_x;
         for c in &m.chunks {
             let (gx, gy) = Self::grid(w.rows * slots);
@@ -660,11 +665,7 @@ impl Recorder<'_> {
                 (gx, gy, 1),
             );
         }
-        self.quantized = match (m.kind == 0, kept) {
-            (true, _) if out != x => Some((x, x_rows, m.cols)),
-            (false, Some(q)) if out != q.0 => Some(q),
-            _ => None,
-        };
+        self.keep_input(m, x, x_rows, out, kept);
     }
 
     /// [`Op::MoeFfn`]: routing on the device (into the slots' experts and weights), each
