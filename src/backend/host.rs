@@ -46,6 +46,18 @@ impl HostScratch {
     }
 }
 
+/// `out[t] += w · ys[i]` for the `i`-th `(t, w)` of `rows`, rows of `h` values: an expert's
+/// outputs added to the rows they were routed from.
+fn add_weighted(out: &mut [f32], ys: &[f32], rows: &[(u32, f32)], h: usize) {
+    for (i, &(t, w)) in rows.iter().enumerate() {
+        let t = t as usize;
+        let dst = &mut out[t * h..(t + 1) * h];
+        for (o, y) in dst.iter_mut().zip(&ys[i * h..(i + 1) * h]) {
+            *o += y * w;
+        }
+    }
+}
+
 /// Runs [`Op::MoeFfn`] on host buffers: routing first (softmax, top-k, optional
 /// renormalisation, each row on its own), then the rows grouped by expert, then each active
 /// expert's three products over its group, scaled and summed into `out` in expert order.
@@ -207,13 +219,7 @@ fn moe_ffn(be: &dyn Backend, sc: &mut HostScratch, op: MoeFfn<'_>) {
             s0 = end;
         }
         be.matmul_batch(&jobs[..count], &mut ys[..slots * h]);
-        for (i, &(t, w)) in sc.grouped[..slots].iter().enumerate() {
-            let t = t as usize;
-            let dst = &mut out[t * h..(t + 1) * h];
-            for (o, y) in dst.iter_mut().zip(&ys[i * h..(i + 1) * h]) {
-                *o += y * w;
-            }
-        }
+        add_weighted(&mut out, &ys, &sc.grouped[..slots], h);
     } else {
         let mut start = 0;
         for e in 0..n_experts {
@@ -232,13 +238,7 @@ fn moe_ffn(be: &dyn Backend, sc: &mut HostScratch, op: MoeFfn<'_>) {
             be.matmul(&op.up[e], &xs[..c * h], c, &mut u[..c * f]);
             be.silu_mul(&mut g[..c * f], &u[..c * f]);
             be.matmul(&op.down[e], &g[..c * f], c, &mut ys[..c * h]);
-            for (i, &(t, w)) in group.iter().enumerate() {
-                let t = t as usize;
-                let dst = &mut out[t * h..(t + 1) * h];
-                for (o, y) in dst.iter_mut().zip(&ys[i * h..(i + 1) * h]) {
-                    *o += y * w;
-                }
-            }
+            add_weighted(&mut out, &ys, group, h);
         }
     }
     sc.bufs[op.xs.0] = xs;
