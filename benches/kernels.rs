@@ -293,3 +293,35 @@ fn attention_decode_ctx512(b: Bencher, k: &str) {
     };
     b.bench_local(|| be.attention(&shape, black_box(&q), kv, &mut out));
 }
+
+/// A prompt's attention for one layer: 64 tokens after 2048 cached positions, with an F16
+/// cache (the default for quantized models), Qwen3-0.6B's heads.
+#[divan::bench(args = kernels(), sample_count = 20)]
+fn attention_prompt_64_at_2048_f16(b: Bencher, k: &str) {
+    let be = backend(k);
+    let (n_heads, n_kv, hd, n, pos0) = (16, 8, 128, 64, 2048);
+    let ctx = pos0 + n;
+    let q = values(n * n_heads * hd, 1);
+    let half = |seed| -> Vec<half::f16> {
+        values(n_kv * ctx * hd, seed)
+            .into_iter()
+            .map(half::f16::from_f32)
+            .collect()
+    };
+    let (kc, vc) = (half(2), half(3));
+    let shape = AttentionShape {
+        n_tokens: n,
+        pos0,
+        n_heads,
+        n_kv_heads: n_kv,
+        head_dim: hd,
+        capacity: ctx,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
+    let mut out = vec![0.0f32; n * n_heads * hd];
+    let kv = KvLayer {
+        k: KvRows::F16(&kc),
+        v: KvRows::F16(&vc),
+    };
+    b.bench_local(|| be.attention(&shape, black_box(&q), kv, &mut out));
+}

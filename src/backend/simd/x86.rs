@@ -955,72 +955,78 @@ impl KvLoad for Q8Rows {
         }
     }
 }
-/// `q · k_u` for `N` consecutive key rows (`k + u·hd`), each with two 8-lane FMA chains over
-/// alternate 8-value slices and one horizontal sum: the same arithmetic for every `N`.
+/// `q_r · k_u` for `R` query rows against `N` consecutive key rows (`k + u·row_bytes`), each
+/// one 8-lane FMA chain over the head's 8-value slices and one horizontal sum: the same
+/// arithmetic for every `N` and `R`, so a score's bits do not depend on the tile it is in.
+/// The rows share each widened key slice (for an F16 cache one `vcvtph2ps` then serves `R`
+/// FMAs: converting, not multiplying, bounded a prompt's attention), and `N · R` = 8 keeps
+/// eight chains in flight.
 ///
 /// # Safety
-/// AVX2 and FMA must be present; `hd` is a multiple of 8; `q` holds `hd` floats and `k`
+/// AVX2 and FMA must be present; `hd` is a multiple of 8; each `q` holds `hd` floats and `k`
 /// holds `N` rows of `hd`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn score_keys<K: KvLoad, const N: usize>(
-    q: *const f32,
+unsafe fn score_keys<K: KvLoad, const N: usize, const R: usize>(
+    q: [*const f32; R],
     k: *const u8,
     hd: usize,
-) -> [f32; N] {
-    let mut a0 = [_mm256_setzero_ps(); N];
-    let mut a1 = [_mm256_setzero_ps(); N];
+) -> [[f32; N]; R] {
+    let mut a = [[_mm256_setzero_ps(); N]; R];
     let mut i = 0;
     // SAFETY (whole body): every index below `hd` is inside the rows.
     unsafe {
-        while i + 16 <= hd {
-            let (qa, qb) = (_mm256_loadu_ps(q.add(i)), _mm256_loadu_ps(q.add(i + 8)));
-            for (u, (c0, c1)) in a0.iter_mut().zip(&mut a1).enumerate() {
-                let kr = k.add(u * K::row_bytes(hd));
-                *c0 = _mm256_fmadd_ps(qa, K::load8(kr, i), *c0);
-                *c1 = _mm256_fmadd_ps(qb, K::load8(kr, i + 8), *c1);
+        while i < hd {
+            let qv: [__m256; R] = std::array::from_fn(|r| _mm256_loadu_ps(q[r].add(i)));
+            for u in 0..N {
+                let kv = K::load8(k.add(u * K::row_bytes(hd)), i);
+                for r in 0..R {
+                    a[r][u] = _mm256_fmadd_ps(qv[r], kv, a[r][u]);
+                }
             }
-            i += 16;
-        }
-        if i < hd {
-            let qa = _mm256_loadu_ps(q.add(i));
-            for (u, c0) in a0.iter_mut().enumerate() {
-                *c0 = _mm256_fmadd_ps(qa, K::load8(k.add(u * K::row_bytes(hd)), i), *c0);
-            }
+            i += 8;
         }
     }
-    std::array::from_fn(|u| hsum(_mm256_add_ps(a0[u], a1[u])))
+    std::array::from_fn(|r| std::array::from_fn(|u| hsum(a[r][u])))
 }
 
-/// `out[0..8U] = out·corr + Σ_j p[j]·v_j[d..d + 8U]` in key order (value row j at
-/// `v + j·row_bytes`), with `U` vector accumulators.
+/// For each of `R` rows, `out_r[0..8U] = out_r·corr_r + Σ_j p_r[j]·v_j[d..d + 8U]` in key
+/// order (value row j at `v + j·row_bytes`), with `U` vector accumulators per row: each
+/// output lane is one FMA chain over the keys whatever `U` and `R` are, and the rows share
+/// each widened value slice.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be present; `out` holds 8U floats; `v` holds `p.len()` rows of
-/// `hd` values from which `d..d + 8U` are read.
+/// AVX2, FMA and F16C must be present; each `out` holds 8U floats; every `p_r` has the same
+/// length, and `v` holds that many rows of `hd` values from which `d..d + 8U` are read.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn weigh_values<V: KvLoad, const U: usize>(
-    out: *mut f32,
-    corr: __m256,
-    p: &[f32],
+unsafe fn weigh_values<V: KvLoad, const U: usize, const R: usize>(
+    out: [*mut f32; R],
+    corr: [__m256; R],
+    p: [&[f32]; R],
     v: *const u8,
     d: usize,
     hd: usize,
 ) {
     // SAFETY (whole body): the caller's promise.
     unsafe {
-        let mut a: [__m256; U] =
-            std::array::from_fn(|u| _mm256_mul_ps(_mm256_loadu_ps(out.add(u * 8)), corr));
-        for (j, &pj) in p.iter().enumerate() {
-            let pv = _mm256_set1_ps(pj);
+        let mut a: [[__m256; U]; R] = std::array::from_fn(|r| {
+            std::array::from_fn(|u| _mm256_mul_ps(_mm256_loadu_ps(out[r].add(u * 8)), corr[r]))
+        });
+        for j in 0..p[0].len() {
+            let pv: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps(*p[r].get_unchecked(j)));
             let vr = v.add(j * V::row_bytes(hd));
-            for (u, au) in a.iter_mut().enumerate() {
-                *au = _mm256_fmadd_ps(pv, V::load8(vr, d + u * 8), *au);
+            for u in 0..U {
+                let x = V::load8(vr, d + u * 8);
+                for r in 0..R {
+                    a[r][u] = _mm256_fmadd_ps(pv[r], x, a[r][u]);
+                }
             }
         }
-        for (u, au) in a.iter().enumerate() {
-            _mm256_storeu_ps(out.add(u * 8), *au);
+        for r in 0..R {
+            for u in 0..U {
+                _mm256_storeu_ps(out[r].add(u * 8), a[r][u]);
+            }
         }
     }
 }
@@ -1082,57 +1088,118 @@ pub struct AttnRow {
 /// `K` and `V` read; each row's `q` and `out` point to `head_dim` floats, the outputs
 /// distinct and written by no one else during the call.
 /// One chunk of keys and values (rows `c0 ..` of the KV head, starting at `kc` and `vc`, as
-/// `K` and `V` read them) for one query row: its scores, the new running max, the
-/// rescaling of its running sums, then exponentials and the weighted values.
+/// `K` and `V` read them) for `R` (1, 2 or 4) query rows that see the same keys of it, sharing
+/// every key and value slice loaded: their scores, the new running max, the rescaling of
+/// their running sums, then exponentials and the weighted values. Each row's arithmetic is
+/// the same whatever `R` is.
 ///
 /// # Safety
-/// As for [`attend_rows`]; the chunk holds at least `min(CHUNK, row.kv_len - c0)` rows.
+/// As for [`attend_rows`]; `rows`, `ph` and `st` hold `R` entries; the chunk holds at least
+/// `cl = min(CHUNK, kv_len - c0)` rows, the same for every row.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn row_chunk<K: KvLoad, V: KvLoad>(
+unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize>(
     s: &AttentionShape,
-    row: &AttnRow,
+    rows: &[AttnRow],
     c0: usize,
-    kc: *const u8,
-    vc: *const u8,
-    ph: &mut [f32; CHUNK],
-    max: &mut f32,
-    denom: &mut f32,
+    (kc, vc): (*const u8, *const u8),
+    ph: &mut [[f32; CHUNK]],
+    st: &mut [PartState],
 ) {
     let hd = s.head_dim;
-    let (krb, vrb) = (K::row_bytes(hd), V::row_bytes(hd));
-    let cl = CHUNK.min(row.kv_len - c0);
-    // Four keys at a time share each load of the query; every key's sum is formed
-    // exactly as alone.
+    let krb = K::row_bytes(hd);
+    let cl = CHUNK.min(rows[0].kv_len - c0);
+    debug_assert!(rows[..R].iter().all(|r| CHUNK.min(r.kv_len - c0) == cl));
+    let q: [*const f32; R] = std::array::from_fn(|r| rows[r].q);
+    // Eight keys a step for one row, four for two rows, two for four: eight FMA chains, and
+    // every key's sum formed exactly as alone.
+    let step = 8 / R;
     let mut j = 0;
-    while j + 4 <= cl {
-        // SAFETY: keys c0+j..c0+j+4 < the row's kv_len.
-        let sc = unsafe { score_keys::<K, 4>(row.q, kc.add(j * krb), hd) };
-        for (pj, v) in ph[j..j + 4].iter_mut().zip(sc) {
-            *pj = v * s.scale;
+    while j + step <= cl {
+        // SAFETY: keys c0+j .. c0+j+step < the rows' kv_len.
+        unsafe {
+            let kj = kc.add(j * krb);
+            match R {
+                1 => put_scores(ph, j, s.scale, score_keys::<K, 8, R>(q, kj, hd)),
+                2 => put_scores(ph, j, s.scale, score_keys::<K, 4, R>(q, kj, hd)),
+                _ => put_scores(ph, j, s.scale, score_keys::<K, 2, R>(q, kj, hd)),
+            }
         }
-        j += 4;
+        j += step;
     }
     while j < cl {
-        // SAFETY: key c0+j < the row's kv_len.
-        let key = kc.add(j * krb);
-        ph[j] = unsafe { score_keys::<K, 1>(row.q, key, hd)[0] } * s.scale;
+        // SAFETY: key c0+j < the rows' kv_len.
+        let sc = unsafe { score_keys::<K, 1, R>(q, kc.add(j * krb), hd) };
+        put_scores(ph, j, s.scale, sc);
         j += 1;
     }
-    let cmax = ph[..cl].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    let new_max = max.max(cmax);
-    let corr = if *max == f32::NEG_INFINITY {
+    let mut cv = [_mm256_setzero_ps(); R];
+    for r in 0..R {
+        // SAFETY: AVX2 and FMA are enabled here.
+        cv[r] = _mm256_set1_ps(unsafe { chunk_softmax(&mut ph[r][..cl], &mut st[r]) });
+    }
+    let out: [*mut f32; R] = std::array::from_fn(|r| rows[r].out);
+    let p: [&[f32]; R] = std::array::from_fn(|r| &ph[r][..cl]);
+    let mut d = 0;
+    // SAFETY: each row's output has hd floats; value rows c0+j < their kv_len.
+    unsafe {
+        let at = |d: usize| -> [*mut f32; R] { std::array::from_fn(|r| out[r].add(d)) };
+        // Eight accumulators: eight FMA chains in flight over the chunk's keys (one row,
+        // 64 values; two rows, 32 values each; four rows, 16).
+        let width = 64 / R;
+        while d + width <= hd {
+            match R {
+                1 => weigh_values::<V, 8, R>(at(d), cv, p, vc, d, hd),
+                2 => weigh_values::<V, 4, R>(at(d), cv, p, vc, d, hd),
+                _ => weigh_values::<V, 2, R>(at(d), cv, p, vc, d, hd),
+            }
+            d += width;
+        }
+        while d < hd {
+            weigh_values::<V, 1, R>(at(d), cv, p, vc, d, hd);
+            d += 8;
+        }
+    }
+}
+
+/// Scores `sc[r][u]` of keys `j + u`, scaled, into each row's chunk of scores.
+#[inline(always)]
+fn put_scores<const N: usize, const R: usize>(
+    ph: &mut [[f32; CHUNK]],
+    j: usize,
+    scale: f32,
+    sc: [[f32; N]; R],
+) {
+    for (row, sr) in ph.iter_mut().zip(sc) {
+        for (pj, v) in row[j..j + N].iter_mut().zip(sr) {
+            *pj = v * scale;
+        }
+    }
+}
+
+/// The online softmax's step for one row's chunk of scores `ph`: the new running max, the
+/// exponentials in place, the running sum rescaled and increased; returns the factor the
+/// row's running weighted values are rescaled by.
+///
+/// # Safety
+/// AVX2 and FMA must be present.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn chunk_softmax(ph: &mut [f32], st: &mut PartState) -> f32 {
+    let cl = ph.len();
+    let cmax = ph.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let new_max = st.max.max(cmax);
+    let corr = if st.max == f32::NEG_INFINITY {
         0.0
     } else {
-        let e = exp256(_mm256_set1_ps(*max - new_max));
+        let e = exp256(_mm256_set1_ps(st.max - new_max));
         _mm_cvtss_f32(_mm256_castps256_ps128(e))
     };
-    *max = new_max;
+    st.max = new_max;
     let nm = _mm256_set1_ps(new_max);
     let mut j = 0;
     let mut sum = _mm256_setzero_ps();
-    // SAFETY: j + 8 <= cl <= CHUNK.
+    // SAFETY: j + 8 <= cl.
     unsafe {
         while j + 8 <= cl {
             let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(ph.as_ptr().add(j)), nm));
@@ -1147,32 +1214,8 @@ unsafe fn row_chunk<K: KvLoad, V: KvLoad>(
         *pj = _mm_cvtss_f32(_mm256_castps256_ps128(e));
         psum += *pj;
     }
-    *denom = *denom * corr + psum;
-    let cv = _mm256_set1_ps(corr);
-    let mut d = 0;
-    // SAFETY: the row's output has hd floats; value rows c0+j < its kv_len.
-    unsafe {
-        let orow = row.out;
-        // Eight accumulators where the head has room: eight FMA chains in flight
-        // over the chunk's keys rather than four.
-        while d + 64 <= hd {
-            weigh_values::<V, 8>(orow.add(d), cv, &ph[..cl], vc, d, hd);
-            d += 64;
-        }
-        while d + 32 <= hd {
-            weigh_values::<V, 4>(orow.add(d), cv, &ph[..cl], vc, d, hd);
-            d += 32;
-        }
-        while d < hd {
-            let mut a = _mm256_mul_ps(_mm256_loadu_ps(orow.add(d)), cv);
-            for (j, &pj) in ph.iter().enumerate().take(cl) {
-                let vr = vc.add(j * vrb);
-                a = _mm256_fmadd_ps(_mm256_set1_ps(pj), V::load8(vr, d), a);
-            }
-            _mm256_storeu_ps(orow.add(d), a);
-            d += 8;
-        }
-    }
+    st.denom = st.denom * corr + psum;
+    corr
 }
 
 /// Heads up to which a chunk of Q8_0 keys and values is widened once into f32 on the stack
@@ -1249,7 +1292,7 @@ unsafe fn attend_part<K: KvLoad, V: KvLoad>(
     let hd = s.head_dim;
     let kv_end = rows.iter().map(|r| r.kv_len).max().unwrap_or(0).min(p1);
     let mut p = [[0.0f32; CHUNK]; MAX_ROWS];
-    // The rows as `row_chunk` sees them: writing into this partition's buffers.
+    // The rows as `rows_chunk` sees them: writing into this partition's buffers.
     let mut part_rows = [AttnRow {
         q: std::ptr::null(),
         out: std::ptr::null_mut(),
@@ -1273,7 +1316,7 @@ unsafe fn attend_part<K: KvLoad, V: KvLoad>(
     let mut c0 = p0;
     while c0 < kv_end {
         // SAFETY (whole loop): chunk rows c0 .. c0 + n < kv_end are inside `k` and `v`; each
-        // row's use of them is covered by `row_chunk`'s contract.
+        // row's use of them is covered by `rows_chunk`'s contract.
         unsafe {
             let (kc, vc) = (k.add(c0 * krb), v.add(c0 * vrb));
             if widen {
@@ -1290,27 +1333,52 @@ unsafe fn attend_part<K: KvLoad, V: KvLoad>(
                     widen_rows::<V>(vc, n, hd, vbuf.as_mut_ptr().cast());
                     vbuf.as_ptr().cast()
                 };
-                for (h, row) in rows.iter().enumerate().filter(|(_, r)| r.kv_len > c0) {
-                    let st = &mut state[h];
-                    row_chunk::<F32Rows, F32Rows>(
-                        s,
-                        row,
-                        c0,
-                        kw,
-                        vw,
-                        &mut p[h],
-                        &mut st.max,
-                        &mut st.denom,
-                    );
-                }
+                chunk_rows::<F32Rows, F32Rows>(s, rows, c0, (kw, vw), &mut p, state);
             } else {
-                for (h, row) in rows.iter().enumerate().filter(|(_, r)| r.kv_len > c0) {
-                    let st = &mut state[h];
-                    row_chunk::<K, V>(s, row, c0, kc, vc, &mut p[h], &mut st.max, &mut st.denom);
-                }
+                chunk_rows::<K, V>(s, rows, c0, (kc, vc), &mut p, state);
             }
         }
         c0 += CHUNK;
+    }
+}
+
+/// Chunk `c0` for every row that sees a key of it, four or two rows at a time where
+/// neighbours see the same keys of it (a token's heads, and every row whose causal limit is
+/// past the chunk's end), else alone.
+///
+/// # Safety
+/// As for [`rows_chunk`], for each row with `kv_len > c0`; `p` and `state` hold an entry per
+/// row.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn chunk_rows<K: KvLoad, V: KvLoad>(
+    s: &AttentionShape,
+    rows: &[AttnRow],
+    c0: usize,
+    kv: (*const u8, *const u8),
+    p: &mut [[f32; CHUNK]; MAX_ROWS],
+    state: &mut [PartState; MAX_ROWS],
+) {
+    let seen = |r: &AttnRow| CHUNK.min(r.kv_len.saturating_sub(c0));
+    let mut h = 0;
+    while h < rows.len() {
+        let cl = seen(&rows[h]);
+        let same = |n: usize| h + n <= rows.len() && rows[h..h + n].iter().all(|r| seen(r) == cl);
+        if cl == 0 {
+            h += 1;
+        } else if same(4) {
+            // SAFETY: the caller's promise, for rows h .. h + 4.
+            unsafe { rows_chunk::<K, V, 4>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..]) };
+            h += 4;
+        } else if same(2) {
+            // SAFETY: the caller's promise, for rows h and h + 1.
+            unsafe { rows_chunk::<K, V, 2>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..]) };
+            h += 2;
+        } else {
+            // SAFETY: the caller's promise, for row h.
+            unsafe { rows_chunk::<K, V, 1>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..]) };
+            h += 1;
+        }
     }
 }
 
