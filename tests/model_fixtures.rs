@@ -207,7 +207,13 @@ fn batched_prefill_equals_incremental_decode() {
 /// 2.9e-2 on one of tiny-gqa-tied's three sequences, 1.5e-2 and 1.7e-2 on the others: a
 /// 32-value block keeps about 8 bits of its largest value, 16 times f16's step), and greedy
 /// continuations stay transformers' with either. Q8_0 needs heads of a multiple of 32
-/// values; a fixture without them must refuse it.
+/// values; a fixture without them must refuse it, as llama.cpp does.
+///
+/// The same caches in llama.cpp (`llama-f32-kv-*`, flash attention on) are the yardstick:
+/// on every sequence our Q8_0 cache is no further from transformers than llama.cpp's
+/// (1.9e-2, 2.2e-2 and 4.0e-2 on tiny-gqa-tied's), whose attention kernel also rounds the
+/// query to Q8_0 blocks where ours keeps it in f32. With F16 caches both are about 1e-3, ours
+/// at times a hair above llama.cpp's, so that comparison is reported, not asserted.
 #[test]
 fn kv_cache_types_stay_within_their_error_of_transformers() {
     let manifest = manifest();
@@ -220,6 +226,8 @@ fn kv_cache_types_stay_within_their_error_of_transformers() {
             (KvType::F16, 3e-3),
             (KvType::Q8_0, 3e-2),
         ] {
+            // llama.cpp's logits with this cache (F32 has none: its error is summation order).
+            let llama_kv = (kv != KvType::F32).then(|| kv.name());
             let mut model = load_model(file, "scalar");
             if let Err(e) = model.set_kv_types((kv, kv)) {
                 assert_eq!(kv, KvType::Q8_0, "{name}: {kv} refused: {e}");
@@ -227,12 +235,16 @@ fn kv_cache_types_stay_within_their_error_of_transformers() {
                     !model.config.head_dim.is_multiple_of(32),
                     "{name}: q8_0 refused: {e}"
                 );
-                report += &format!("{name} {kv}: refused ({e})\n");
+                assert!(
+                    m["llama_f32_kv_vs_hf"]["q8_0"]["refused"].is_string(),
+                    "{name}: llama.cpp made a q8_0 cache that we refuse"
+                );
+                report += &format!("{name} {kv}: refused ({e}), as by llama.cpp\n");
                 continue;
             }
             let vocab = model.config.vocab;
             let mut s = Score::default();
-            for seq in m["sequences"].as_array().unwrap() {
+            for (k, seq) in m["sequences"].as_array().unwrap().iter().enumerate() {
                 let ids = ids(&seq["ids"]);
                 let mut st = model.new_state(ids.len(), 64);
                 assert_eq!(st.kv.types(), (kv, kv));
@@ -241,7 +253,30 @@ fn kv_cache_types_stay_within_their_error_of_transformers() {
                     .forward(&mut st, &ids, Logits::All(&mut out))
                     .expect("forward");
                 let hf = read_f32(seq["hf_logits"].as_str().unwrap());
+                let mut ours = Score::default();
+                score(&out, &hf, vocab, &mut ours);
                 score(&out, &hf, vocab, &mut s);
+                let Some(llama_kv) = llama_kv else { continue };
+                let llama_file = seq["llama_f32_kv_logits"][llama_kv]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{name}: no llama.cpp {kv} cache logits"));
+                let mut llama = Score::default();
+                score(&read_f32(llama_file), &hf, vocab, &mut llama);
+                report += &format!(
+                    "{name} seq{} {kv} cache vs HF rel: ours {:.3e}, llama.cpp {:.3e}\n",
+                    k + 1,
+                    ours.max_rel,
+                    llama.max_rel
+                );
+                if kv == KvType::Q8_0 {
+                    assert!(
+                        ours.max_rel <= llama.max_rel,
+                        "{name} seq{} q8_0 cache: {} > llama.cpp's {}",
+                        k + 1,
+                        ours.max_rel,
+                        llama.max_rel
+                    );
+                }
             }
             let g = &m["greedy"];
             let (prompt, want) = (ids(&g["prompt"]), ids(&g["hf"]));
