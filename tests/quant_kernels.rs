@@ -15,7 +15,7 @@
 
 use half::f16;
 use inferno::backend::simd::{Isa, Kernels, PackedK, SimdBackend};
-use inferno::backend::{Backend, ParallelBackend, PoolBackend, ScalarBackend};
+use inferno::backend::{Backend, MatmulJob, ParallelBackend, PoolBackend, ScalarBackend};
 use inferno::gguf::TensorBytes;
 use inferno::tensor::{self, GgmlType, Matrix};
 use rand::{Rng, SeedableRng};
@@ -599,6 +599,62 @@ fn packed_k_products_and_row_lookups_are_byte_identical_to_scalar() {
     // nothing new).
     let vector = Isa::available().iter().any(|&i| i != Isa::Portable);
     assert_eq!(packed > 0, vector, "{packed} packed matrices");
+}
+
+/// `matmul_batch` on the pool (the jobs' packed K-quant products in one dispatch, as the
+/// MoE experts take them) against the scalar products of each job, bit for bit: jobs of
+/// every packed K type with partial row groups, sharing an input and not, at 1 and 3 tokens.
+#[test]
+fn batched_packed_k_products_are_byte_identical_to_scalar() {
+    let mut r = ChaCha8Rng::seed_from_u64(13);
+    let cols = 512;
+    let weights: Vec<Matrix> = [Q2_K, Q3_K, Q4_K, Q6_K, Q3_K, Q2_K]
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| random_matrix(&mut r, t, 17 + 8 * i, cols))
+        .collect();
+    let x: Vec<f32> = (0..3 * cols)
+        .map(|_| r.random_range(-2.0f32..2.0))
+        .collect();
+    let y: Vec<f32> = x.iter().rev().copied().collect();
+    for isa in Isa::available() {
+        let be = PoolBackend::new(simd(isa), 3);
+        let prepared: Vec<Matrix> = weights
+            .iter()
+            .map(|w| {
+                let mut p = w.clone();
+                be.prepare(&mut p);
+                assert_eq!(
+                    PackedK::of(&p).is_some(),
+                    PackedK::isa_has_kernels(isa, w.dtype),
+                    "{isa:?}: {}",
+                    w.dtype
+                );
+                p
+            })
+            .collect();
+        for n in [1, 3] {
+            let mut jobs = Vec::new();
+            let mut at = 0;
+            for (i, w) in prepared.iter().enumerate() {
+                let input = if i % 3 == 2 { &y } else { &x };
+                jobs.push(MatmulJob {
+                    w,
+                    x: &input[..n * cols],
+                    n,
+                    at,
+                });
+                at += n * w.rows + 3;
+            }
+            let mut batched = vec![f32::NAN; at];
+            be.matmul_batch(&jobs, &mut batched);
+            for (j, w) in jobs.iter().zip(&weights) {
+                let want = matmul(&ScalarBackend::new(), w, j.x, n);
+                let got = &batched[j.at..j.at + j.out_len()];
+                assert_eq!(bits(got), bits(&want), "{isa:?}: {} x{n}", w.dtype);
+            }
+        }
+    }
 }
 
 #[test]

@@ -473,9 +473,9 @@ fn put_block(t: GgmlType, l: &mut [Line], r: usize, blk: &[u8]) {
         GgmlType::Q2_K => {
             l[0].0[2 * r..2 * r + 2].copy_from_slice(&blk[80..82]);
             l[0].0[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&blk[82..84]);
-            for g in 0..16 {
+            for (g, &sc) in blk[..16].iter().enumerate() {
                 let at = 16 * g + r;
-                l[1 + at / 64].0[at % 64] = blk[g];
+                l[1 + at / 64].0[at % 64] = sc;
             }
             for h in 0..2 {
                 for k in 0..8 {
@@ -667,9 +667,9 @@ fn get_block(t: GgmlType, fifth: FifthBits, l: &[Line], r: usize, blk: &mut [u8]
         GgmlType::Q2_K => {
             blk[80..82].copy_from_slice(&l[0].0[2 * r..2 * r + 2]);
             blk[82..84].copy_from_slice(&l[0].0[32 + 2 * r..32 + 2 * r + 2]);
-            for g in 0..16 {
+            for (g, sc) in blk[..16].iter_mut().enumerate() {
                 let at = 16 * g + r;
-                blk[g] = l[1 + at / 64].0[at % 64];
+                *sc = l[1 + at / 64].0[at % 64];
             }
             for h in 0..2 {
                 for k in 0..8 {

@@ -358,6 +358,8 @@ unsafe fn q3_codes_512(l: *const u8, pass: usize) -> [__m512i; 4] {
 /// Q3_K, group `g`, tokens `t0..t0 + T`: the codes (0–7) into `vpdpbusd`, each sub-block's
 /// sum times its signed scale, then `4 · Σ scale · bsum` taken off (the codes are the
 /// values plus 4).
+// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
+#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn q3_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
@@ -440,6 +442,8 @@ unsafe fn q3_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
 
 /// Q2_K, group `g`, tokens `t0..t0 + T`: the 2-bit codes into `vpdpbusd`, each sub-block's
 /// sum times its 4-bit scale, the 4-bit mins against the activation sums.
+// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
+#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn q2_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
@@ -465,7 +469,8 @@ unsafe fn q2_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
                     let k = 4 * q + kk;
                     // SAFETY (this block): the quant line of (h, k), the activation quants.
                     unsafe {
-                        let w = _mm512_loadu_si512(blk.add((ql + 8 * h + k) * 64) as *const __m512i);
+                        let w =
+                            _mm512_loadu_si512(blk.add((ql + 8 * h + k) * 64) as *const __m512i);
                         let c = [
                             _mm512_and_si512(w, m3),
                             _mm512_and_si512(_mm512_srli_epi16(w, 2), m3),
@@ -750,6 +755,8 @@ unsafe fn q3_codes_256(l: *const u8, pass: usize) -> [__m256i; 4] {
 }
 
 /// Q3_K, rows `8·half ..` of group `g`, tokens `t0..t0 + T`.
+// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
+#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q3_avx2_half<const T: usize>(
@@ -819,6 +826,8 @@ unsafe fn q3_avx2_half<const T: usize>(
 }
 
 /// Q2_K, rows `8·half ..` of group `g`, tokens `t0..t0 + T`.
+// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
+#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q2_avx2_half<const T: usize>(
@@ -858,10 +867,8 @@ unsafe fn q2_avx2_half<const T: usize>(
                     ];
                     for s in 0..4 {
                         let gi = 8 * h + 2 * s + k / 4;
-                        let sc = _mm256_and_si256(
-                            scale_lanes_u8(blk.add(64 + 16 * gi + 8 * half)),
-                            m15,
-                        );
+                        let sc =
+                            _mm256_and_si256(scale_lanes_u8(blk.add(64 + 16 * gi + 8 * half)), m15);
                         for t in 0..T {
                             let xv = _mm256_set1_epi32(x4(x[t], 128 * h + 32 * s + 4 * k));
                             let v = _mm256_madd_epi16(_mm256_maddubs_epi16(c[s], xv), sc);
