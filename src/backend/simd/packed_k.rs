@@ -1,8 +1,9 @@
-//! Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights regrouped at load for multi-row integer products: rows in
-//! groups of 16 and, per group and 256-value super-block, every field of the 16 blocks laid
-//! out so one 64-byte line holds four consecutive quant bytes of each row (the operand shape
-//! of `vpdpbusd`, of two AVX2 `maddubs` and of four NEON `sdot`), with the f16 scales and the
-//! 6-bit sub-block scales unpacked to one byte per row beside them. Nothing is widened: the
+//! Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights regrouped at load for multi-row integer
+//! products: rows in groups of 16 and, per group and 256-value super-block, every field of
+//! the 16 blocks laid out so one 64-byte line holds four consecutive quant bytes of each
+//! row (the operand shape of `vpdpbusd`, of two AVX2 `maddubs` and of four NEON `sdot`),
+//! with the f16 scales and the 6-bit sub-block scales unpacked to one byte per row beside
+//! them. Nothing is widened: the
 //! packed form is within 3% of the stored size (Q3_K: 5.5%, its 6-bit scales taking a byte
 //! each), so it can replace the stored bytes.
 //!
@@ -19,7 +20,7 @@
 //! | Q6_K | 1–4   | the 16 signed scales: byte `16·g + r` for group `g`                   |
 //! | Q6_K | 5–52  | per half `h` and `k < 8`, three lines: `ql[64h + 4k + i]`, `ql[64h + 32 + 4k + i]`, `qh[32h + 4k + i]` |
 //! | Q3_K | 1–4   | the 16 scales, signed (offset 32 taken off): byte `16·g + r` for sub-block `g` |
-//! | Q3_K | 5–28  | per `k < 8`, three lines `X`, `Y`, `Z` of the 3-bit codes `c_j` (low 2 bits + 4·hmask bit, 0–7) of elements `32j + 4k + i`: `X = c0 │ c1<<3 │ (c6&3)<<6`, `Y = c2 │ c3<<3 │ (c7&3)<<6`, `Z = c4 │ c5<<3 │ (c6>>2)<<6 │ (c7>>2)<<7`: six codes come out with a shift and a mask, the last two with four ops |
+//! | Q3_K | 5–28  | per `k < 8`, three lines `X`, `Y`, `Z` of the 3-bit codes `c_j` (low 2 bits + 4·hmask bit, 0–7) of elements `32j + 4k + i`: `X = c0 + 8·c1 + 64·(c6 mod 4)`, `Y = c2 + 8·c3 + 64·(c7 mod 4)`, `Z = c4 + 8·c5 + 64·(c6 div 4) + 128·(c7 div 4)`: six codes come out with a shift and a mask, the last two with four ops |
 //! | Q2_K | 0     | `d` then `dmin` of the 16 rows (f16), as Q4_K                         |
 //! | Q2_K | 1–4   | the stored scale bytes (scale in the low nibble, min in the high): byte `16·g + r` |
 //! | Q2_K | 5–20  | line `5 + 8h + k`: `qs[32h + 4k + i]` (elements `128h + 32s + 4k + i` in bit pairs `2s`) |

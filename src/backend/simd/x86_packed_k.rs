@@ -1,5 +1,5 @@
-//! AVX-512 VNNI and AVX2 products of packed Q2_K–Q6_K weights ([`super::packed_k::PackedK`]) with
-//! Q8_K activation rows: a group of 16 weight rows against a tile of tokens, each weight line
+//! AVX-512 VNNI and AVX2 products of packed Q2_K–Q6_K weights
+//! ([`super::packed_k::PackedK`]) with Q8_K activation rows: a group of 16 weight rows against a tile of tokens, each weight line
 //! loaded and unpacked once for all the tokens of the tile.
 //!
 //! Integer sums (exact in i32, as in `crate::tensor::k_quants`):
