@@ -8,14 +8,14 @@
 //! - matmuls of each type with 1, 2, 3, 5 and 33 tokens give the same bytes on `scalar`,
 //!   `simd` (every instruction set), `pool` at 1, 2, 3 and 4 threads and `parallel`, on the
 //!   stored layout and on each backend's prepared (packed) one;
-//! - the packed layouts `prepare` makes (Q8_0; Q4_0 and Q5_0 on x86) give the scalar bytes
-//!   for every token tile size, partial row groups and thread count, and so do row lookups
-//!   in them;
+//! - the packed layouts `prepare` makes (Q8_0; Q4_0, Q5_0, Q2_K and Q3_K on x86; Q4_K–Q6_K
+//!   on x86 and NEON) give the scalar bytes for every token tile size, partial row groups
+//!   and thread count, and so do row lookups in them;
 //! - a decode matvec of each type allocates nothing on the calling thread once warm.
 
 use half::f16;
 use inferno::backend::simd::{Isa, Kernels, PackedK, SimdBackend};
-use inferno::backend::{Backend, ParallelBackend, PoolBackend, ScalarBackend};
+use inferno::backend::{Backend, MatmulJob, ParallelBackend, PoolBackend, ScalarBackend};
 use inferno::gguf::TensorBytes;
 use inferno::tensor::{self, GgmlType, Matrix};
 use rand::{Rng, SeedableRng};
@@ -400,7 +400,7 @@ fn matmuls_are_byte_identical_on_every_backend_and_thread_count() {
             .map(|(name, be)| {
                 let mut p = w.clone();
                 be.prepare(&mut p);
-                if PackedK::packs(t) && !name.contains("Portable") {
+                if PackedK::isa_has_kernels(isa_of(name), t) {
                     assert!(PackedK::of(&p).is_some(), "{name} left {t} unpacked");
                 }
                 (name, p)
@@ -429,6 +429,14 @@ fn matmuls_are_byte_identical_on_every_backend_and_thread_count() {
             }
         }
     }
+}
+
+/// The instruction set a backend of these tests was built on, from its name.
+fn isa_of(name: &str) -> Isa {
+    Isa::available()
+        .into_iter()
+        .find(|i| name.contains(&format!("/{i:?}")))
+        .unwrap_or_else(|| panic!("no ISA in {name}"))
 }
 
 /// Bits, with every NaN the same (NaN payloads are not specified).
@@ -515,6 +523,138 @@ fn packed_products_and_row_lookups_are_byte_identical_to_scalar() {
         x86,
         "{packed_legacy} packed Q4_0/Q5_0 matrices"
     );
+}
+
+/// The packed K-quant layouts ([`PackedK`], Q2_K–Q6_K) against the scalar definitions: every
+/// token tile size and remainder (1–10 tokens, 17), row counts that fill no group, exactly
+/// one, one and a bit and several with a partial last one, one to three super-blocks a row,
+/// extreme f16 scales and the extreme codes and sub-block scales of `block`, on every
+/// instruction set, `pool` at 1–4 threads and `parallel`; row lookups in the packed form
+/// too. Where an instruction set has kernels for a type, `prepare` must have packed it.
+#[test]
+fn packed_k_products_and_row_lookups_are_byte_identical_to_scalar() {
+    let mut r = ChaCha8Rng::seed_from_u64(11);
+    let scalar = ScalarBackend::new();
+    let mut backends: Vec<(String, Isa, Box<dyn Backend>)> = Vec::new();
+    for isa in Isa::available() {
+        backends.push((format!("simd/{isa:?}"), isa, Box::new(simd(isa))));
+        for threads in 1..=4 {
+            backends.push((
+                format!("pool/{isa:?}/{threads}"),
+                isa,
+                Box::new(PoolBackend::new(simd(isa), threads)),
+            ));
+        }
+        backends.push((
+            format!("parallel/{isa:?}/3"),
+            isa,
+            Box::new(ParallelBackend::new(simd(isa), 3)),
+        ));
+    }
+    let mut packed = 0;
+    for t in [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K] {
+        for (rows, cols) in [(1, 256), (15, 512), (16, 256), (17, 768), (83, 512)] {
+            let blocks = cols / 256;
+            let data: Vec<u8> = (0..rows)
+                .flat_map(|i| row(&mut r, t, blocks, i % 3 == 1))
+                .collect();
+            let w = matrix(t, rows, cols, data);
+            let mut prepared = Vec::new();
+            for (name, isa, be) in &backends {
+                let mut wp = w.clone();
+                be.prepare(&mut wp);
+                let is_packed = PackedK::of(&wp).is_some();
+                assert_eq!(
+                    is_packed,
+                    PackedK::isa_has_kernels(*isa, t),
+                    "{name}: {t} packed {is_packed}"
+                );
+                packed += is_packed as usize;
+                prepared.push(wp);
+            }
+            for n in (1..=10).chain([17]) {
+                let x = activations(&mut r, n * cols);
+                let want = matmul(&scalar, &w, &x, n);
+                for ((name, _, be), wp) in backends.iter().zip(&prepared) {
+                    let got = matmul(be.as_ref(), wp, &x, n);
+                    assert_eq!(
+                        bits_nan(&got),
+                        bits_nan(&want),
+                        "{name}: {t} {rows}x{cols}, {n} tokens"
+                    );
+                }
+            }
+            for i in 0..rows {
+                let mut want = vec![0.0f32; cols];
+                scalar.get_row(&w, i, &mut want);
+                for ((name, _, be), wp) in backends.iter().zip(&prepared) {
+                    let mut got = vec![f32::NAN; cols];
+                    be.get_row(wp, i, &mut got);
+                    assert_eq!(bits_nan(&got), bits_nan(&want), "{name}: {t} row {i}");
+                }
+            }
+        }
+    }
+    // Off the portable kernels the packed path must have been taken (else this tested
+    // nothing new).
+    let vector = Isa::available().iter().any(|&i| i != Isa::Portable);
+    assert_eq!(packed > 0, vector, "{packed} packed matrices");
+}
+
+/// `matmul_batch` on the pool (the jobs' packed K-quant products in one dispatch, as the
+/// MoE experts take them) against the scalar products of each job, bit for bit: jobs of
+/// every packed K type with partial row groups, sharing an input and not, at 1 and 3 tokens.
+#[test]
+fn batched_packed_k_products_are_byte_identical_to_scalar() {
+    let mut r = ChaCha8Rng::seed_from_u64(13);
+    let cols = 512;
+    let weights: Vec<Matrix> = [Q2_K, Q3_K, Q4_K, Q6_K, Q3_K, Q2_K]
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| random_matrix(&mut r, t, 17 + 8 * i, cols))
+        .collect();
+    let x: Vec<f32> = (0..3 * cols)
+        .map(|_| r.random_range(-2.0f32..2.0))
+        .collect();
+    let y: Vec<f32> = x.iter().rev().copied().collect();
+    for isa in Isa::available() {
+        let be = PoolBackend::new(simd(isa), 3);
+        let prepared: Vec<Matrix> = weights
+            .iter()
+            .map(|w| {
+                let mut p = w.clone();
+                be.prepare(&mut p);
+                assert_eq!(
+                    PackedK::of(&p).is_some(),
+                    PackedK::isa_has_kernels(isa, w.dtype),
+                    "{isa:?}: {}",
+                    w.dtype
+                );
+                p
+            })
+            .collect();
+        for n in [1, 3] {
+            let mut jobs = Vec::new();
+            let mut at = 0;
+            for (i, w) in prepared.iter().enumerate() {
+                let input = if i % 3 == 2 { &y } else { &x };
+                jobs.push(MatmulJob {
+                    w,
+                    x: &input[..n * cols],
+                    n,
+                    at,
+                });
+                at += n * w.rows + 3;
+            }
+            let mut batched = vec![f32::NAN; at];
+            be.matmul_batch(&jobs, &mut batched);
+            for (j, w) in jobs.iter().zip(&weights) {
+                let want = matmul(&ScalarBackend::new(), w, j.x, n);
+                let got = &batched[j.at..j.at + j.out_len()];
+                assert_eq!(bits(got), bits(&want), "{isa:?}: {} x{n}", w.dtype);
+            }
+        }
+    }
 }
 
 #[test]

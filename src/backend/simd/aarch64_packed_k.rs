@@ -261,7 +261,8 @@ unsafe fn group_sdot<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
 /// The product for groups `g0..g1` and tokens `0..n` with `sdot`.
 ///
 /// # Safety
-/// The dot-product extension must be present; `xq` must hold `n` Q8_K rows of `qrow` bytes
+/// The dot-product extension must be present; `p` must be Q4_K, Q5_K or Q6_K (NEON keeps
+/// Q2_K and Q3_K in their stored layout, see `PackedK::isa_has_kernels`); `xq` must hold `n` Q8_K rows of `qrow` bytes
 /// covering `p.cols`; `out` must be writable at `t * ldo + r` for those tokens and the rows
 /// `r0..r1`, which no other thread touches during the call.
 #[target_feature(enable = "neon,dotprod")]

@@ -1026,8 +1026,8 @@ impl<B: Backend> SimdBackend<B> {
     }
 }
 
-/// Packs Q8_0 matrices (on x86 also Q4_0 and Q5_0 ones, and on x86 and NEON Q4_K, Q5_K and
-/// Q6_K ones, see [`PackedK`]) for `k`'s instruction set (shared by the backends built on
+/// Packs Q8_0 matrices (on x86 also Q4_0, Q5_0, Q2_K and Q3_K ones, and on x86 and NEON
+/// Q4_K, Q5_K and Q6_K ones, see [`PackedK`]) for `k`'s instruction set (shared by the backends built on
 /// `simd`), then releases the stored bytes' mapped pages: from here on every product and
 /// row lookup of these backends reads the packed copy, so the weights are resident once.
 /// The other quantized types are multiplied in their stored layout
@@ -1039,7 +1039,7 @@ pub fn prepare_matrix(k: &Kernels, w: &mut Matrix) {
     let packed: Option<Arc<dyn Any + Send + Sync>> = match w.dtype {
         GgmlType::Q8_0 => PackedQ8::pack(k.isa, w).map(|p| Arc::new(p) as _),
         GgmlType::Q4_0 | GgmlType::Q5_0 => PackedLegacy::pack(k.isa, w).map(|p| Arc::new(p) as _),
-        t if PackedK::packs(t) && PackedK::isa_has_kernels(k.isa) => {
+        t if PackedK::isa_has_kernels(k.isa, t) => {
             PackedK::pack(k.isa, w).map(|p| Arc::new(p) as _)
         }
         _ => None,

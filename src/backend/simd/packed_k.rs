@@ -1,9 +1,11 @@
-//! Q4_K, Q5_K and Q6_K weights regrouped at load for multi-row integer products: rows in
-//! groups of 16 and, per group and 256-value super-block, every field of the 16 blocks laid
-//! out so one 64-byte line holds four consecutive quant bytes of each row (the operand shape
-//! of `vpdpbusd`, of two AVX2 `maddubs` and of four NEON `sdot`), with the f16 scales and the
-//! 6-bit sub-block scales unpacked to one byte per row beside them. Nothing is widened: the
-//! packed form is within 3% of the stored size, so it can replace the stored bytes.
+//! Q2_K, Q3_K, Q4_K, Q5_K and Q6_K weights regrouped at load for multi-row integer
+//! products: rows in groups of 16 and, per group and 256-value super-block, every field of
+//! the 16 blocks laid out so one 64-byte line holds four consecutive quant bytes of each
+//! row (the operand shape of `vpdpbusd`, of two AVX2 `maddubs` and of four NEON `sdot`),
+//! with the f16 scales and the 6-bit sub-block scales unpacked to one byte per row beside
+//! them. Nothing is widened: the
+//! packed form is within 3% of the stored size (Q3_K: 5.5%, its 6-bit scales taking a byte
+//! each), so it can replace the stored bytes.
 //!
 //! Lines of one (group, super-block), for row `r` and byte `i < 4` of each 4-byte slot:
 //!
@@ -17,13 +19,20 @@
 //! | Q5_K, `Masks` form | 5–44 | per chunk `c < 4`, two lines of masks then its 8 quant lines: the 16 bytes at line `5 + 10c`, byte `16k`, are two 64-bit masks for quant line `8c + k` (line `7 + 10c + k`), bit `4r + i` of the first (second) being bit `2c` (`2c + 1`) of `qh[4k + i]`, the fifth bits of the low (high) nibbles |
 //! | Q6_K | 1–4   | the 16 signed scales: byte `16·g + r` for group `g`                   |
 //! | Q6_K | 5–52  | per half `h` and `k < 8`, three lines: `ql[64h + 4k + i]`, `ql[64h + 32 + 4k + i]`, `qh[32h + 4k + i]` |
+//! | Q3_K | 1–4   | the 16 scales, signed (offset 32 taken off): byte `16·g + r` for sub-block `g` |
+//! | Q3_K | 5–28  | per `k < 8`, three lines `X`, `Y`, `Z` of the 3-bit codes `c_j` (low 2 bits + 4·hmask bit, 0–7) of elements `32j + 4k + i`: `X = c0 + 8·c1 + 64·(c6 mod 4)`, `Y = c2 + 8·c3 + 64·(c7 mod 4)`, `Z = c4 + 8·c5 + 64·(c6 div 4) + 128·(c7 div 4)`: six codes come out with a shift and a mask, the last two with four ops |
+//! | Q2_K | 0     | `d` then `dmin` of the 16 rows (f16), as Q4_K                         |
+//! | Q2_K | 1–4   | the stored scale bytes (scale in the low nibble, min in the high): byte `16·g + r` |
+//! | Q2_K | 5–20  | line `5 + 8h + k`: `qs[32h + 4k + i]` (elements `128h + 32s + 4k + i` in bit pairs `2s`) |
 //!
 //! The kernels (`x86_packed_k.rs`, `aarch64_packed_k.rs`) form exactly the integer sums of
 //! the scalar dot products in `crate::tensor::k_quants` and fold each super-block into the
 //! f32 accumulator with the scalar expression, so every output equals the scalar dot of its
 //! row with that token's Q8_K row, bit for bit. They read each Q8_K block's sums of 16 values
-//! (`bsums`, which the quantizer writes) for the mins and for Q6_K's offset of 32, as the
-//! scalar Q4_K/Q5_K products do for their mins.
+//! (`bsums`, which the quantizer writes) for the mins and for the offsets of Q6_K (32) and
+//! Q3_K (4), as the scalar Q2_K/Q4_K/Q5_K products do for their mins.
+//!
+//! The NEON kernels cover Q4_K–Q6_K only: on NEON, Q2_K and Q3_K stay in their stored layout.
 
 use super::{Isa, Line, OutPtr, GROUP};
 use crate::tensor::k_quants::{self, QK};
@@ -36,11 +45,13 @@ const fn lines_per_block(t: GgmlType) -> usize {
         GgmlType::Q4_K => 37,
         GgmlType::Q5_K => 45,
         GgmlType::Q6_K => 53,
+        GgmlType::Q3_K => 29,
+        GgmlType::Q2_K => 21,
         _ => 0,
     }
 }
 
-/// First line of the quants (Q4_K, Q5_K) or of the ql/qh triples (Q6_K).
+/// First line of the quants (Q2_K, Q4_K, Q5_K) or of the line triples (Q3_K, Q6_K).
 pub(super) const fn quant_line(t: GgmlType) -> usize {
     match t {
         GgmlType::Q5_K => 13,
@@ -67,7 +78,7 @@ impl FifthBits {
     }
 }
 
-/// Q4_K, Q5_K or Q6_K weights in the packed layout (see the module documentation).
+/// Q2_K–Q6_K weights in the packed layout (see the module documentation).
 pub struct PackedK {
     pub dtype: GgmlType,
     /// The form of the fifth bits (Q5_K; `Bytes` for the other types).
@@ -86,9 +97,14 @@ impl PackedK {
         lines_per_block(t) > 0
     }
 
-    /// Whether `isa` has kernels for the packed layout.
-    pub fn isa_has_kernels(isa: Isa) -> bool {
-        matches!(isa, Isa::Avx2 | Isa::Avx512Vnni | Isa::Neon)
+    /// Whether `isa` has kernels for the packed layout of `t` (NEON's cover Q4_K–Q6_K).
+    pub fn isa_has_kernels(isa: Isa, t: GgmlType) -> bool {
+        Self::packs(t)
+            && match isa {
+                Isa::Avx2 | Isa::Avx512Vnni => true,
+                Isa::Neon => matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K),
+                Isa::Portable => false,
+            }
     }
 
     /// Repacks `m` for `isa`'s kernels; `None` for other types or a size that does not match
@@ -203,6 +219,9 @@ impl PackedK {
         // Q5_K's fifth bits are in the form of the ISA it was packed for; another ISA's
         // kernels would misread them.
         if self.dtype == GgmlType::Q5_K && FifthBits::for_isa(isa) != self.fifth {
+            return false;
+        }
+        if !Self::isa_has_kernels(isa, self.dtype) {
             return false;
         }
         let (g0, g1) = (r0 / GROUP, r1.div_ceil(GROUP));
@@ -431,7 +450,80 @@ fn put_block(t: GgmlType, l: &mut [Line], r: usize, blk: &[u8]) {
                 }
             }
         }
+        GgmlType::Q3_K => {
+            l[0].0[2 * r..2 * r + 2].copy_from_slice(&blk[108..110]);
+            let sc = k_quants::q3_k_scales(&blk[96..108]);
+            for (g, &s) in sc.iter().enumerate() {
+                let at = 16 * g + r;
+                l[1 + at / 64].0[at % 64] = s as u8;
+            }
+            let (hm, qs) = (&blk[..32], &blk[32..96]);
+            for k in 0..8 {
+                for i in 0..4 {
+                    let e = 4 * k + i;
+                    let c: [u8; 8] = std::array::from_fn(|j| {
+                        ((qs[32 * (j / 4) + e] >> (2 * (j % 4))) & 3) | (((hm[e] >> j) & 1) << 2)
+                    });
+                    let [x, y, z] = q3_code_bytes(&c);
+                    l[5 + 3 * k].0[slot(r, i)] = x;
+                    l[6 + 3 * k].0[slot(r, i)] = y;
+                    l[7 + 3 * k].0[slot(r, i)] = z;
+                }
+            }
+        }
+        GgmlType::Q2_K => {
+            l[0].0[2 * r..2 * r + 2].copy_from_slice(&blk[80..82]);
+            l[0].0[32 + 2 * r..32 + 2 * r + 2].copy_from_slice(&blk[82..84]);
+            for (g, &sc) in blk[..16].iter().enumerate() {
+                let at = 16 * g + r;
+                l[1 + at / 64].0[at % 64] = sc;
+            }
+            for h in 0..2 {
+                for k in 0..8 {
+                    for i in 0..4 {
+                        l[5 + 8 * h + k].0[slot(r, i)] = blk[16 + 32 * h + 4 * k + i];
+                    }
+                }
+            }
+        }
         _ => {}
+    }
+}
+
+/// The three packed bytes `X`, `Y`, `Z` of Q3_K codes `c` (see the module documentation).
+#[inline]
+fn q3_code_bytes(c: &[u8; 8]) -> [u8; 3] {
+    [
+        c[0] | (c[1] << 3) | ((c[6] & 3) << 6),
+        c[2] | (c[3] << 3) | ((c[7] & 3) << 6),
+        c[4] | (c[5] << 3) | ((c[6] >> 2) << 6) | ((c[7] >> 2) << 7),
+    ]
+}
+
+/// The eight Q3_K codes of the packed bytes `X`, `Y`, `Z` (the inverse of `q3_code_bytes`).
+#[inline]
+fn q3_codes(b: [u8; 3]) -> [u8; 8] {
+    let [x, y, z] = b;
+    [
+        x & 7,
+        (x >> 3) & 7,
+        y & 7,
+        (y >> 3) & 7,
+        z & 7,
+        (z >> 3) & 7,
+        (x >> 6) | (((z >> 6) & 1) << 2),
+        (y >> 6) | ((z >> 7) << 2),
+    ]
+}
+
+/// Packs sixteen Q3_K scales (offset by −32, as `k_quants::q3_k_scales` gives them) back
+/// into their 12 stored bytes.
+fn pack_q3_k_scales(sc: &[i8; 16], s: &mut [u8]) {
+    s.fill(0);
+    for (i, &v) in sc.iter().enumerate() {
+        let u = (v as i16 + 32) as u8;
+        s[i % 8] |= (u & 0x0f) << (4 * (i / 8));
+        s[8 + i % 4] |= (u >> 4) << (2 * (i / 4));
     }
 }
 
@@ -554,6 +646,40 @@ fn get_block(t: GgmlType, fifth: FifthBits, l: &[Line], r: usize, blk: &mut [u8]
                 }
             }
         }
+        GgmlType::Q3_K => {
+            blk[108..110].copy_from_slice(&l[0].0[2 * r..2 * r + 2]);
+            let sc: [i8; 16] = std::array::from_fn(|g| {
+                let at = 16 * g + r;
+                l[1 + at / 64].0[at % 64] as i8
+            });
+            pack_q3_k_scales(&sc, &mut blk[96..108]);
+            blk[..96].fill(0);
+            for k in 0..8 {
+                for i in 0..4 {
+                    let e = 4 * k + i;
+                    let c = q3_codes(std::array::from_fn(|q| l[5 + 3 * k + q].0[slot(r, i)]));
+                    for (j, &cj) in c.iter().enumerate() {
+                        blk[32 + 32 * (j / 4) + e] |= (cj & 3) << (2 * (j % 4));
+                        blk[e] |= (cj >> 2) << j;
+                    }
+                }
+            }
+        }
+        GgmlType::Q2_K => {
+            blk[80..82].copy_from_slice(&l[0].0[2 * r..2 * r + 2]);
+            blk[82..84].copy_from_slice(&l[0].0[32 + 2 * r..32 + 2 * r + 2]);
+            for (g, sc) in blk[..16].iter_mut().enumerate() {
+                let at = 16 * g + r;
+                *sc = l[1 + at / 64].0[at % 64];
+            }
+            for h in 0..2 {
+                for k in 0..8 {
+                    for i in 0..4 {
+                        blk[16 + 32 * h + 4 * k + i] = l[5 + 8 * h + k].0[slot(r, i)];
+                    }
+                }
+            }
+        }
         _ => {}
     }
 }
@@ -562,12 +688,14 @@ fn get_block(t: GgmlType, fifth: FifthBits, l: &[Line], r: usize, blk: &mut [u8]
 mod tests {
     use super::*;
     use crate::gguf::TensorBytes;
-    use crate::tensor::k_quants::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
+    use crate::tensor::k_quants::{Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
 
     /// ISAs whose kernels read the two forms of the fifth bits.
     const BOTH_FORMS: [Isa; 2] = [Isa::Avx2, Isa::Avx512Vnni];
 
-    const STORED: [(GgmlType, usize); 3] = [
+    const STORED: [(GgmlType, usize); 5] = [
+        (GgmlType::Q2_K, Q2_K_BYTES),
+        (GgmlType::Q3_K, Q3_K_BYTES),
         (GgmlType::Q4_K, Q4_K_BYTES),
         (GgmlType::Q5_K, Q5_K_BYTES),
         (GgmlType::Q6_K, Q6_K_BYTES),
@@ -633,16 +761,17 @@ mod tests {
         }
     }
 
-    /// The packed form is within 3% of the stored bytes (plus the zero rows padding the
-    /// last group).
+    /// The packed form is within 3% of the stored bytes (Q3_K: 6%, its scales a byte each),
+    /// plus the zero rows padding the last group.
     #[test]
     fn packing_adds_under_three_percent() {
         for (t, bb) in STORED {
             let m = matrix(t, 64, 1024, 3);
             let p = PackedK::pack(Isa::Avx512Vnni, &m).unwrap();
             let stored = 64 * 4 * bb;
+            let bound = if t == GgmlType::Q3_K { 1.06 } else { 1.03 };
             assert!(
-                p.bytes() as f64 <= stored as f64 * 1.03,
+                p.bytes() as f64 <= stored as f64 * bound,
                 "{t}: {} vs {stored}",
                 p.bytes()
             );

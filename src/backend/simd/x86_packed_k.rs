@@ -1,5 +1,5 @@
-//! AVX-512 VNNI and AVX2 products of packed Q4_K, Q5_K and Q6_K weights ([`super::packed_k::PackedK`]) with
-//! Q8_K activation rows: a group of 16 weight rows against a tile of tokens, each weight line
+//! AVX-512 VNNI and AVX2 products of packed Q2_K–Q6_K weights
+//! ([`super::packed_k::PackedK`]) with Q8_K activation rows: a group of 16 weight rows against a tile of tokens, each weight line
 //! loaded and unpacked once for all the tokens of the tile.
 //!
 //! Integer sums (exact in i32, as in `crate::tensor::k_quants`):
@@ -12,8 +12,9 @@
 //!   scaled sum of four products directly.
 //!
 //! The mins (Q4_K, Q5_K) are products of 16-bit pairs (`vpdpwssd` / `madd`: two sub-blocks'
-//! mins against their activation sums) and Q6_K's offset of 32 is taken off with the
-//! activation block's sums of 16 values, as the scalar products take the mins. Each super-block is folded into
+//! mins against their activation sums; Q2_K's per 16-value sub-block) and the offsets of
+//! Q6_K (32) and Q3_K (4) are taken off with the activation block's sums of 16 values, as
+//! the scalar products take the mins. Each super-block is folded into
 //! the f32 accumulator with the scalar expression (separate multiplies, no FMA), block after
 //! block, so every output is bit-identical to the scalar dot product of its row.
 
@@ -312,6 +313,232 @@ unsafe fn q6_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
     }
 }
 
+/// The four Q3_K codes of runs `4·pass ..` (elements `32j + 4k + i`) from the three packed
+/// lines of one `k` (see `packed_k`): six come out with a shift and a mask, the last two
+/// combine their low pair (from `X`, `Y`) with their third bit (from `Z`).
+#[inline(always)]
+unsafe fn q3_codes_512(l: *const u8, pass: usize) -> [__m512i; 4] {
+    let m7 = _mm512_set1_epi8(7);
+    let m3 = _mm512_set1_epi8(3);
+    let m4 = _mm512_set1_epi8(4);
+    // SAFETY: the caller guarantees the three lines at `l`.
+    let (lx, ly, lz) = unsafe {
+        (
+            _mm512_loadu_si512(l as *const __m512i),
+            _mm512_loadu_si512(l.add(64) as *const __m512i),
+            _mm512_loadu_si512(l.add(128) as *const __m512i),
+        )
+    };
+    if pass == 0 {
+        [
+            _mm512_and_si512(lx, m7),
+            _mm512_and_si512(_mm512_srli_epi16(lx, 3), m7),
+            _mm512_and_si512(ly, m7),
+            _mm512_and_si512(_mm512_srli_epi16(ly, 3), m7),
+        ]
+    } else {
+        [
+            _mm512_and_si512(lz, m7),
+            _mm512_and_si512(_mm512_srli_epi16(lz, 3), m7),
+            // (a & 3) | b in one op.
+            _mm512_ternarylogic_epi32::<0xEC>(
+                _mm512_srli_epi16(lx, 6),
+                _mm512_and_si512(_mm512_srli_epi16(lz, 4), m4),
+                m3,
+            ),
+            _mm512_ternarylogic_epi32::<0xEC>(
+                _mm512_srli_epi16(ly, 6),
+                _mm512_and_si512(_mm512_srli_epi16(lz, 5), m4),
+                m3,
+            ),
+        ]
+    }
+}
+
+/// Q3_K, group `g`, tokens `t0..t0 + T`: the codes (0–7) into `vpdpbusd`, each sub-block's
+/// sum times its signed scale, then `4 · Σ scale · bsum` taken off (the codes are the
+/// values plus 4).
+// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn q3_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
+    let p = j.p;
+    let base = p.group(g).as_ptr();
+    let bb = p.block_bytes();
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..p.nsb {
+        // SAFETY: as in `q45_vnni`.
+        let blk = unsafe { base.add(b * bb) };
+        // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
+        let x: [*const u8; T] =
+            std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
+        let mut isum = [_mm512_setzero_si512(); T];
+        for q in 0..2 {
+            for pass in 0..2 {
+                // Slot s: run 4·pass + s, elements 32(4·pass + s) + 16q .. +16, sub-block
+                // 2(4·pass + s) + q.
+                let mut a = [[_mm512_setzero_si512(); 4]; T];
+                for kk in 0..4 {
+                    let k = 4 * q + kk;
+                    // SAFETY (this block): the three lines of k and the activation quants.
+                    unsafe {
+                        let c = q3_codes_512(blk.add((quant_line(p.dtype) + 3 * k) * 64), pass);
+                        for t in 0..T {
+                            for s in 0..4 {
+                                let xv = _mm512_set1_epi32(x4(x[t], 32 * (4 * pass + s) + 4 * k));
+                                a[t][s] = _mm512_dpbusd_epi32(a[t][s], c[s], xv);
+                            }
+                        }
+                    }
+                    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+                }
+                for s in 0..4 {
+                    let gi = 2 * (4 * pass + s) + q;
+                    // SAFETY: sub-block gi's 16 signed scales (lines 1–4).
+                    unsafe {
+                        let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(
+                            blk.add(64 + 16 * gi) as *const __m128i
+                        ));
+                        for t in 0..T {
+                            isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(a[t][s], sc));
+                        }
+                    }
+                }
+            }
+        }
+        // The offset of 4, as Q6_K's of 32 in `q6_vnni`.
+        let mut corr = [_mm512_setzero_si512(); T];
+        for pp in 0..8 {
+            // SAFETY: the scales of sub-blocks 2pp, 2pp+1 (lines 1–4); the activation sums.
+            unsafe {
+                let a = _mm_loadu_si128(blk.add(64 + 32 * pp) as *const __m128i);
+                let b = _mm_loadu_si128(blk.add(64 + 32 * pp + 16) as *const __m128i);
+                let pairs = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
+                let sc = _mm512_cvtepi8_epi16(pairs);
+                for t in 0..T {
+                    let bs = _mm512_set1_epi32(x_bsum_pair(x[t], pp));
+                    corr[t] = _mm512_dpwssd_epi32(corr[t], sc, bs);
+                }
+            }
+        }
+        for t in 0..T {
+            isum[t] = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(corr[t], 2));
+        }
+        // SAFETY: line 0 holds the 16 d.
+        let dw = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i)) };
+        for t in 0..T {
+            // SAFETY: the token's block scale.
+            let dx = _mm512_set1_ps(unsafe { x_d(x[t]) });
+            let v = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[t]));
+            acc[t] = _mm512_add_ps(acc[t], v);
+        }
+    }
+    for (t, a) in acc.iter().enumerate() {
+        // SAFETY: the destination rows are the caller's.
+        unsafe { store_window_512(j, g, t0 + t, *a) };
+    }
+}
+
+/// Q2_K, group `g`, tokens `t0..t0 + T`: the 2-bit codes into `vpdpbusd`, each sub-block's
+/// sum times its 4-bit scale, the 4-bit mins against the activation sums.
+// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn q2_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
+    let p = j.p;
+    let base = p.group(g).as_ptr();
+    let bb = p.block_bytes();
+    let ql = quant_line(p.dtype);
+    let m3 = _mm512_set1_epi8(3);
+    let m15 = _mm512_set1_epi32(0x0f);
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..p.nsb {
+        // SAFETY: as in `q45_vnni`.
+        let blk = unsafe { base.add(b * bb) };
+        // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
+        let x: [*const u8; T] =
+            std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
+        let mut isum = [_mm512_setzero_si512(); T];
+        for h in 0..2 {
+            for q in 0..2 {
+                // Slot s: elements 128h + 32s + 16q .. +16, sub-block 8h + 2s + q.
+                let mut a = [[_mm512_setzero_si512(); 4]; T];
+                for kk in 0..4 {
+                    let k = 4 * q + kk;
+                    // SAFETY (this block): the quant line of (h, k), the activation quants.
+                    unsafe {
+                        let w =
+                            _mm512_loadu_si512(blk.add((ql + 8 * h + k) * 64) as *const __m512i);
+                        let c = [
+                            _mm512_and_si512(w, m3),
+                            _mm512_and_si512(_mm512_srli_epi16(w, 2), m3),
+                            _mm512_and_si512(_mm512_srli_epi16(w, 4), m3),
+                            _mm512_and_si512(_mm512_srli_epi16(w, 6), m3),
+                        ];
+                        for t in 0..T {
+                            for s in 0..4 {
+                                let xv = _mm512_set1_epi32(x4(x[t], 128 * h + 32 * s + 4 * k));
+                                a[t][s] = _mm512_dpbusd_epi32(a[t][s], c[s], xv);
+                            }
+                        }
+                    }
+                    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+                }
+                for s in 0..4 {
+                    let gi = 8 * h + 2 * s + q;
+                    // SAFETY: sub-block gi's 16 scale bytes (lines 1–4).
+                    unsafe {
+                        let sc = _mm512_and_si512(
+                            _mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                blk.add(64 + 16 * gi) as *const __m128i
+                            )),
+                            m15,
+                        );
+                        for t in 0..T {
+                            isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(a[t][s], sc));
+                        }
+                    }
+                }
+            }
+        }
+        // The mins (high nibbles) of sub-blocks 2pp, 2pp+1 as 16-bit pairs per row.
+        let mut msum = [_mm512_setzero_si512(); T];
+        for pp in 0..8 {
+            // SAFETY: the scale bytes of sub-blocks 2pp, 2pp+1 (lines 1–4); the sums.
+            unsafe {
+                let a = _mm_loadu_si128(blk.add(64 + 32 * pp) as *const __m128i);
+                let b = _mm_loadu_si128(blk.add(64 + 32 * pp + 16) as *const __m128i);
+                let pairs = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
+                let m = _mm512_srli_epi16(_mm512_cvtepu8_epi16(pairs), 4);
+                for t in 0..T {
+                    let bs = _mm512_set1_epi32(x_bsum_pair(x[t], pp));
+                    msum[t] = _mm512_dpwssd_epi32(msum[t], m, bs);
+                }
+            }
+        }
+        // SAFETY: line 0 holds the 16 d then the 16 dmin.
+        let (dw, dm) = unsafe {
+            (
+                _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i)),
+                _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i)),
+            )
+        };
+        for t in 0..T {
+            // SAFETY: the token's block scale.
+            let dx = _mm512_set1_ps(unsafe { x_d(x[t]) });
+            let a = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[t]));
+            let m = _mm512_mul_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(msum[t]));
+            acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(a, m));
+        }
+    }
+    for (t, a) in acc.iter().enumerate() {
+        // SAFETY: the destination rows are the caller's.
+        unsafe { store_window_512(j, g, t0 + t, *a) };
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // AVX2
 // ---------------------------------------------------------------------------------------
@@ -487,6 +714,202 @@ unsafe fn q6_avx2_half<const T: usize>(
     acc
 }
 
+/// The four Q3_K codes of runs `4·pass ..` for rows `8·half ..`, as [`q3_codes_512`].
+///
+/// # Safety
+/// The three lines at `l` (offset to the half) must be readable; AVX2 enabled.
+#[inline(always)]
+unsafe fn q3_codes_256(l: *const u8, pass: usize) -> [__m256i; 4] {
+    let m7 = _mm256_set1_epi8(7);
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm256_set1_epi8(4);
+    // SAFETY: the caller guarantees the three lines at `l`.
+    let (lx, ly, lz) = unsafe {
+        (
+            _mm256_loadu_si256(l as *const __m256i),
+            _mm256_loadu_si256(l.add(64) as *const __m256i),
+            _mm256_loadu_si256(l.add(128) as *const __m256i),
+        )
+    };
+    if pass == 0 {
+        [
+            _mm256_and_si256(lx, m7),
+            _mm256_and_si256(_mm256_srli_epi16(lx, 3), m7),
+            _mm256_and_si256(ly, m7),
+            _mm256_and_si256(_mm256_srli_epi16(ly, 3), m7),
+        ]
+    } else {
+        [
+            _mm256_and_si256(lz, m7),
+            _mm256_and_si256(_mm256_srli_epi16(lz, 3), m7),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(lx, 6), m3),
+                _mm256_and_si256(_mm256_srli_epi16(lz, 4), m4),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(ly, 6), m3),
+                _mm256_and_si256(_mm256_srli_epi16(lz, 5), m4),
+            ),
+        ]
+    }
+}
+
+/// Q3_K, rows `8·half ..` of group `g`, tokens `t0..t0 + T`.
+// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q3_avx2_half<const T: usize>(
+    j: Job<'_>,
+    g: usize,
+    t0: usize,
+    half: usize,
+) -> [__m256; T] {
+    let p = j.p;
+    let base = p.group(g).as_ptr();
+    let bb = p.block_bytes();
+    let ql = quant_line(p.dtype);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..p.nsb {
+        // SAFETY: as in `q45_vnni`.
+        let blk = unsafe { base.add(b * bb) };
+        // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
+        let x: [*const u8; T] =
+            std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
+        let mut isum = [_mm256_setzero_si256(); T];
+        for k in 0..8 {
+            for pass in 0..2 {
+                // Slot s: run 4·pass + s, elements 32(4·pass + s) + 4k .., sub-block
+                // 2(4·pass + s) + k / 4.
+                // SAFETY (this block): the three lines of k, the scales, the quants.
+                unsafe {
+                    let c = q3_codes_256(blk.add((ql + 3 * k) * 64 + 32 * half), pass);
+                    for s in 0..4 {
+                        let jr = 4 * pass + s;
+                        let sc = scale_lanes_i8(blk.add(64 + 16 * (2 * jr + k / 4) + 8 * half));
+                        for t in 0..T {
+                            let xv = _mm256_set1_epi32(x4(x[t], 32 * jr + 4 * k));
+                            let v = _mm256_madd_epi16(_mm256_maddubs_epi16(c[s], xv), sc);
+                            isum[t] = _mm256_add_epi32(isum[t], v);
+                        }
+                    }
+                }
+            }
+        }
+        // The offset of 4, as in `q3_vnni`.
+        let mut corr = [_mm256_setzero_si256(); T];
+        for pp in 0..8 {
+            // SAFETY: the scales of sub-blocks 2pp, 2pp+1 for these 8 rows; the sums.
+            unsafe {
+                let a = _mm_loadl_epi64(blk.add(64 + 32 * pp + 8 * half) as *const __m128i);
+                let b = _mm_loadl_epi64(blk.add(64 + 32 * pp + 16 + 8 * half) as *const __m128i);
+                let sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
+                for t in 0..T {
+                    let bs = _mm256_set1_epi32(x_bsum_pair(x[t], pp));
+                    corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(sc, bs));
+                }
+            }
+        }
+        for t in 0..T {
+            isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(corr[t], 2));
+        }
+        // SAFETY: line 0: d of the 16 rows.
+        let dw = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i)) };
+        for t in 0..T {
+            // SAFETY: the token's block scale.
+            let dx = _mm256_set1_ps(unsafe { x_d(x[t]) });
+            let v = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t]));
+            acc[t] = _mm256_add_ps(acc[t], v);
+        }
+    }
+    acc
+}
+
+/// Q2_K, rows `8·half ..` of group `g`, tokens `t0..t0 + T`.
+// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_avx2_half<const T: usize>(
+    j: Job<'_>,
+    g: usize,
+    t0: usize,
+    half: usize,
+) -> [__m256; T] {
+    let p = j.p;
+    let base = p.group(g).as_ptr();
+    let bb = p.block_bytes();
+    let ql = quant_line(p.dtype);
+    let m3 = _mm256_set1_epi8(3);
+    // The scales are the low nibbles of the scale bytes, in both halves of each lane.
+    let m15 = _mm256_set1_epi16(0x0f);
+    let mut acc = [_mm256_setzero_ps(); T];
+    for b in 0..p.nsb {
+        // SAFETY: as in `q45_vnni`.
+        let blk = unsafe { base.add(b * bb) };
+        // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
+        let x: [*const u8; T] =
+            std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
+        let mut isum = [_mm256_setzero_si256(); T];
+        for h in 0..2 {
+            for k in 0..8 {
+                // Slot s holds elements 128h + 32s + 4k .., in sub-block 8h + 2s + k / 4.
+                // SAFETY (this block): the quant line of (h, k), the scales, the quants.
+                unsafe {
+                    let w = _mm256_loadu_si256(
+                        blk.add((ql + 8 * h + k) * 64 + 32 * half) as *const __m256i
+                    );
+                    let c = [
+                        _mm256_and_si256(w, m3),
+                        _mm256_and_si256(_mm256_srli_epi16(w, 2), m3),
+                        _mm256_and_si256(_mm256_srli_epi16(w, 4), m3),
+                        _mm256_and_si256(_mm256_srli_epi16(w, 6), m3),
+                    ];
+                    for s in 0..4 {
+                        let gi = 8 * h + 2 * s + k / 4;
+                        let sc =
+                            _mm256_and_si256(scale_lanes_u8(blk.add(64 + 16 * gi + 8 * half)), m15);
+                        for t in 0..T {
+                            let xv = _mm256_set1_epi32(x4(x[t], 128 * h + 32 * s + 4 * k));
+                            let v = _mm256_madd_epi16(_mm256_maddubs_epi16(c[s], xv), sc);
+                            isum[t] = _mm256_add_epi32(isum[t], v);
+                        }
+                    }
+                }
+            }
+        }
+        // The mins (high nibbles) of sub-blocks 2pp, 2pp+1 as 16-bit pairs per row.
+        let mut msum = [_mm256_setzero_si256(); T];
+        for pp in 0..8 {
+            // SAFETY: the scale bytes of sub-blocks 2pp, 2pp+1 for these 8 rows; the sums.
+            unsafe {
+                let a = _mm_loadl_epi64(blk.add(64 + 32 * pp + 8 * half) as *const __m128i);
+                let b = _mm_loadl_epi64(blk.add(64 + 32 * pp + 16 + 8 * half) as *const __m128i);
+                let m = _mm256_srli_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b)), 4);
+                for t in 0..T {
+                    let bs = _mm256_set1_epi32(x_bsum_pair(x[t], pp));
+                    msum[t] = _mm256_add_epi32(msum[t], _mm256_madd_epi16(m, bs));
+                }
+            }
+        }
+        // SAFETY: line 0: d of the 16 rows, then dmin.
+        let (dw, dm) = unsafe {
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i)),
+                _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * half) as *const __m128i)),
+            )
+        };
+        for t in 0..T {
+            // SAFETY: the token's block scale.
+            let dx = _mm256_set1_ps(unsafe { x_d(x[t]) });
+            let a = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t]));
+            let m = _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum[t]));
+            acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(a, m));
+        }
+    }
+    acc
+}
+
 /// Both halves of group `g` on AVX2, stored.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -498,6 +921,8 @@ unsafe fn group_avx2<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
             match j.p.dtype {
                 GgmlType::Q4_K => q45_avx2_half::<T, false>(j, g, t0, half),
                 GgmlType::Q5_K => q45_avx2_half::<T, true>(j, g, t0, half),
+                GgmlType::Q3_K => q3_avx2_half::<T>(j, g, t0, half),
+                GgmlType::Q2_K => q2_avx2_half::<T>(j, g, t0, half),
                 _ => q6_avx2_half::<T>(j, g, t0, half),
             }
         };
@@ -529,6 +954,8 @@ unsafe fn group_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
         match j.p.dtype {
             GgmlType::Q4_K => q45_vnni::<T, false>(j, g, t0),
             GgmlType::Q5_K => q45_vnni::<T, true>(j, g, t0),
+            GgmlType::Q3_K => q3_vnni::<T>(j, g, t0),
+            GgmlType::Q2_K => q2_vnni::<T>(j, g, t0),
             _ => q6_vnni::<T>(j, g, t0),
         }
     }
