@@ -87,24 +87,26 @@ impl PoolBackend {
         with_act_scratch(|act| {
             act.reserve(n, cols);
             if n * cols >= MIN_ELEMENTS_TO_SPLIT && n > 1 {
-                let (q, d, s) = (
+                let (q, d, s, m) = (
                     SharedMut(act.quants.as_mut_ptr()),
                     SharedMut(act.scales.as_mut_ptr()),
                     SharedMut(act.offsets.as_mut_ptr()),
+                    SharedMut(act.sums.as_mut_ptr()),
                 );
                 let nc = self.chunks(n);
                 self.pool.run(nc, &|c| {
                     let (t0, t1) = split(n, c, nc);
                     // SAFETY: token rows t0..t1 of the scratch are this thread's alone, and
                     // the scratch (reserved above) outlives the job.
-                    let (q, d, s) = unsafe {
+                    let (q, d, s, m) = unsafe {
                         (
                             q.slice(t0 * cols, (t1 - t0) * cols),
                             d.slice(t0 * nb, (t1 - t0) * nb),
                             s.slice(t0 * nb, (t1 - t0) * nb),
+                            m.slice(t0 * nb, (t1 - t0) * nb),
                         )
                     };
-                    k.quantize(&x[t0 * cols..t1 * cols], q, d, s);
+                    k.quantize(&x[t0 * cols..t1 * cols], q, d, s, m);
                 });
             } else {
                 k.quantize_into(x, n, cols, act);
