@@ -171,7 +171,8 @@ impl PoolBackend {
 
 impl PoolBackend {
     /// [`Backend::matmul_batch`] for jobs that are all quantized products on Q8_K / Q8_1
-    /// activations (K-quants packed or stored, Q4_1, Q5_1, …): each job's input quantized
+    /// activations (K-quants packed or stored, Q4_1 and Q5_1 stored, …; the legacy packed
+    /// form runs job by job through [`PoolBackend::matmul`]): each job's input quantized
     /// once (a job with the previous job's input shares it), then the 16-row groups of
     /// every job's output cut into chunks for the threads in one dispatch. Returns false,
     /// having done nothing, for any other jobs.

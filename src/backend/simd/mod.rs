@@ -5,15 +5,16 @@
 //!   or portable code), overridable with `INFERNO_SIMD` for comparisons;
 //! - [`PackedQ8`]: Q8_0 weights repacked at load into 16-row interleaved groups, the layout
 //!   the integer kernels want (built through [`Backend::prepare`]), and [`PackedLegacy`],
-//!   the same for Q4_0 and Q5_0 at their own size (x86); a packed matrix's stored pages are
-//!   released, so its weights are resident once;
-//! - [`ActQ8`]: activations quantized to Q8_0 for the integer products;
+//!   the same for Q4_0, Q5_0, Q4_1 and Q5_1 at their own size (x86); a packed matrix's
+//!   stored pages are released, so its weights are resident once;
+//! - [`ActQ8`]: activations quantized to Q8_0 (with Q8_1's block sums) for the integer
+//!   products;
 //! - [`Kernels`]: entry points that compute a given share of an operation (rows of a matmul,
 //!   heads of an attention), so `simd` runs all of it on one thread and `parallel` / `pool`
 //!   hand the shares to threads — each output value is computed by the same code in the same
 //!   order whatever the split, so results are identical at any thread count;
-//! - [`quants::QuantMatmul`]: the other quantized types (Q4_1 … Q6_K, and Q4_0 / Q5_0 off
-//!   x86) multiplied in their stored layout, one vector dot kernel call per output;
+//! - [`quants::QuantMatmul`]: the other quantized types (Q2_K … Q6_K where not packed, and
+//!   Q4_0 … Q5_1 off x86) multiplied in their stored layout, one vector dot kernel call per output;
 //! - [`SimdBackend`], which decorates a reference backend (normally `scalar`) and forwards it
 //!   the types it has no kernel for.
 //!
@@ -589,7 +590,7 @@ impl Kernels {
         }
     }
 
-    /// [`Kernels::gemm_q8`] for either packed form (a packed Q4_0 / Q5_0 matrix only where
+    /// [`Kernels::gemm_q8`] for either packed form (a packed Q4_0 … Q5_1 matrix only where
     /// [`PackedLegacy::supported_on`] this instruction set, as [`Packed::of`] ensures).
     ///
     /// # Safety
@@ -1035,7 +1036,7 @@ impl<B: Backend> SimdBackend<B> {
     }
 }
 
-/// Packs Q8_0 matrices (on x86 also Q4_0 and Q5_0 ones, and on x86 and NEON Q4_K, Q5_K and
+/// Packs Q8_0 matrices (on x86 also Q4_0, Q5_0, Q4_1 and Q5_1 ones, and on x86 and NEON Q4_K, Q5_K and
 /// Q6_K ones, see [`PackedK`]) for `k`'s instruction set (shared by the backends built on
 /// `simd`), then releases the stored bytes' mapped pages: from here on every product and
 /// row lookup of these backends reads the packed copy, so the weights are resident once.

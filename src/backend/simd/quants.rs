@@ -1,5 +1,5 @@
-//! Products of the quantized weight types multiplied in their stored layout (Q4_1, Q5_1,
-//! Q2_K–Q6_K, and Q8_0, Q4_0 and Q5_0 where no packed copy was made): each type's vector dot kernel for the
+//! Products of the quantized weight types multiplied in their stored layout (Q2_K–Q6_K, Q8_0,
+//! Q4_0, Q5_0, Q4_1 and Q5_1 where no packed copy was made): each type's vector dot kernel for the
 //! instruction set ([`Kernels::quant_dot`]), and [`QuantMatmul`], which quantizes the
 //! activation rows once and computes any range of output rows, so `simd` runs a whole
 //! product on one thread and `pool` / `parallel` hand row ranges to threads.

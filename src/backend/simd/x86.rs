@@ -7,6 +7,9 @@
 //! row and a block's integer sum for 16 rows ends up in lanes without horizontal reductions.
 //! Each lane then follows the scalar definition exactly: an exact integer sum per block, then
 //! `acc += isum as f32 * (d_w * d_x)` with a separate multiply and add, block after block.
+//! The packed Q4_0, Q5_0, Q4_1 and Q5_1 products ([`super::PackedLegacy`]) do the same on
+//! 4- or 5-bit unsigned codes; Q4_1 and Q5_1 add `(d_w · d_x) · isum + m_w · s_x` per block,
+//! as their scalar dots do.
 
 use super::{ActQ8Ref, PackedLegacy, PackedQ8, GROUP};
 use crate::backend::{AttentionShape, KvRows};
