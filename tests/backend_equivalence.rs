@@ -2,8 +2,8 @@
 //! - `pool` (at 1, 2, 3 and 4 threads) and `parallel` produce exactly `simd`'s bytes, on logits
 //!   and on 64 greedy tokens (the fixture models when present, and small synthetic ones);
 //! - every SIMD kernel, on every instruction set this CPU has, matches the scalar definition:
-//!   bit for bit where the arithmetic is the same (Q8_0 products, activation quantization,
-//!   RoPE, add), within a derived bound where the summation order differs;
+//!   bit for bit where the arithmetic is the same (Q8_0 products, activation quantization
+//!   to Q8_0 and Q8_1, RoPE, add), within a derived bound where the summation order differs;
 //! - whole models on `simd` stay within a derived tolerance of `scalar`.
 
 mod common;
@@ -15,7 +15,7 @@ use inferno::backend::{
 };
 use inferno::gguf::{GgufFile, TensorBytes};
 use inferno::model::{Logits, Model};
-use inferno::tensor::{float, q8_0, GgmlType, Matrix};
+use inferno::tensor::{float, legacy, q8_0, GgmlType, Matrix};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
@@ -114,15 +114,32 @@ fn activation_quantization_matches_the_scalar_definition() {
             }
             let mut reference = vec![0u8; cols / 32 * 34];
             q8_0::quantize(&x, &mut reference);
+            // The Q4_1 / Q5_1 kernels read the same rows as Q8_1 (quants, d and s).
+            let mut reference_1 = vec![0u8; cols / 32 * legacy::Q8_1_BYTES];
+            legacy::quantize_q8_1(&x, &mut reference_1);
             let nb = cols / 32;
             let (mut q, mut d, mut s) = (vec![0i8; cols], vec![0f32; nb], vec![0i32; nb]);
-            k.quantize(&x, &mut q, &mut d, &mut s);
+            let mut m = vec![f32::NAN; nb];
+            k.quantize(&x, &mut q, &mut d, &mut s, &mut m);
             for b in 0..nb {
                 let blk = &reference[b * 34..(b + 1) * 34];
                 assert_eq!(d[b].to_bits(), q8_0::block_scale(blk).to_bits(), "{isa:?}");
                 let want: Vec<i8> = blk[2..].iter().map(|&v| v as i8).collect();
                 assert_eq!(&q[b * 32..(b + 1) * 32], &want[..], "{isa:?} case {case}");
                 assert_eq!(s[b], -128 * want.iter().map(|&v| v as i32).sum::<i32>());
+                let blk1 = &reference_1[b * legacy::Q8_1_BYTES..(b + 1) * legacy::Q8_1_BYTES];
+                let f16_at = |i: usize| half::f16::from_le_bytes([blk1[i], blk1[i + 1]]);
+                assert_eq!(
+                    d[b].to_bits(),
+                    f16_at(0).to_f32().to_bits(),
+                    "{isa:?} Q8_1 d"
+                );
+                assert_eq!(&blk1[4..], &blk[2..], "{isa:?} case {case}: Q8_1 quants");
+                assert_eq!(
+                    m[b].to_bits(),
+                    f16_at(2).to_f32().to_bits(),
+                    "{isa:?} case {case}: Q8_1 s of block {b}"
+                );
             }
         }
     }

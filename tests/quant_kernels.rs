@@ -8,9 +8,9 @@
 //! - matmuls of each type with 1, 2, 3, 5 and 33 tokens give the same bytes on `scalar`,
 //!   `simd` (every instruction set), `pool` at 1, 2, 3 and 4 threads and `parallel`, on the
 //!   stored layout and on each backend's prepared (packed) one;
-//! - the packed layouts `prepare` makes (Q8_0; Q4_0, Q5_0, Q2_K and Q3_K on x86; Q4_K–Q6_K
-//!   on x86 and NEON) give the scalar bytes for every token tile size, partial row groups
-//!   and thread count, and so do row lookups in them;
+//! - the packed layouts `prepare` makes (Q8_0; Q4_0, Q5_0, Q4_1, Q5_1, Q2_K and Q3_K on x86;
+//!   Q4_K–Q6_K on x86 and NEON) give the scalar bytes for every token tile size, partial row
+//!   groups and thread count, and so do row lookups in them;
 //! - a decode matvec of each type allocates nothing on the calling thread once warm.
 
 use half::f16;
@@ -446,8 +446,8 @@ fn bits_nan(v: &[f32]) -> Vec<u32> {
         .collect()
 }
 
-/// The packed layouts `prepare` makes (Q8_0 everywhere, Q4_0 and Q5_0 on x86) against the
-/// scalar definitions: every token tile size and remainder (1–10 tokens, 16, 17, 33), row
+/// The packed layouts `prepare` makes (Q8_0 everywhere, Q4_0, Q5_0, Q4_1 and Q5_1 on x86)
+/// against the scalar definitions: every token tile size and remainder (1–10 tokens, 16, 17, 33), row
 /// counts that fill no group, exactly one, one and a bit and several with a partial last
 /// one, row lengths of one to sixteen blocks, extreme f16 scales, on every instruction set,
 /// `pool` at 1–4 threads and `parallel`. Row lookups (a tied embedding) read the packed
@@ -471,8 +471,8 @@ fn packed_products_and_row_lookups_are_byte_identical_to_scalar() {
             Box::new(ParallelBackend::new(simd(isa), 3)),
         ));
     }
-    let mut packed_legacy = 0;
-    for t in [Q4_0, Q5_0, Q8_0] {
+    let mut packed_legacy = std::collections::HashMap::new();
+    for t in [Q4_0, Q5_0, Q4_1, Q5_1, Q8_0] {
         for (rows, cols) in [(1, 32), (15, 96), (16, 512), (17, 64), (83, 512)] {
             let blocks = cols / 32;
             let data: Vec<u8> = (0..rows)
@@ -486,7 +486,7 @@ fn packed_products_and_row_lookups_are_byte_identical_to_scalar() {
                 if t == Q8_0 {
                     assert!(PackedQ8::of(&wp).is_some(), "{name}: {t} not packed");
                 }
-                packed_legacy += PackedLegacy::of(&wp).is_some() as usize;
+                *packed_legacy.entry(t).or_insert(0) += PackedLegacy::of(&wp).is_some() as usize;
                 prepared.push(wp);
             }
             for n in (1..=10).chain([16, 17, 33]) {
@@ -514,15 +514,21 @@ fn packed_products_and_row_lookups_are_byte_identical_to_scalar() {
             }
         }
     }
-    // On x86 the legacy types must have taken the packed path (else this tested nothing new).
+    // On x86 each legacy type must have taken the packed path (else this tested nothing
+    // new), on both vector instruction sets where the CPU has them.
     let x86 = Isa::available()
         .iter()
-        .any(|i| matches!(i, Isa::Avx2 | Isa::Avx512Vnni));
-    assert_eq!(
-        packed_legacy > 0,
-        x86,
-        "{packed_legacy} packed Q4_0/Q5_0 matrices"
-    );
+        .filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512Vnni))
+        .count();
+    for t in [Q4_0, Q5_0, Q4_1, Q5_1] {
+        // Per vector ISA: simd, pool at 1–4 threads and parallel, for each of 5 shapes.
+        assert_eq!(
+            packed_legacy.get(&t).copied().unwrap_or(0),
+            x86 * 6 * 5,
+            "packed {t} matrices"
+        );
+    }
+    assert_eq!(packed_legacy.get(&Q8_0), Some(&0));
 }
 
 /// The packed K-quant layouts ([`PackedK`], Q2_K–Q6_K) against the scalar definitions: every

@@ -1,7 +1,8 @@
 //! The weights are resident once on the CPU backends that repack them: after loading a
 //! memory-mapped model on `simd` or `pool` and running a short prompt and a few decode steps,
 //! the process has grown by at most the file's size plus 5 % plus its activation buffers
-//! (KV cache and scratch), for Q8_0, Q4_0, Q5_0, Q4_K and Q6_K weights. Before, a repacked matrix kept
+//! (KV cache and scratch), for Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K and Q6_K weights. Before, a
+//! repacked matrix kept
 //! its mapped pages resident beside the packed copy (about twice the file).
 //!
 //! Each case runs in a fresh child process (this test binary re-run on this test alone): in
@@ -12,10 +13,10 @@
 
 use inferno::backend::{create_backend, BackendOptions};
 use inferno::engine::memory::resident_bytes;
-use inferno::gguf::GgufFile;
+use inferno::gguf::{GgufFile, GgufWriter};
 use inferno::model::synth::{self, SynthSpec};
 use inferno::model::{Logits, Model};
-use inferno::tensor::GgmlType;
+use inferno::tensor::{self, GgmlType};
 use std::path::Path;
 use std::process::Command;
 
@@ -73,8 +74,10 @@ fn measure(path: &Path, backend: &str) -> (u64, u64, u64) {
     // below is not the code of the load and forward paths faulting in, the backend's threads
     // starting or the allocator's first arenas.
     let dtype = match GgufFile::open(path).expect("open").tensors()[0].dtype {
-        // synth writes no K-quants (their files come from `quantize`).
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => GgmlType::Q8_0,
+        // synth writes no K-quants nor Q4_1 / Q5_1 (their files come from `quantize`).
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q4_1 | GgmlType::Q5_1 => {
+            GgmlType::Q8_0
+        }
         d => d,
     };
     let mut small = spec(dtype);
@@ -113,6 +116,61 @@ fn measure(path: &Path, backend: &str) -> (u64, u64, u64) {
     )
 }
 
+/// Q4_1 blocks from Q5_1 ones: value `2d · ⌊q / 2⌋ + m`, the same `m`.
+fn q4_1_from_q5_1(q5_1: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(q5_1.len() / 24 * 20);
+    for b in q5_1.chunks_exact(24) {
+        let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+        out.extend_from_slice(&half::f16::from_f32(2.0 * d).to_le_bytes());
+        out.extend_from_slice(&b[2..4]);
+        // Q5_1 byte j holds the low four bits of elements j and j + 16 (bits j and j + 16
+        // of qh their fifth); Q4_1 wants the top four of the five bits in the same places.
+        let qh = u32::from_le_bytes([b[4], b[5], b[6], b[7]]);
+        for (j, &q) in b[8..24].iter().enumerate() {
+            let lo = ((q & 0x0f) >> 1) | ((((qh >> j) & 1) as u8) << 3);
+            let hi = (q >> 5) | ((((qh >> (j + 16)) & 1) as u8) << 3);
+            out.push(lo | (hi << 4));
+        }
+    }
+    out
+}
+
+/// The Q8_0 file at `src` with its Q8_0 matrices requantized to `dtype` (Q5_1 through the
+/// library's quantizer; Q4_1, which has none, from those Q5_1 blocks), all else as it is.
+/// (`inferno quantize` writes neither type.)
+fn requantize(src: &Path, dst: &Path, dtype: GgmlType) {
+    let gguf = GgufFile::open(src).expect("open");
+    let mut w = GgufWriter::new();
+    w.set_alignment(gguf.alignment() as u32);
+    for (key, value) in gguf.metadata() {
+        if key.as_str() != "general.alignment" {
+            w.try_add(key.clone(), value.clone()).expect("metadata");
+        }
+    }
+    let mut converted = 0;
+    for t in gguf.tensors() {
+        let data = gguf.tensor_data(&t.name).expect("tensor data");
+        let (dt, bytes) = if t.dtype == GgmlType::Q8_0 {
+            converted += 1;
+            let n = t.dims.iter().product::<u64>() as usize;
+            let mut vals = vec![0.0f32; n];
+            tensor::dequantize_row(GgmlType::Q8_0, data.as_slice(), &mut vals).expect("Q8_0");
+            let q5_1 = tensor::encode(&vals, GgmlType::Q5_1).expect("Q5_1");
+            match dtype {
+                GgmlType::Q5_1 => (dtype, q5_1),
+                GgmlType::Q4_1 => (dtype, q4_1_from_q5_1(&q5_1)),
+                _ => unreachable!("only Q4_1 and Q5_1"),
+            }
+        } else {
+            (t.dtype, data.as_slice().to_vec())
+        };
+        w.add_tensor(t.name.clone(), &t.dims, dt, bytes)
+            .expect("tensor");
+    }
+    assert!(converted > 0, "no Q8_0 matrices in {}", src.display());
+    w.write_to(dst).expect("write");
+}
+
 #[test]
 fn weights_are_resident_once_on_simd_and_pool() {
     if let Ok(case) = std::env::var(CASE_ENV) {
@@ -136,19 +194,29 @@ fn weights_are_resident_once_on_simd_and_pool() {
         GgmlType::Q8_0,
         GgmlType::Q4_0,
         GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q4_1,
         GgmlType::Q4_K,
         GgmlType::Q6_K,
     ] {
         let path = dir.path().join(format!("resident-{dtype}.gguf"));
-        if matches!(dtype, GgmlType::Q4_K | GgmlType::Q6_K) {
-            // synth writes the round-to-nearest types; the K-quants come from `quantize`.
-            let q8 = dir.path().join("resident-k-source.gguf");
-            if !q8.exists() {
-                synth::build(&spec(GgmlType::Q8_0))
-                    .expect("synth")
-                    .write_to(&q8)
-                    .expect("write");
-            }
+        // synth writes the round-to-nearest types Q8_0, Q4_0 and Q5_0; the others are made
+        // from a Q8_0 file.
+        let q8 = dir.path().join("resident-q8-source.gguf");
+        let from_q8 = matches!(
+            dtype,
+            GgmlType::Q4_K | GgmlType::Q6_K | GgmlType::Q4_1 | GgmlType::Q5_1
+        );
+        if from_q8 && !q8.exists() {
+            synth::build(&spec(GgmlType::Q8_0))
+                .expect("synth")
+                .write_to(&q8)
+                .expect("write");
+        }
+        if matches!(dtype, GgmlType::Q4_1 | GgmlType::Q5_1) {
+            requantize(&q8, &path, dtype);
+        } else if from_q8 {
+            // The K-quants come from `quantize`.
             let name = dtype.to_string().to_ascii_lowercase();
             let out = Command::new(env!("CARGO_BIN_EXE_inferno"))
                 .args(["quantize", "--dtype", &name, "-m"])

@@ -122,8 +122,9 @@ impl Backend for ParallelBackend {
                         .par_chunks_mut(cols)
                         .zip(act.scales[..n * nb].par_chunks_mut(nb))
                         .zip(act.offsets[..n * nb].par_chunks_mut(nb))
+                        .zip(act.sums[..n * nb].par_chunks_mut(nb))
                         .zip(x[..n * cols].par_chunks(cols))
-                        .for_each(|(((q, d), s), xr)| k.quantize(xr, q, d, s));
+                        .for_each(|((((q, d), s), m), xr)| k.quantize(xr, q, d, s, m));
                 });
                 let a = act.view(n, cols);
                 let groups = p.groups();

@@ -87,24 +87,26 @@ impl PoolBackend {
         with_act_scratch(|act| {
             act.reserve(n, cols);
             if n * cols >= MIN_ELEMENTS_TO_SPLIT && n > 1 {
-                let (q, d, s) = (
+                let (q, d, s, m) = (
                     SharedMut(act.quants.as_mut_ptr()),
                     SharedMut(act.scales.as_mut_ptr()),
                     SharedMut(act.offsets.as_mut_ptr()),
+                    SharedMut(act.sums.as_mut_ptr()),
                 );
                 let nc = self.chunks(n);
                 self.pool.run(nc, &|c| {
                     let (t0, t1) = split(n, c, nc);
                     // SAFETY: token rows t0..t1 of the scratch are this thread's alone, and
                     // the scratch (reserved above) outlives the job.
-                    let (q, d, s) = unsafe {
+                    let (q, d, s, m) = unsafe {
                         (
                             q.slice(t0 * cols, (t1 - t0) * cols),
                             d.slice(t0 * nb, (t1 - t0) * nb),
                             s.slice(t0 * nb, (t1 - t0) * nb),
+                            m.slice(t0 * nb, (t1 - t0) * nb),
                         )
                     };
-                    k.quantize(&x[t0 * cols..t1 * cols], q, d, s);
+                    k.quantize(&x[t0 * cols..t1 * cols], q, d, s, m);
                 });
             } else {
                 k.quantize_into(x, n, cols, act);
@@ -169,7 +171,8 @@ impl PoolBackend {
 
 impl PoolBackend {
     /// [`Backend::matmul_batch`] for jobs that are all quantized products on Q8_K / Q8_1
-    /// activations (K-quants packed or stored, Q4_1, Q5_1, …): each job's input quantized
+    /// activations (K-quants packed or stored, Q4_1 and Q5_1 stored, …; the legacy packed
+    /// form runs job by job through [`PoolBackend::matmul`]): each job's input quantized
     /// once (a job with the previous job's input shares it), then the 16-row groups of
     /// every job's output cut into chunks for the threads in one dispatch. Returns false,
     /// having done nothing, for any other jobs.

@@ -213,6 +213,16 @@ pub fn offset_codes(five: bool, block: &[u8]) -> [u8; BLOCK] {
     }
 }
 
+/// The 32 codes (element order) of one Q4_1 block, or with `five` of one Q5_1 block: the
+/// value of element `i` is `d · code[i] + m`.
+pub fn min_codes(five: bool, block: &[u8]) -> [u8; BLOCK] {
+    if five {
+        five_bits(u32_at(block, 4), &block[8..])
+    } else {
+        nibbles(&block[4..])
+    }
+}
+
 /// Rewrites Q4_0 (or, with `five`, Q5_0) blocks as Q8_0 blocks holding exactly the same
 /// values: the same f16 scale, and the quant minus its offset (8 or 16) as an 8-bit integer.
 /// Products with Q8_0 activations are then the same integer sums scaled the same way, so

@@ -37,10 +37,10 @@ pub(super) unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4
 /// away from zero, as `f32::round` does.
 ///
 /// # Safety
-/// NEON must be present (it always is on AArch64); `q` holds `x.len()` values, `d` and `s`
-/// one per block.
+/// NEON must be present (it always is on AArch64); `q` holds `x.len()` values, `d`, `s`
+/// and `m` (the Q8_1 sum field, as in the portable version) one per block.
 #[target_feature(enable = "neon")]
-pub unsafe fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32]) {
+pub unsafe fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32], m: &mut [f32]) {
     let nb = x.len() / 32;
     for b in 0..nb {
         // SAFETY: block `b` lies inside `x`.
@@ -61,7 +61,9 @@ pub unsafe fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32
         for qv in &qi[1..] {
             sum = vaddq_s32(sum, *qv);
         }
-        s[b] = -128 * vaddvq_s32(sum);
+        let total = vaddvq_s32(sum);
+        s[b] = -128 * total;
+        m[b] = half::f16::from_f32(total as f32 * dd).to_f32();
         let h: [int16x8_t; 4] =
             std::array::from_fn(|i| vcombine_s16(vqmovn_s32(qi[2 * i]), vqmovn_s32(qi[2 * i + 1])));
         let lo = vcombine_s8(vqmovn_s16(h[0]), vqmovn_s16(h[1]));

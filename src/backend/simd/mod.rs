@@ -5,15 +5,16 @@
 //!   or portable code), overridable with `INFERNO_SIMD` for comparisons;
 //! - [`PackedQ8`]: Q8_0 weights repacked at load into 16-row interleaved groups, the layout
 //!   the integer kernels want (built through [`Backend::prepare`]), and [`PackedLegacy`],
-//!   the same for Q4_0 and Q5_0 at their own size (x86); a packed matrix's stored pages are
-//!   released, so its weights are resident once;
-//! - [`ActQ8`]: activations quantized to Q8_0 for the integer products;
+//!   the same for Q4_0, Q5_0, Q4_1 and Q5_1 at their own size (x86); a packed matrix's
+//!   stored pages are released, so its weights are resident once;
+//! - [`ActQ8`]: activations quantized to Q8_0 (with Q8_1's block sums) for the integer
+//!   products;
 //! - [`Kernels`]: entry points that compute a given share of an operation (rows of a matmul,
 //!   heads of an attention), so `simd` runs all of it on one thread and `parallel` / `pool`
 //!   hand the shares to threads — each output value is computed by the same code in the same
 //!   order whatever the split, so results are identical at any thread count;
-//! - [`quants::QuantMatmul`]: the other quantized types (Q4_1 … Q6_K, and Q4_0 / Q5_0 off
-//!   x86) multiplied in their stored layout, one vector dot kernel call per output;
+//! - [`quants::QuantMatmul`]: the other quantized types (Q2_K … Q6_K where not packed, and
+//!   Q4_0 … Q5_1 off x86) multiplied in their stored layout, one vector dot kernel call per output;
 //! - [`SimdBackend`], which decorates a reference backend (normally `scalar`) and forwards it
 //!   the types it has no kernel for.
 //!
@@ -396,14 +397,17 @@ fn par_chunks_or_empty<T: Send>(
 // Quantized activations
 // -----------------------------------------------------------------------------------------
 
-/// Activation rows quantized to Q8_0 in split form: quants, widened scales, and per block
+/// Activation rows quantized to Q8_0 in split form: quants, widened scales, per block
 /// −128 × the sum of its quants (the VNNI kernel's offset correction, stored ready to start
-/// its integer sums from).
+/// its integer sums from), and per block Q8_1's `s` (the sum of the quants times the
+/// unrounded scale, rounded to f16 and widened). Q8_1's quants and `d` are Q8_0's, so the
+/// same rows serve the Q4_1 / Q5_1 kernels.
 #[derive(Default)]
 pub struct ActQ8 {
     pub quants: Vec<i8>,
     pub scales: Vec<f32>,
     pub offsets: Vec<i32>,
+    pub sums: Vec<f32>,
 }
 
 /// A read-only view of [`ActQ8`], shared by the threads of one product.
@@ -412,6 +416,7 @@ pub struct ActQ8Ref<'a> {
     pub quants: &'a [i8],
     pub scales: &'a [f32],
     pub offsets: &'a [i32],
+    pub sums: &'a [f32],
 }
 
 impl ActQ8 {
@@ -424,6 +429,7 @@ impl ActQ8 {
         if self.scales.len() < n * nb {
             self.scales.resize(n * nb, 0.0);
             self.offsets.resize(n * nb, 0);
+            self.sums.resize(n * nb, 0.0);
         }
     }
 
@@ -433,6 +439,7 @@ impl ActQ8 {
             quants: &self.quants[..n * cols],
             scales: &self.scales[..n * nb],
             offsets: &self.offsets[..n * nb],
+            sums: &self.sums[..n * nb],
         }
     }
 }
@@ -518,17 +525,18 @@ impl Kernels {
     }
 
     /// Quantizes rows of `x` (each `cols` long) into the given split-form slices (`s`: −128
-    /// × each block's sum of quants).
-    pub fn quantize(&self, x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32]) {
-        assert!(q.len() >= x.len() && d.len() * q8_0::BLOCK >= x.len() && s.len() >= d.len());
+    /// × each block's sum of quants, `m`: each block's Q8_1 `s`, see [`ActQ8`]).
+    pub fn quantize(&self, x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32], m: &mut [f32]) {
+        let nb = x.len() / q8_0::BLOCK;
+        assert!(q.len() >= x.len() && d.len() >= nb && s.len() >= nb && m.len() >= nb);
         match self.isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the ISA was checked at construction; sizes checked above.
-            Isa::Avx2 | Isa::Avx512Vnni => unsafe { x86::quantize_rows(x, q, d, s) },
+            Isa::Avx2 | Isa::Avx512Vnni => unsafe { x86::quantize_rows(x, q, d, s, m) },
             #[cfg(target_arch = "aarch64")]
             // SAFETY: NEON is part of the AArch64 baseline; sizes checked above.
-            Isa::Neon => unsafe { aarch64::quantize_rows(x, q, d, s) },
-            _ => portable::quantize_rows(x, q, d, s),
+            Isa::Neon => unsafe { aarch64::quantize_rows(x, q, d, s, m) },
+            _ => portable::quantize_rows(x, q, d, s, m),
         }
     }
 
@@ -541,6 +549,7 @@ impl Kernels {
             &mut act.quants[..n * cols],
             &mut act.scales[..n * nb],
             &mut act.offsets[..n * nb],
+            &mut act.sums[..n * nb],
         );
     }
 
@@ -581,7 +590,7 @@ impl Kernels {
         }
     }
 
-    /// [`Kernels::gemm_q8`] for either packed form (a packed Q4_0 / Q5_0 matrix only where
+    /// [`Kernels::gemm_q8`] for either packed form (a packed Q4_0 … Q5_1 matrix only where
     /// [`PackedLegacy::supported_on`] this instruction set, as [`Packed::of`] ensures).
     ///
     /// # Safety
@@ -605,6 +614,7 @@ impl Kernels {
                     a.quants.len() >= n * p.cols
                         && a.scales.len() >= n * p.nb
                         && a.offsets.len() >= n * p.nb
+                        && a.sums.len() >= n * p.nb
                         && g1 <= p.groups
                 );
                 // SAFETY (both arms): the ISA is available (checked at construction) and has
@@ -1026,8 +1036,8 @@ impl<B: Backend> SimdBackend<B> {
     }
 }
 
-/// Packs Q8_0 matrices (on x86 also Q4_0, Q5_0, Q2_K and Q3_K ones, and on x86 and NEON
-/// Q4_K, Q5_K and Q6_K ones, see [`PackedK`]) for `k`'s instruction set (shared by the backends built on
+/// Packs Q8_0 matrices (on x86 also Q4_0, Q5_0, Q4_1, Q5_1, Q2_K and Q3_K ones, and on x86
+/// and NEON Q4_K, Q5_K and Q6_K ones, see [`PackedK`]) for `k`'s instruction set (shared by the backends built on
 /// `simd`), then releases the stored bytes' mapped pages: from here on every product and
 /// row lookup of these backends reads the packed copy, so the weights are resident once.
 /// The other quantized types are multiplied in their stored layout
@@ -1038,7 +1048,7 @@ pub fn prepare_matrix(k: &Kernels, w: &mut Matrix) {
     }
     let packed: Option<Arc<dyn Any + Send + Sync>> = match w.dtype {
         GgmlType::Q8_0 => PackedQ8::pack(k.isa, w).map(|p| Arc::new(p) as _),
-        GgmlType::Q4_0 | GgmlType::Q5_0 => PackedLegacy::pack(k.isa, w).map(|p| Arc::new(p) as _),
+        t if PackedLegacy::packs(t) => PackedLegacy::pack(k.isa, w).map(|p| Arc::new(p) as _),
         t if PackedK::isa_has_kernels(k.isa, t) => {
             PackedK::pack(k.isa, w).map(|p| Arc::new(p) as _)
         }

@@ -8,8 +8,9 @@ use crate::tensor::q8_0;
 use half::f16;
 
 /// Q8_0 quantization of whole rows, as `q8_0::quantize` (round half away from zero), with the
-/// per-block scale widened back from f16 and −128 × the per-block sum of the quants.
-pub fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32]) {
+/// per-block scale widened back from f16, −128 × the per-block sum of the quants, and the
+/// Q8_1 sum field of `legacy::quantize_q8_1` (`Σq · amax / 127` rounded to f16), widened.
+pub fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32], m: &mut [f32]) {
     for (bi, xb) in x.chunks_exact(q8_0::BLOCK).enumerate() {
         let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let dd = amax / 127.0;
@@ -24,6 +25,7 @@ pub fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32]) {
             sum += *o as i32;
         }
         s[bi] = -128 * sum;
+        m[bi] = f16::from_f32(sum as f32 * dd).to_f32();
     }
 }
 

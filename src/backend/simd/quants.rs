@@ -1,6 +1,6 @@
-//! Products of the quantized weight types multiplied in their stored layout (Q4_1, Q5_1,
-//! and Q8_0, Q4_0, Q5_0 and Q2_K–Q6_K where no packed copy was made; a packed K-quant copy
-//! is handed to [`PackedK::rows`]): each type's vector dot kernel for the
+//! Products of the quantized weight types multiplied in their stored layout (Q8_0, Q4_0,
+//! Q5_0, Q4_1, Q5_1 and Q2_K–Q6_K where no packed copy was made; a packed K-quant copy is
+//! handed to [`PackedK::rows`]): each type's vector dot kernel for the
 //! instruction set ([`Kernels::quant_dot`]), and [`QuantMatmul`], which quantizes the
 //! activation rows once and computes any range of output rows, so `simd` runs a whole
 //! product on one thread and `pool` / `parallel` hand row ranges to threads.

@@ -7,6 +7,9 @@
 //! row and a block's integer sum for 16 rows ends up in lanes without horizontal reductions.
 //! Each lane then follows the scalar definition exactly: an exact integer sum per block, then
 //! `acc += isum as f32 * (d_w * d_x)` with a separate multiply and add, block after block.
+//! The packed Q4_0, Q5_0, Q4_1 and Q5_1 products ([`super::PackedLegacy`]) do the same on
+//! 4- or 5-bit unsigned codes; Q4_1 and Q5_1 add `(d_w · d_x) · isum + m_w · s_x` per block,
+//! as their scalar dots do.
 
 use super::{ActQ8Ref, PackedLegacy, PackedQ8, GROUP};
 use crate::backend::{AttentionShape, KvRows};
@@ -73,13 +76,16 @@ pub fn exp256(x: __m256) -> __m256 {
 /// `amax / 127`, the same reciprocal, and rounding half away from zero (done as truncation
 /// plus a correction, since the vector rounding mode rounds half to even).
 ///
+/// `m` gets each block's Q8_1 sum field as `legacy::quantize_q8_1` computes it
+/// (`Σq · amax / 127`, rounded to f16), widened.
+///
 /// # Safety
-/// The CPU must support AVX2, FMA and F16C; `q` holds `x.len()` values, `d` and `s` one per
-/// block.
+/// The CPU must support AVX2, FMA and F16C; `q` holds `x.len()` values, `d`, `s` and `m`
+/// one per block.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32]) {
+pub unsafe fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32], m: &mut [f32]) {
     let nb = x.len() / 32;
-    debug_assert!(q.len() >= nb * 32 && d.len() >= nb && s.len() >= nb);
+    debug_assert!(q.len() >= nb * 32 && d.len() >= nb && s.len() >= nb && m.len() >= nb);
     let sign = _mm256_set1_ps(-0.0);
     let half = _mm256_set1_ps(0.5);
     let one = _mm256_set1_ps(1.0);
@@ -121,7 +127,9 @@ pub unsafe fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32
         );
         let s128 = _mm_add_epi32(s128, _mm_shuffle_epi32(s128, 0b01_00_11_10));
         let s128 = _mm_add_epi32(s128, _mm_shuffle_epi32(s128, 0b10_11_00_01));
-        s[b] = -128 * _mm_cvtsi128_si32(s128);
+        let total = _mm_cvtsi128_si32(s128);
+        s[b] = -128 * total;
+        m[b] = half::f16::from_f32(total as f32 * dd).to_f32();
         let p01 = _mm256_packs_epi32(qi[0], qi[1]);
         let p23 = _mm256_packs_epi32(qi[2], qi[3]);
         let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23), perm);
@@ -362,13 +370,14 @@ fn bytes_of_bits(bits: u32) -> __m256i {
     _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, idx), sel), sel)
 }
 
-/// One group of 16 rows times `T` tokens of a packed Q4_0 (`FIVE` false) or Q5_0 matrix,
-/// AVX2: each 64-byte line splits into the codes of two slices (low and high nibbles, plus
-/// the fifth bits for Q5_0), multiplied as unsigned bytes by `maddubs` (pairs at most
-/// 2·31·128 in magnitude: exact) and widened to 32-bit sums by `madd`.
+/// One group of 16 rows times `T` tokens of a packed Q4_0 (`FIVE` false), Q5_0, or with
+/// `MIN` Q4_1 / Q5_1 matrix, AVX2: each 64-byte line splits into the codes of two slices
+/// (low and high nibbles, plus the fifth bits for five-bit codes), multiplied as unsigned
+/// bytes by `maddubs` (pairs at most 2·31·128 in magnitude: exact) and widened to 32-bit
+/// sums by `madd`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_legacy_avx2<const T: usize, const FIVE: bool>(
+unsafe fn group_legacy_avx2<const T: usize, const FIVE: bool, const MIN: bool>(
     w: &PackedLegacy,
     g: usize,
     a: &ActQ8Ref<'_>,
@@ -381,6 +390,9 @@ unsafe fn group_legacy_avx2<const T: usize, const FIVE: bool>(
     let qbase = w.group_nibbles(g).as_ptr();
     let high = w.group_high(g);
     let sbase = w.group_scales16(g).as_ptr();
+    let mins = w.group_mins16(g);
+    assert!(!MIN || mins.len() >= nb * GROUP);
+    let mbase = mins.as_ptr();
     let shift = legacy_offset_shift(FIVE);
     let ones = _mm256_set1_epi16(1);
     let m4 = _mm256_set1_epi8(0x0f);
@@ -389,9 +401,14 @@ unsafe fn group_legacy_avx2<const T: usize, const FIVE: bool>(
     let xo = a.offsets[t0 * nb..(t0 + T) * nb].as_ptr();
     let mut acc = [[_mm256_setzero_ps(); 2]; T];
     for b in 0..nb {
+        // The offset types start from −off·Σx; the minimum types add `m · s` after.
         // SAFETY: block `b` of each of the T tokens is inside the slices taken above.
         let mut isum: [[__m256i; 2]; T] = std::array::from_fn(|t| {
-            [_mm256_set1_epi32(unsafe { *xo.add(t * nb + b) } >> shift); 2]
+            if MIN {
+                [_mm256_setzero_si256(); 2]
+            } else {
+                [_mm256_set1_epi32(unsafe { *xo.add(t * nb + b) } >> shift); 2]
+            }
         });
         // SAFETY: block `b` of group `g` holds 4 lines × 64 bytes.
         let wq = unsafe { qbase.add(b * 256) };
@@ -449,16 +466,38 @@ unsafe fn group_legacy_avx2<const T: usize, const FIVE: bool>(
                 _mm256_cvtph_ps(_mm_loadu_si128(sbase.add(b * 16 + 8) as *const __m128i)),
             )
         };
-        for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
-            let dx = _mm256_set1_ps(a.scales[(t0 + t) * nb + b]);
-            ac[0] = _mm256_add_ps(
-                ac[0],
-                _mm256_mul_ps(_mm256_cvtepi32_ps(is[0]), _mm256_mul_ps(d0, dx)),
-            );
-            ac[1] = _mm256_add_ps(
-                ac[1],
-                _mm256_mul_ps(_mm256_cvtepi32_ps(is[1]), _mm256_mul_ps(d1, dx)),
-            );
+        if MIN {
+            // SAFETY: 16 f16 minimums per block (checked on entry).
+            let (m0, m1) = unsafe {
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(mbase.add(b * 16) as *const __m128i)),
+                    _mm256_cvtph_ps(_mm_loadu_si128(mbase.add(b * 16 + 8) as *const __m128i)),
+                )
+            };
+            for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
+                let dx = _mm256_set1_ps(a.scales[(t0 + t) * nb + b]);
+                let sx = _mm256_set1_ps(a.sums[(t0 + t) * nb + b]);
+                // (d_w · d_x) · isum + m_w · s_x, then added: the scalar expression's order.
+                for (h, (d, m)) in [(d0, m0), (d1, m1)].into_iter().enumerate() {
+                    let term = _mm256_add_ps(
+                        _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(is[h])),
+                        _mm256_mul_ps(m, sx),
+                    );
+                    ac[h] = _mm256_add_ps(ac[h], term);
+                }
+            }
+        } else {
+            for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
+                let dx = _mm256_set1_ps(a.scales[(t0 + t) * nb + b]);
+                ac[0] = _mm256_add_ps(
+                    ac[0],
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(is[0]), _mm256_mul_ps(d0, dx)),
+                );
+                ac[1] = _mm256_add_ps(
+                    ac[1],
+                    _mm256_mul_ps(_mm256_cvtepi32_ps(is[1]), _mm256_mul_ps(d1, dx)),
+                );
+            }
         }
     }
     let rows = w.rows_in_group(g);
@@ -473,7 +512,8 @@ unsafe fn group_legacy_avx2<const T: usize, const FIVE: bool>(
     }
 }
 
-/// Packed Q4_0 / Q5_0 product for the rows of groups `g0..g1` and tokens `0..n`, AVX2.
+/// Packed Q4_0 / Q5_0 / Q4_1 / Q5_1 product for the rows of groups `g0..g1` and tokens
+/// `0..n`, AVX2.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be present; `a` holds `n` rows of `w.cols` quants; `out` must be
@@ -489,59 +529,57 @@ pub unsafe fn gemm_legacy_avx2(
     ldo: usize,
 ) {
     for g in g0..g1 {
-        if w.five {
-            for_token_tiles!(
-                n,
-                t,
-                [4, 3, 2, 1],
-                group_legacy_avx2_q5(w, g, a, t, out, ldo)
-            );
-        } else {
-            for_token_tiles!(
-                n,
-                t,
-                [4, 3, 2, 1],
-                group_legacy_avx2_q4(w, g, a, t, out, ldo)
-            );
+        match (w.five, w.min) {
+            (false, false) => {
+                for_token_tiles!(n, t, [4, 3, 2, 1], group_avx2_q4_0(w, g, a, t, out, ldo))
+            }
+            (true, false) => {
+                for_token_tiles!(n, t, [4, 3, 2, 1], group_avx2_q5_0(w, g, a, t, out, ldo))
+            }
+            (false, true) => {
+                for_token_tiles!(n, t, [4, 3, 2, 1], group_avx2_q4_1(w, g, a, t, out, ldo))
+            }
+            (true, true) => {
+                for_token_tiles!(n, t, [4, 3, 2, 1], group_avx2_q5_1(w, g, a, t, out, ldo))
+            }
         }
     }
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_legacy_avx2_q4<const T: usize>(
-    w: &PackedLegacy,
-    g: usize,
-    a: &ActQ8Ref<'_>,
-    t0: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe { group_legacy_avx2::<T, false>(w, g, a, t0, out, ldo) }
+/// `$name::<T>(…)`: the group kernel `$kernel` for one legacy type (`FIVE`, `MIN` fixed), as
+/// the plain function `for_token_tiles!` takes.
+macro_rules! legacy_group_fns {
+    ($features:literal, $kernel:ident: $($name:ident = ($five:literal, $min:literal)),+) => {$(
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const T: usize>(
+            w: &PackedLegacy,
+            g: usize,
+            a: &ActQ8Ref<'_>,
+            t0: usize,
+            out: *mut f32,
+            ldo: usize,
+        ) {
+            // SAFETY: forwarded from the caller.
+            unsafe { $kernel::<T, $five, $min>(w, g, a, t0, out, ldo) }
+        }
+    )+};
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn group_legacy_avx2_q5<const T: usize>(
-    w: &PackedLegacy,
-    g: usize,
-    a: &ActQ8Ref<'_>,
-    t0: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe { group_legacy_avx2::<T, true>(w, g, a, t0, out, ldo) }
-}
+legacy_group_fns!("avx2,fma,f16c", group_legacy_avx2:
+    group_avx2_q4_0 = (false, false),
+    group_avx2_q5_0 = (true, false),
+    group_avx2_q4_1 = (false, true),
+    group_avx2_q5_1 = (true, true)
+);
 
-/// One group of 16 rows times `T` tokens of a packed Q4_0 (`FIVE` false) or Q5_0 matrix,
-/// AVX-512 VNNI: each 64-byte line gives the codes of two slices for all 16 rows (the
-/// fifth bits of Q5_0 added under a byte mask loaded straight from its 64-bit word), each
-/// multiplied by one `vpdpbusd` with the broadcast activation slice.
+/// One group of 16 rows times `T` tokens of a packed Q4_0 (`FIVE` false), Q5_0, or with
+/// `MIN` Q4_1 / Q5_1 matrix, AVX-512 VNNI: each 64-byte line gives the codes of two slices
+/// for all 16 rows (the fifth bits added under a byte mask loaded straight from its 64-bit
+/// word), each multiplied by one `vpdpbusd` with the broadcast activation slice.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn group_legacy_vnni<const T: usize, const FIVE: bool>(
+unsafe fn group_legacy_vnni<const T: usize, const FIVE: bool, const MIN: bool>(
     w: &PackedLegacy,
     g: usize,
     a: &ActQ8Ref<'_>,
@@ -557,16 +595,26 @@ unsafe fn group_legacy_vnni<const T: usize, const FIVE: bool>(
     let shift = legacy_offset_shift(FIVE);
     assert!(!FIVE || high.len() >= nb * 8);
     let hp = high.as_ptr();
+    let mins = w.group_mins16(g);
+    assert!(!MIN || mins.len() >= nb * GROUP);
+    let mbase = mins.as_ptr();
     let m4 = _mm512_set1_epi8(0x0f);
     let sixteen = _mm512_set1_epi8(0x10);
     let xq = a.quants[t0 * cols..(t0 + T) * cols].as_ptr();
     let xd = a.scales[t0 * nb..(t0 + T) * nb].as_ptr();
     let xo = a.offsets[t0 * nb..(t0 + T) * nb].as_ptr();
+    let xs = a.sums[t0 * nb..(t0 + T) * nb].as_ptr();
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..nb {
+        // The offset types start from −off·Σx; the minimum types add `m · s` after.
         // SAFETY: block `b` of each of the T tokens is inside the slices taken above.
-        let mut isum: [__m512i; T] =
-            std::array::from_fn(|t| _mm512_set1_epi32(unsafe { *xo.add(t * nb + b) } >> shift));
+        let mut isum: [__m512i; T] = std::array::from_fn(|t| {
+            if MIN {
+                _mm512_setzero_si512()
+            } else {
+                _mm512_set1_epi32(unsafe { *xo.add(t * nb + b) } >> shift)
+            }
+        });
         // SAFETY: block `b` of group `g` holds 4 lines × 64 bytes.
         let wq = unsafe { qbase.add(b * 256) };
         for j in 0..4 {
@@ -600,13 +648,34 @@ unsafe fn group_legacy_vnni<const T: usize, const FIVE: bool>(
         // SAFETY: 16 f16 scales per block.
         let dw =
             unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(sbase.add(b * 16) as *const __m256i)) };
-        for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
-            // SAFETY: as for the offsets.
-            let dx = _mm512_set1_ps(unsafe { *xd.add(t * nb + b) });
-            *ac = _mm512_add_ps(
-                *ac,
-                _mm512_mul_ps(_mm512_cvtepi32_ps(*is), _mm512_mul_ps(dw, dx)),
-            );
+        if MIN {
+            // SAFETY: 16 f16 minimums per block (checked on entry).
+            let mw =
+                unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(mbase.add(b * 16) as *const __m256i)) };
+            for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
+                // SAFETY: as for the offsets.
+                let (dx, sx) = unsafe {
+                    (
+                        _mm512_set1_ps(*xd.add(t * nb + b)),
+                        _mm512_set1_ps(*xs.add(t * nb + b)),
+                    )
+                };
+                // (d_w · d_x) · isum + m_w · s_x, then added: the scalar expression's order.
+                let term = _mm512_add_ps(
+                    _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(*is)),
+                    _mm512_mul_ps(mw, sx),
+                );
+                *ac = _mm512_add_ps(*ac, term);
+            }
+        } else {
+            for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
+                // SAFETY: as for the offsets.
+                let dx = _mm512_set1_ps(unsafe { *xd.add(t * nb + b) });
+                *ac = _mm512_add_ps(
+                    *ac,
+                    _mm512_mul_ps(_mm512_cvtepi32_ps(*is), _mm512_mul_ps(dw, dx)),
+                );
+            }
         }
     }
     let rows = w.rows_in_group(g);
@@ -620,36 +689,15 @@ unsafe fn group_legacy_vnni<const T: usize, const FIVE: bool>(
     }
 }
 
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn group_legacy_vnni_q4<const T: usize>(
-    w: &PackedLegacy,
-    g: usize,
-    a: &ActQ8Ref<'_>,
-    t0: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe { group_legacy_vnni::<T, false>(w, g, a, t0, out, ldo) }
-}
+legacy_group_fns!("avx512f,avx512bw,avx512vnni,avx2,fma,f16c", group_legacy_vnni:
+    group_vnni_q4_0 = (false, false),
+    group_vnni_q5_0 = (true, false),
+    group_vnni_q4_1 = (false, true),
+    group_vnni_q5_1 = (true, true)
+);
 
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-unsafe fn group_legacy_vnni_q5<const T: usize>(
-    w: &PackedLegacy,
-    g: usize,
-    a: &ActQ8Ref<'_>,
-    t0: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe { group_legacy_vnni::<T, true>(w, g, a, t0, out, ldo) }
-}
-
-/// Packed Q4_0 / Q5_0 product for the rows of groups `g0..g1` and tokens `0..n`, AVX-512
-/// VNNI.
+/// Packed Q4_0 / Q5_0 / Q4_1 / Q5_1 product for the rows of groups `g0..g1` and tokens
+/// `0..n`, AVX-512 VNNI.
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI, AVX2, FMA and F16C must be present; otherwise as for
@@ -665,20 +713,19 @@ pub unsafe fn gemm_legacy_vnni(
     ldo: usize,
 ) {
     for g in g0..g1 {
-        if w.five {
-            for_token_tiles!(
-                n,
-                t,
-                [8, 4, 3, 2, 1],
-                group_legacy_vnni_q5(w, g, a, t, out, ldo)
-            );
-        } else {
-            for_token_tiles!(
-                n,
-                t,
-                [8, 4, 3, 2, 1],
-                group_legacy_vnni_q4(w, g, a, t, out, ldo)
-            );
+        match (w.five, w.min) {
+            (false, false) => {
+                for_token_tiles!(n, t, [8, 4, 3, 2, 1], group_vnni_q4_0(w, g, a, t, out, ldo))
+            }
+            (true, false) => {
+                for_token_tiles!(n, t, [8, 4, 3, 2, 1], group_vnni_q5_0(w, g, a, t, out, ldo))
+            }
+            (false, true) => {
+                for_token_tiles!(n, t, [8, 4, 3, 2, 1], group_vnni_q4_1(w, g, a, t, out, ldo))
+            }
+            (true, true) => {
+                for_token_tiles!(n, t, [8, 4, 3, 2, 1], group_vnni_q5_1(w, g, a, t, out, ldo))
+            }
         }
     }
 }
