@@ -48,11 +48,11 @@ pub unsafe fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32
             let p = x.as_ptr().add(b * 32);
             std::array::from_fn(|i| vld1q_f32(p.add(i * 4)))
         };
-        let mut m = vabsq_f32(v[0]);
+        let mut mx = vabsq_f32(v[0]);
         for vi in &v[1..] {
-            m = vmaxq_f32(m, vabsq_f32(*vi));
+            mx = vmaxq_f32(mx, vabsq_f32(*vi));
         }
-        let amax = vmaxvq_f32(m).max(0.0);
+        let amax = vmaxvq_f32(mx).max(0.0);
         let dd = amax / 127.0;
         let id = if dd != 0.0 { 1.0 / dd } else { 0.0 };
         d[b] = half::f16::from_f32(dd).to_f32();
