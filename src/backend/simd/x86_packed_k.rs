@@ -209,6 +209,49 @@ unsafe fn q45_vnni<const T: usize, const FIVE: bool>(j: Job<'_>, g: usize, t0: u
     }
 }
 
+/// The end of a super-block with 16 signed sub-block scales (Q6_K, Q3_K), whose unsigned codes
+/// are the values plus `1 << SHIFT`: takes `(1 << SHIFT) · Σ_g scale_g · Σx_g` off each
+/// token's integer sum (the scales of groups 2p, 2p+1 interleaved into 16-bit pairs per row
+/// against the activation's pair of sums), then folds it into `acc` with the scalar
+/// expression `d · dx · isum`.
+///
+/// # Safety
+/// `blk` is a packed super-block with `d` at line 0 and the scales at lines 1–4; each `x` a
+/// token's Q8_K block; AVX-512 F/BW/VNNI enabled.
+#[inline(always)]
+unsafe fn fold_signed_vnni<const T: usize, const SHIFT: u32>(
+    blk: *const u8,
+    x: &[*const u8; T],
+    isum: &mut [__m512i; T],
+    acc: &mut [__m512; T],
+) {
+    let mut corr = [_mm512_setzero_si512(); T];
+    for pp in 0..8 {
+        // SAFETY: the scales of groups 2pp, 2pp+1 (lines 1–4); the activation sums.
+        unsafe {
+            let a = _mm_loadu_si128(blk.add(64 + 32 * pp) as *const __m128i);
+            let b = _mm_loadu_si128(blk.add(64 + 32 * pp + 16) as *const __m128i);
+            let pairs = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
+            let sc = _mm512_cvtepi8_epi16(pairs);
+            for t in 0..T {
+                let bs = _mm512_set1_epi32(x_bsum_pair(x[t], pp));
+                corr[t] = _mm512_dpwssd_epi32(corr[t], sc, bs);
+            }
+        }
+    }
+    for t in 0..T {
+        isum[t] = _mm512_sub_epi32(isum[t], _mm512_slli_epi32::<SHIFT>(corr[t]));
+    }
+    // SAFETY: line 0 holds the 16 d.
+    let dw = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i)) };
+    for t in 0..T {
+        // SAFETY: the token's block scale.
+        let dx = _mm512_set1_ps(unsafe { x_d(x[t]) });
+        let v = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[t]));
+        acc[t] = _mm512_add_ps(acc[t], v);
+    }
+}
+
 /// Q6_K, group `g`, tokens `t0..t0 + T`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
@@ -279,33 +322,9 @@ unsafe fn q6_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
                 }
             }
         }
-        // The offset of 32: isum −= 32 · Σ_g sc_g · Σx_g, the scales of groups 2p, 2p+1
-        // interleaved into 16-bit pairs per row against the activation's pair of sums.
-        let mut corr = [_mm512_setzero_si512(); T];
-        for pp in 0..8 {
-            // SAFETY: the scales of groups 2pp, 2pp+1 (lines 1–4); the activation sums.
-            unsafe {
-                let a = _mm_loadu_si128(blk.add(64 + 32 * pp) as *const __m128i);
-                let b = _mm_loadu_si128(blk.add(64 + 32 * pp + 16) as *const __m128i);
-                let pairs = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
-                let sc = _mm512_cvtepi8_epi16(pairs);
-                for t in 0..T {
-                    let bs = _mm512_set1_epi32(x_bsum_pair(x[t], pp));
-                    corr[t] = _mm512_dpwssd_epi32(corr[t], sc, bs);
-                }
-            }
-        }
-        for t in 0..T {
-            isum[t] = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(corr[t], 5));
-        }
-        // SAFETY: line 0 holds the 16 d.
-        let dw = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i)) };
-        for t in 0..T {
-            // SAFETY: the token's block scale.
-            let dx = _mm512_set1_ps(unsafe { x_d(x[t]) });
-            let v = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[t]));
-            acc[t] = _mm512_add_ps(acc[t], v);
-        }
+        // The codes are the values plus 32.
+        // SAFETY: super-block `b` of the group and of each token's row (see above).
+        unsafe { fold_signed_vnni::<T, 5>(blk, &x, &mut isum, &mut acc) };
     }
     for (t, a) in acc.iter().enumerate() {
         // SAFETY: the destination rows are the caller's.
@@ -407,32 +426,9 @@ unsafe fn q3_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
                 }
             }
         }
-        // The offset of 4, as Q6_K's of 32 in `q6_vnni`.
-        let mut corr = [_mm512_setzero_si512(); T];
-        for pp in 0..8 {
-            // SAFETY: the scales of sub-blocks 2pp, 2pp+1 (lines 1–4); the activation sums.
-            unsafe {
-                let a = _mm_loadu_si128(blk.add(64 + 32 * pp) as *const __m128i);
-                let b = _mm_loadu_si128(blk.add(64 + 32 * pp + 16) as *const __m128i);
-                let pairs = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
-                let sc = _mm512_cvtepi8_epi16(pairs);
-                for t in 0..T {
-                    let bs = _mm512_set1_epi32(x_bsum_pair(x[t], pp));
-                    corr[t] = _mm512_dpwssd_epi32(corr[t], sc, bs);
-                }
-            }
-        }
-        for t in 0..T {
-            isum[t] = _mm512_sub_epi32(isum[t], _mm512_slli_epi32(corr[t], 2));
-        }
-        // SAFETY: line 0 holds the 16 d.
-        let dw = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i)) };
-        for t in 0..T {
-            // SAFETY: the token's block scale.
-            let dx = _mm512_set1_ps(unsafe { x_d(x[t]) });
-            let v = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[t]));
-            acc[t] = _mm512_add_ps(acc[t], v);
-        }
+        // The codes are the values plus 4.
+        // SAFETY: as for `q6_vnni`'s call.
+        unsafe { fold_signed_vnni::<T, 2>(blk, &x, &mut isum, &mut acc) };
     }
     for (t, a) in acc.iter().enumerate() {
         // SAFETY: the destination rows are the caller's.
@@ -624,6 +620,44 @@ unsafe fn q45_avx2_half<const T: usize, const FIVE: bool>(
     acc
 }
 
+/// [`fold_signed_vnni`] for rows `8·half ..` of the group, with AVX2.
+///
+/// # Safety
+/// As for [`fold_signed_vnni`]; AVX2 enabled.
+#[inline(always)]
+unsafe fn fold_signed_avx2<const T: usize, const SHIFT: i32>(
+    blk: *const u8,
+    half: usize,
+    x: &[*const u8; T],
+    isum: &mut [__m256i; T],
+    acc: &mut [__m256; T],
+) {
+    let mut corr = [_mm256_setzero_si256(); T];
+    for pp in 0..8 {
+        // SAFETY: the scales of groups 2pp, 2pp+1 for these 8 rows; the activation sums.
+        unsafe {
+            let a = _mm_loadl_epi64(blk.add(64 + 32 * pp + 8 * half) as *const __m128i);
+            let b = _mm_loadl_epi64(blk.add(64 + 32 * pp + 16 + 8 * half) as *const __m128i);
+            let sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
+            for t in 0..T {
+                let bs = _mm256_set1_epi32(x_bsum_pair(x[t], pp));
+                corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(sc, bs));
+            }
+        }
+    }
+    for t in 0..T {
+        isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<SHIFT>(corr[t]));
+    }
+    // SAFETY: line 0: d of the 16 rows.
+    let dw = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i)) };
+    for t in 0..T {
+        // SAFETY: the token's block scale.
+        let dx = _mm256_set1_ps(unsafe { x_d(x[t]) });
+        let v = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t]));
+        acc[t] = _mm256_add_ps(acc[t], v);
+    }
+}
+
 /// Q6_K, rows `8·half ..` of group `g`, tokens `t0..t0 + T`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -685,31 +719,9 @@ unsafe fn q6_avx2_half<const T: usize>(
                 }
             }
         }
-        // The offset of 32, as in `q6_vnni`: scale pairs of groups 2p, 2p+1 per row.
-        let mut corr = [_mm256_setzero_si256(); T];
-        for pp in 0..8 {
-            // SAFETY: the scales of groups 2pp, 2pp+1 for these 8 rows; the activation sums.
-            unsafe {
-                let a = _mm_loadl_epi64(blk.add(64 + 32 * pp + 8 * half) as *const __m128i);
-                let b = _mm_loadl_epi64(blk.add(64 + 32 * pp + 16 + 8 * half) as *const __m128i);
-                let sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
-                for t in 0..T {
-                    let bs = _mm256_set1_epi32(x_bsum_pair(x[t], pp));
-                    corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(sc, bs));
-                }
-            }
-        }
-        for t in 0..T {
-            isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(corr[t], 5));
-        }
-        // SAFETY: line 0: d of the 16 rows.
-        let dw = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i)) };
-        for t in 0..T {
-            // SAFETY: the token's block scale.
-            let dx = _mm256_set1_ps(unsafe { x_d(x[t]) });
-            let v = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t]));
-            acc[t] = _mm256_add_ps(acc[t], v);
-        }
+        // The codes are the values plus 32.
+        // SAFETY: super-block `b` of the group and of each token's row (see above).
+        unsafe { fold_signed_avx2::<T, 5>(blk, half, &x, &mut isum, &mut acc) };
     }
     acc
 }
@@ -796,31 +808,9 @@ unsafe fn q3_avx2_half<const T: usize>(
                 }
             }
         }
-        // The offset of 4, as in `q3_vnni`.
-        let mut corr = [_mm256_setzero_si256(); T];
-        for pp in 0..8 {
-            // SAFETY: the scales of sub-blocks 2pp, 2pp+1 for these 8 rows; the sums.
-            unsafe {
-                let a = _mm_loadl_epi64(blk.add(64 + 32 * pp + 8 * half) as *const __m128i);
-                let b = _mm_loadl_epi64(blk.add(64 + 32 * pp + 16 + 8 * half) as *const __m128i);
-                let sc = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b));
-                for t in 0..T {
-                    let bs = _mm256_set1_epi32(x_bsum_pair(x[t], pp));
-                    corr[t] = _mm256_add_epi32(corr[t], _mm256_madd_epi16(sc, bs));
-                }
-            }
-        }
-        for t in 0..T {
-            isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32(corr[t], 2));
-        }
-        // SAFETY: line 0: d of the 16 rows.
-        let dw = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i)) };
-        for t in 0..T {
-            // SAFETY: the token's block scale.
-            let dx = _mm256_set1_ps(unsafe { x_d(x[t]) });
-            let v = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t]));
-            acc[t] = _mm256_add_ps(acc[t], v);
-        }
+        // The codes are the values plus 4.
+        // SAFETY: as for `q6_avx2_half`'s call.
+        unsafe { fold_signed_avx2::<T, 2>(blk, half, &x, &mut isum, &mut acc) };
     }
     acc
 }
