@@ -466,37 +466,28 @@ unsafe fn group_legacy_avx2<const T: usize, const FIVE: bool, const MIN: bool>(
                 _mm256_cvtph_ps(_mm_loadu_si128(sbase.add(b * 16 + 8) as *const __m128i)),
             )
         };
-        if MIN {
-            // SAFETY: 16 f16 minimums per block (checked on entry).
-            let (m0, m1) = unsafe {
-                (
+        // SAFETY: 16 f16 minimums per block (checked on entry) where the type has them.
+        let mw = if MIN {
+            Some(unsafe {
+                [
                     _mm256_cvtph_ps(_mm_loadu_si128(mbase.add(b * 16) as *const __m128i)),
                     _mm256_cvtph_ps(_mm_loadu_si128(mbase.add(b * 16 + 8) as *const __m128i)),
-                )
-            };
-            for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
-                let dx = _mm256_set1_ps(a.scales[(t0 + t) * nb + b]);
-                let sx = _mm256_set1_ps(a.sums[(t0 + t) * nb + b]);
-                // (d_w · d_x) · isum + m_w · s_x, then added: the scalar expression's order.
-                for (h, (d, m)) in [(d0, m0), (d1, m1)].into_iter().enumerate() {
-                    let term = _mm256_add_ps(
-                        _mm256_mul_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(is[h])),
-                        _mm256_mul_ps(m, sx),
-                    );
-                    ac[h] = _mm256_add_ps(ac[h], term);
-                }
-            }
+                ]
+            })
         } else {
-            for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
-                let dx = _mm256_set1_ps(a.scales[(t0 + t) * nb + b]);
-                ac[0] = _mm256_add_ps(
-                    ac[0],
-                    _mm256_mul_ps(_mm256_cvtepi32_ps(is[0]), _mm256_mul_ps(d0, dx)),
-                );
-                ac[1] = _mm256_add_ps(
-                    ac[1],
-                    _mm256_mul_ps(_mm256_cvtepi32_ps(is[1]), _mm256_mul_ps(d1, dx)),
-                );
+            None
+        };
+        for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
+            let dx = _mm256_set1_ps(a.scales[(t0 + t) * nb + b]);
+            for (h, d) in [d0, d1].into_iter().enumerate() {
+                // isum · (d_w · d_x), plus m_w · s_x for the minimum types, then added: the
+                // scalar expressions' order (the products commute exactly).
+                let mut term = _mm256_mul_ps(_mm256_cvtepi32_ps(is[h]), _mm256_mul_ps(d, dx));
+                if let Some(m) = mw {
+                    let sx = _mm256_set1_ps(a.sums[(t0 + t) * nb + b]);
+                    term = _mm256_add_ps(term, _mm256_mul_ps(m[h], sx));
+                }
+                ac[h] = _mm256_add_ps(ac[h], term);
             }
         }
     }
@@ -648,34 +639,25 @@ unsafe fn group_legacy_vnni<const T: usize, const FIVE: bool, const MIN: bool>(
         // SAFETY: 16 f16 scales per block.
         let dw =
             unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(sbase.add(b * 16) as *const __m256i)) };
-        if MIN {
-            // SAFETY: 16 f16 minimums per block (checked on entry).
-            let mw =
-                unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(mbase.add(b * 16) as *const __m256i)) };
-            for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
-                // SAFETY: as for the offsets.
-                let (dx, sx) = unsafe {
-                    (
-                        _mm512_set1_ps(*xd.add(t * nb + b)),
-                        _mm512_set1_ps(*xs.add(t * nb + b)),
-                    )
-                };
-                // (d_w · d_x) · isum + m_w · s_x, then added: the scalar expression's order.
-                let term = _mm512_add_ps(
-                    _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(*is)),
-                    _mm512_mul_ps(mw, sx),
-                );
-                *ac = _mm512_add_ps(*ac, term);
-            }
+        // SAFETY: 16 f16 minimums per block (checked on entry) where the type has them.
+        let mw = if MIN {
+            Some(unsafe {
+                _mm512_cvtph_ps(_mm256_loadu_si256(mbase.add(b * 16) as *const __m256i))
+            })
         } else {
-            for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
+            None
+        };
+        for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
+            // SAFETY: as for the offsets.
+            let dx = _mm512_set1_ps(unsafe { *xd.add(t * nb + b) });
+            // As in `group_legacy_avx2`.
+            let mut term = _mm512_mul_ps(_mm512_cvtepi32_ps(*is), _mm512_mul_ps(dw, dx));
+            if let Some(m) = mw {
                 // SAFETY: as for the offsets.
-                let dx = _mm512_set1_ps(unsafe { *xd.add(t * nb + b) });
-                *ac = _mm512_add_ps(
-                    *ac,
-                    _mm512_mul_ps(_mm512_cvtepi32_ps(*is), _mm512_mul_ps(dw, dx)),
-                );
+                let sx = _mm512_set1_ps(unsafe { *xs.add(t * nb + b) });
+                term = _mm512_add_ps(term, _mm512_mul_ps(m, sx));
             }
+            *ac = _mm512_add_ps(*ac, term);
         }
     }
     let rows = w.rows_in_group(g);
