@@ -1104,18 +1104,6 @@ pub struct AttnRow {
     pub kv_len: usize,
 }
 
-/// Attention of up to [`MAX_ROWS`] query rows that share one KV head, reading each chunk of
-/// keys and values from memory once for all of them (it stays in L1 while each row uses
-/// it): the heads of a group, and in a prompt several tokens' heads. Online softmax over
-/// chunks of keys: scores of a chunk, the new running max, rescaling of the running sums,
-/// then exponentials and the weighted values. Each row's arithmetic depends only on its own
-/// query and `kv_len`, so a row gives the same bits whatever rows it is grouped with.
-///
-/// # Safety
-/// AVX2, FMA and F16C must be present; `head_dim` is a multiple of 8 (of 32 for Q8_0 rows);
-/// `k` and `v` point to at least the largest `kv_len` rows of `head_dim` values in the types
-/// `K` and `V` read; each row's `q` and `out` point to `head_dim` floats, the outputs
-/// distinct and written by no one else during the call.
 /// One chunk of keys and values (rows `c0 ..` of the KV head, starting at `kc` and `vc`, as
 /// `K` and `V` read them) for `R` (1, 2 or 4) query rows that see the same keys of it, sharing
 /// every key and value slice loaded: their scores, the new running max, the rescaling of
@@ -1483,6 +1471,18 @@ pub unsafe fn normalize_row(hd: usize, total: PartState, out: *mut f32) {
     }
 }
 
+/// Attention of up to [`MAX_ROWS`] query rows that share one KV head, reading each chunk of
+/// keys and values from memory once for all of them (it stays in L1 while each row uses
+/// it): the heads of a group, and in a prompt several tokens' heads. Online softmax over
+/// chunks of keys: scores of a chunk, the new running max, rescaling of the running sums,
+/// then exponentials and the weighted values. Each row's arithmetic depends only on its own
+/// query and `kv_len`, so a row gives the same bits whatever rows it is grouped with.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be present; `head_dim` is a multiple of 8 (of 32 for Q8_0 rows);
+/// `k` and `v` point to at least the largest `kv_len` rows of `head_dim` values in the types
+/// `K` and `V` read; each row's `q` and `out` point to `head_dim` floats, the outputs
+/// distinct and written by no one else during the call.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
     s: &AttentionShape,
