@@ -68,7 +68,7 @@ pub fn quantize_q4_k(x: &[f32], out: &mut [u8]) -> Result<(), TensorError> {
         let b = offset_block(xb, 15, -1.0, 20);
         ob[..2].copy_from_slice(&b.d.to_le_bytes());
         ob[2..4].copy_from_slice(&b.dmin.to_le_bytes());
-        pack_scales(&b.sc, &b.m, &mut ob[4..16]);
+        super::k_quants::pack_scale_min_k4(&b.sc, &b.m, &mut ob[4..16]);
         let qs = &mut ob[16..144];
         qs.fill(0);
         for (e, &l) in b.levels.iter().enumerate() {
@@ -86,7 +86,7 @@ pub fn quantize_q5_k(x: &[f32], out: &mut [u8]) -> Result<(), TensorError> {
         let b = offset_block(xb, 31, -0.5, 15);
         ob[..2].copy_from_slice(&b.d.to_le_bytes());
         ob[2..4].copy_from_slice(&b.dmin.to_le_bytes());
-        pack_scales(&b.sc, &b.m, &mut ob[4..16]);
+        super::k_quants::pack_scale_min_k4(&b.sc, &b.m, &mut ob[4..16]);
         let (qh, qs) = ob[16..176].split_at_mut(32);
         qh.fill(0);
         qs.fill(0);
@@ -121,15 +121,6 @@ pub fn quantize_q6_k(x: &[f32], out: &mut [u8]) -> Result<(), TensorError> {
         rest[16..18].copy_from_slice(&d.to_le_bytes());
     }
     Ok(())
-}
-
-/// Inverse of [`super::k_quants::scale_min_k4`]: eight 6-bit scales and mins in 12 bytes.
-fn pack_scales(sc: &[u8; 8], m: &[u8; 8], s: &mut [u8]) {
-    for j in 0..4 {
-        s[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
-        s[j + 4] = m[j] | ((m[j + 4] >> 4) << 6);
-        s[j + 8] = (sc[j + 4] & 0x0f) | ((m[j + 4] & 0x0f) << 4);
-    }
 }
 
 /// A Q4_K/Q5_K super-block before packing: f16 bits of `d` and `dmin`, the 6-bit scales and

@@ -52,6 +52,16 @@ pub fn scale_min_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
     (sc, m)
 }
 
+/// The inverse of [`scale_min_k4`]: eight 6-bit scales and mins into their 12 stored bytes.
+#[inline]
+pub fn pack_scale_min_k4(sc: &[u8; 8], mn: &[u8; 8], s: &mut [u8]) {
+    for j in 0..4 {
+        s[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
+        s[j + 4] = (mn[j] & 63) | ((mn[j + 4] >> 4) << 6);
+        s[j + 8] = (sc[j + 4] & 0x0f) | ((mn[j + 4] & 0x0f) << 4);
+    }
+}
+
 /// The sixteen 6-bit Q3_K scales, already offset by −32: low 4 bits from the nibbles of
 /// bytes 0–7 (low nibbles for scales 0–7, high for 8–15), top 2 bits from bytes 8–11.
 #[inline]
@@ -63,6 +73,17 @@ pub fn q3_k_scales(s: &[u8]) -> [i8; 16] {
         *o = ((lo | (hi << 4)) as i8) - 32;
     }
     out
+}
+
+/// The inverse of [`q3_k_scales`]: sixteen scales (offset by −32) into their 12 stored
+/// bytes.
+pub fn pack_q3_k_scales(sc: &[i8; 16], s: &mut [u8]) {
+    s.fill(0);
+    for (i, &v) in sc.iter().enumerate() {
+        let u = (v as i16 + 32) as u8;
+        s[i % 8] |= (u & 0x0f) << (4 * (i / 8));
+        s[8 + i % 4] |= (u >> 4) << (2 * (i / 4));
+    }
 }
 
 /// Q2_K's 2-bit values in element order: byte `l` of each 32-byte half holds elements

@@ -3,9 +3,8 @@
 //! the 16 blocks laid out so one 64-byte line holds four consecutive quant bytes of each
 //! row (the operand shape of `vpdpbusd`, of two AVX2 `maddubs` and of four NEON `sdot`),
 //! with the f16 scales and the 6-bit sub-block scales unpacked to one byte per row beside
-//! them. Nothing is widened: the
-//! packed form is within 3% of the stored size (Q3_K: 5.5%, its 6-bit scales taking a byte
-//! each), so it can replace the stored bytes.
+//! them. Nothing is widened: the packed form is within 3% of the stored size (Q3_K: 5.5%,
+//! its 6-bit scales taking a byte each), so it can replace the stored bytes.
 //!
 //! Lines of one (group, super-block), for row `r` and byte `i < 4` of each 4-byte slot:
 //!
@@ -516,27 +515,6 @@ fn q3_codes(b: [u8; 3]) -> [u8; 8] {
     ]
 }
 
-/// Packs sixteen Q3_K scales (offset by −32, as `k_quants::q3_k_scales` gives them) back
-/// into their 12 stored bytes.
-fn pack_q3_k_scales(sc: &[i8; 16], s: &mut [u8]) {
-    s.fill(0);
-    for (i, &v) in sc.iter().enumerate() {
-        let u = (v as i16 + 32) as u8;
-        s[i % 8] |= (u & 0x0f) << (4 * (i / 8));
-        s[8 + i % 4] |= (u >> 4) << (2 * (i / 4));
-    }
-}
-
-/// Packs the 8 six-bit scales and mins of Q4_K/Q5_K back into their 12 stored bytes (the
-/// inverse of `k_quants::scale_min_k4`).
-fn pack_scale_min_k4(sc: &[u8; 8], mn: &[u8; 8], s: &mut [u8]) {
-    for j in 0..4 {
-        s[j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
-        s[j + 4] = (mn[j] & 63) | ((mn[j + 4] >> 4) << 6);
-        s[j + 8] = (sc[j + 4] & 0x0f) | ((mn[j + 4] & 0x0f) << 4);
-    }
-}
-
 /// Line of quant bytes `8c + k` (Q4_K, Q5_K) in a packed super-block.
 #[inline]
 pub(super) const fn qs_line(t: GgmlType, fifth: FifthBits, c: usize, k: usize) -> usize {
@@ -616,7 +594,7 @@ fn get_block(t: GgmlType, fifth: FifthBits, l: &[Line], r: usize, blk: &mut [u8]
                 let am = min_at(j, r);
                 mn[j] = l[3 + am / 64].0[am % 64];
             }
-            pack_scale_min_k4(&sc, &mn, &mut blk[4..16]);
+            k_quants::pack_scale_min_k4(&sc, &mn, &mut blk[4..16]);
             let qs0 = if t == GgmlType::Q5_K { 48 } else { 16 };
             for k in 0..8 {
                 for i in 0..4 {
@@ -652,7 +630,7 @@ fn get_block(t: GgmlType, fifth: FifthBits, l: &[Line], r: usize, blk: &mut [u8]
                 let at = 16 * g + r;
                 l[1 + at / 64].0[at % 64] as i8
             });
-            pack_q3_k_scales(&sc, &mut blk[96..108]);
+            k_quants::pack_q3_k_scales(&sc, &mut blk[96..108]);
             blk[..96].fill(0);
             for k in 0..8 {
                 for i in 0..4 {

@@ -1,6 +1,6 @@
-//! AVX-512 VNNI and AVX2 products of packed Q2_K–Q6_K weights
-//! ([`super::packed_k::PackedK`]) with Q8_K activation rows: a group of 16 weight rows against a tile of tokens, each weight line
-//! loaded and unpacked once for all the tokens of the tile.
+//! AVX-512 VNNI and AVX2 products of packed Q2_K–Q6_K weights ([`super::packed_k::PackedK`])
+//! with Q8_K activation rows: a group of 16 weight rows against a tile of tokens, each weight
+//! line loaded and unpacked once for all the tokens of the tile.
 //!
 //! Integer sums (exact in i32, as in `crate::tensor::k_quants`):
 //! - VNNI: the unsigned weight codes (4, 5 or 6 bits) are `vpdpbusd`'s unsigned operand and
@@ -14,9 +14,9 @@
 //! The mins (Q4_K, Q5_K) are products of 16-bit pairs (`vpdpwssd` / `madd`: two sub-blocks'
 //! mins against their activation sums; Q2_K's per 16-value sub-block) and the offsets of
 //! Q6_K (32) and Q3_K (4) are taken off with the activation block's sums of 16 values, as
-//! the scalar products take the mins. Each super-block is folded into
-//! the f32 accumulator with the scalar expression (separate multiplies, no FMA), block after
-//! block, so every output is bit-identical to the scalar dot product of its row.
+//! the scalar products take the mins. Each super-block is folded into the f32 accumulator
+//! with the scalar expression (separate multiplies, no FMA), block after block, so every
+//! output is bit-identical to the scalar dot product of its row.
 
 use super::packed_k::{
     fifth_masks_at, qs_line, quant_line, store_window, x4, x_bsum_pair, x_d, x_min_pair, Job,
