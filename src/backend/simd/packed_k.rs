@@ -214,6 +214,8 @@ impl PackedK {
             ldo,
             r0,
             r1,
+            pf: std::ptr::null(),
+            pf_block: 0,
         };
         // Q5_K's fifth bits are in the form of the ISA it was packed for; another ISA's
         // kernels would misread them.
@@ -376,6 +378,10 @@ pub(super) struct Job<'a> {
     pub ldo: usize,
     pub r0: usize,
     pub r1: usize,
+    /// Where this tile's share of the next group's bytes starts, and its bytes per
+    /// super-block, for the x86 kernels to prefetch as they go (null: none).
+    pub pf: *const u8,
+    pub pf_block: usize,
 }
 
 // ---------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@
 //! output is bit-identical to the scalar dot product of its row.
 
 use super::packed_k::{
-    fifth_masks_at, qs_line, quant_line, store_window, x4, x_bsum_pair, x_d, x_min_pair, Job,
+    fifth_masks_at, qs_line, quant_line, store_window, x4, x_bsum_pair, x_d, x_min_pair, FifthBits,
+    Job,
 };
 use super::GROUP;
 use crate::tensor::k_quants::Q8_K_BYTES;
@@ -113,6 +114,8 @@ unsafe fn q45_vnni<const T: usize, const FIVE: bool>(j: Job<'_>, g: usize, t0: u
             std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
         let mut isum = [_mm512_setzero_si512(); T];
         for c in 0..4 {
+            // The next group's share a chunk at a time: bursts of at most 10 lines.
+            prefetch_share(j, b, c, 4);
             // One token alone has only two accumulator chains, which the latency of
             // `vpdpbusd` would bound: give it two per half, lines alternating (exact in i32).
             let split = if T == 1 { 2 } else { 1 };
@@ -122,8 +125,10 @@ unsafe fn q45_vnni<const T: usize, const FIVE: bool>(j: Job<'_>, g: usize, t0: u
                 // SAFETY (this block): every line read is inside the packed super-block, every
                 // activation byte inside the token's Q8_K block.
                 unsafe {
+                    // A packed Q5_K reaches this kernel only in the `Masks` form (see
+                    // `PackedK::rows`): a constant line index, not a load of the form per line.
                     let line = if FIVE {
-                        qs_line(p.dtype, p.fifth, c, k)
+                        qs_line(GgmlType::Q5_K, FifthBits::Masks, c, k)
                     } else {
                         ql + 8 * c + k
                     };
@@ -252,6 +257,27 @@ unsafe fn fold_signed_vnni<const T: usize, const SHIFT: u32>(
     }
 }
 
+/// Q6_K code `s` of the four that the line triple `la`, `lb`, `hh` holds (see `packed_k`):
+/// a nibble of `la` or `lb` and two bits of `hh`, joined in one ternary op.
+///
+/// # Safety
+/// AVX-512 F/BW enabled.
+#[inline(always)]
+unsafe fn q6_code_512(la: __m512i, lb: __m512i, hh: __m512i, s: usize) -> __m512i {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let (lo, hi) = match s {
+        0 => (_mm512_and_si512(la, m4), _mm512_slli_epi16(hh, 4)),
+        1 => (_mm512_and_si512(lb, m4), _mm512_slli_epi16(hh, 2)),
+        2 => (_mm512_and_si512(_mm512_srli_epi16(la, 4), m4), hh),
+        _ => (
+            _mm512_and_si512(_mm512_srli_epi16(lb, 4), m4),
+            _mm512_srli_epi16(hh, 2),
+        ),
+    };
+    // lo | (hi & 0x30)
+    _mm512_ternarylogic_epi32::<0xF8>(lo, hi, _mm512_set1_epi8(0x30))
+}
+
 /// Q6_K, group `g`, tokens `t0..t0 + T`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
@@ -259,10 +285,9 @@ unsafe fn q6_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
     let p = j.p;
     let base = p.group(g).as_ptr();
     let bb = p.block_bytes();
-    let m4 = _mm512_set1_epi8(0x0f);
-    let m30 = _mm512_set1_epi8(0x30);
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..p.nsb {
+        prefetch_share(j, b, 0, 1);
         // SAFETY: as in `q45_vnni`.
         let blk = unsafe { base.add(b * bb) };
         // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
@@ -281,24 +306,7 @@ unsafe fn q6_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
                         let la = _mm512_loadu_si512(l as *const __m512i);
                         let lb = _mm512_loadu_si512(l.add(64) as *const __m512i);
                         let hh = _mm512_loadu_si512(l.add(128) as *const __m512i);
-                        let c = [
-                            _mm512_or_si512(
-                                _mm512_and_si512(la, m4),
-                                _mm512_and_si512(_mm512_slli_epi16(hh, 4), m30),
-                            ),
-                            _mm512_or_si512(
-                                _mm512_and_si512(lb, m4),
-                                _mm512_and_si512(_mm512_slli_epi16(hh, 2), m30),
-                            ),
-                            _mm512_or_si512(
-                                _mm512_and_si512(_mm512_srli_epi16(la, 4), m4),
-                                _mm512_and_si512(hh, m30),
-                            ),
-                            _mm512_or_si512(
-                                _mm512_and_si512(_mm512_srli_epi16(lb, 4), m4),
-                                _mm512_and_si512(_mm512_srli_epi16(hh, 2), m30),
-                            ),
-                        ];
+                        let c: [__m512i; 4] = std::array::from_fn(|s| q6_code_512(la, lb, hh, s));
                         for t in 0..T {
                             for s in 0..4 {
                                 let xv = _mm512_set1_epi32(x4(x[t], 128 * h + 32 * s + 4 * k));
@@ -310,7 +318,7 @@ unsafe fn q6_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
                 }
                 for s in 0..4 {
                     let gi = 8 * h + 2 * s + q;
-                    // SAFETY: group gi's 16 signed scales (lines 1–4); the activation sums.
+                    // SAFETY: group gi's 16 signed scales (lines 1–4).
                     unsafe {
                         let sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(
                             blk.add(64 + 16 * gi) as *const __m128i
@@ -387,6 +395,7 @@ unsafe fn q3_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
     let bb = p.block_bytes();
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..p.nsb {
+        prefetch_share(j, b, 0, 1);
         // SAFETY: as in `q45_vnni`.
         let blk = unsafe { base.add(b * bb) };
         // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
@@ -451,6 +460,7 @@ unsafe fn q2_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
     let m15 = _mm512_set1_epi32(0x0f);
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..p.nsb {
+        prefetch_share(j, b, 0, 1);
         // SAFETY: as in `q45_vnni`.
         let blk = unsafe { base.add(b * bb) };
         // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
@@ -555,6 +565,7 @@ unsafe fn q45_avx2_half<const T: usize, const FIVE: bool>(
     let m4 = _mm256_set1_epi8(0x0f);
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..p.nsb {
+        prefetch_share(j, b, half, 2);
         // SAFETY: as in `q45_vnni`.
         let blk = unsafe { base.add(b * bb) };
         // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
@@ -674,6 +685,7 @@ unsafe fn q6_avx2_half<const T: usize>(
     let m30 = _mm256_set1_epi8(0x30);
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..p.nsb {
+        prefetch_share(j, b, half, 2);
         // SAFETY: as in `q45_vnni`.
         let blk = unsafe { base.add(b * bb) };
         // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
@@ -783,6 +795,7 @@ unsafe fn q3_avx2_half<const T: usize>(
     let ql = quant_line(p.dtype);
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..p.nsb {
+        prefetch_share(j, b, half, 2);
         // SAFETY: as in `q45_vnni`.
         let blk = unsafe { base.add(b * bb) };
         // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
@@ -835,6 +848,7 @@ unsafe fn q2_avx2_half<const T: usize>(
     let m15 = _mm256_set1_epi16(0x0f);
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..p.nsb {
+        prefetch_share(j, b, half, 2);
         // SAFETY: as in `q45_vnni`.
         let blk = unsafe { base.add(b * bb) };
         // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
@@ -935,6 +949,62 @@ unsafe fn group_avx2<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
     }
 }
 
+/// `j` with the share of group `g + 1` (if below `g1`) that belongs to tokens `t0..t0 + tile`
+/// of `n` set to be prefetched, when the tokens take more than one tile (`tile < n`). The first tile
+/// streams group `g` in and the later ones run from cache, where the hardware prefetcher
+/// alone leaves the memory idle: each tile then reads its share of the next group as it goes.
+#[inline(always)]
+fn with_next_share(
+    mut j: Job<'_>,
+    g: usize,
+    g1: usize,
+    t0: usize,
+    tile: usize,
+    n: usize,
+) -> Job<'_> {
+    if tile < n && g + 1 < g1 {
+        let next = j.p.group(g + 1);
+        j.pf = next.as_ptr().wrapping_add(next.len() * t0 / n);
+        j.pf_block = j.p.block_bytes() * tile / n;
+    }
+    j
+}
+
+/// Prefetches part `part` of `parts` of super-block `b`'s share of the next group (see
+/// [`with_next_share`]), as the super-block starts: a burst of at most a few dozen lines,
+/// which measured faster than one or two lines at each step of the kernel's loop.
+#[inline(always)]
+fn prefetch_share(j: Job<'_>, b: usize, part: usize, parts: usize) {
+    if j.pf.is_null() {
+        return;
+    }
+    let s = b * j.pf_block;
+    let (lo, hi) = (
+        s + j.pf_block * part / parts,
+        s + j.pf_block * (part + 1) / parts,
+    );
+    for off in (lo & !63..hi).step_by(64) {
+        // SAFETY: SSE is part of x86_64; a prefetch never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(j.pf.wrapping_add(off) as *const i8) };
+    }
+}
+
+/// Tokens `t0..t0 + T` of group `g` on AVX2, with the next group's share prefetched.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_avx2<const T: usize>(j: Job<'_>, g: usize, g1: usize, t0: usize, n: usize) {
+    // SAFETY: forwarded from the caller.
+    unsafe { group_avx2::<T>(with_next_share(j, g, g1, t0, T, n), g, t0) }
+}
+
+/// Tokens `t0..t0 + T` of group `g` on VNNI, with the next group's share prefetched.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn tile_vnni<const T: usize>(j: Job<'_>, g: usize, g1: usize, t0: usize, n: usize) {
+    // SAFETY: forwarded from the caller.
+    unsafe { group_vnni::<T>(with_next_share(j, g, g1, t0, T, n), g, t0) }
+}
+
 /// Group `g` on VNNI, stored.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
@@ -959,8 +1029,18 @@ unsafe fn group_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
 /// and the rows `r0..r1`, which no other thread touches during the call.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn gemm_vnni(j: Job<'_>, n: usize, g0: usize, g1: usize) {
+    // Q4_K and Q5_K keep two accumulators per token and take 8 tokens per pass over the
+    // weights in prompts (64-token products 10-17% faster than with 4); Q6_K, Q3_K and Q2_K
+    // keep four per token and stop at 4 (8 made LLVM spill: Q6_K 1.5-1.8x slower). Eight
+    // tokens alone (batched decode) still go 4 at a time: one pass of 8 left the memory
+    // idle behind the heavier compute (8 streams 181-189 tok/s against 199, prefetch or not).
+    let wide = matches!(j.p.dtype, GgmlType::Q4_K | GgmlType::Q5_K) && n > 8;
     for g in g0..g1 {
-        for_token_tiles!(n, t, [4, 2, 1], group_vnni(j, g, t));
+        if wide {
+            for_token_tiles!(n, t, [8, 4, 2, 1], tile_vnni(j, g, g1, t, n));
+        } else {
+            for_token_tiles!(n, t, [4, 2, 1], tile_vnni(j, g, g1, t, n));
+        }
     }
 }
 
@@ -971,6 +1051,6 @@ pub(super) unsafe fn gemm_vnni(j: Job<'_>, n: usize, g0: usize, g1: usize) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn gemm_avx2(j: Job<'_>, n: usize, g0: usize, g1: usize) {
     for g in g0..g1 {
-        for_token_tiles!(n, t, [4, 2, 1], group_avx2(j, g, t));
+        for_token_tiles!(n, t, [4, 2, 1], tile_avx2(j, g, g1, t, n));
     }
 }
