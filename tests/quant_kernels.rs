@@ -8,9 +8,9 @@
 //! - matmuls of each type with 1, 2, 3, 5 and 33 tokens give the same bytes on `scalar`,
 //!   `simd` (every instruction set), `pool` at 1, 2, 3 and 4 threads and `parallel`, on the
 //!   stored layout and on each backend's prepared (packed) one;
-//! - the packed layouts `prepare` makes (Q8_0; Q4_0, Q5_0, Q4_1, Q5_1, Q2_K and Q3_K on x86;
-//!   Q4_K–Q6_K on x86 and NEON) give the scalar bytes for every token tile size, partial row
-//!   groups and thread count, and so do row lookups in them;
+//! - the packed layouts `prepare` makes (Q8_0; Q4_0, Q5_0, Q4_1 and Q5_1 on x86; Q2_K–Q6_K
+//!   on x86 and NEON) give the scalar bytes for every token tile size, partial row groups
+//!   and thread count, and so do row lookups in them;
 //! - a decode matvec of each type allocates nothing on the calling thread once warm.
 
 use half::f16;

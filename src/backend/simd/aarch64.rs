@@ -33,6 +33,22 @@ pub(super) unsafe fn sdot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4
     acc
 }
 
+/// Four f16 values at `p` widened to f32 (exact).
+///
+/// # Safety
+/// 8 bytes at `p` must be readable.
+#[inline(always)]
+pub(super) unsafe fn f16x4(p: *const u8) -> float32x4_t {
+    let mut v = [0f32; 4];
+    for (i, o) in v.iter_mut().enumerate() {
+        // SAFETY: inside the 8 bytes.
+        let bits = unsafe { (p.add(2 * i) as *const u16).read_unaligned() };
+        *o = half::f16::from_bits(bits).to_f32();
+    }
+    // SAFETY: `v` holds 4 floats.
+    unsafe { vld1q_f32(v.as_ptr()) }
+}
+
 /// Q8_0 quantization identical to `q8_0::quantize`: `FCVTAS` rounds to nearest with ties
 /// away from zero, as `f32::round` does.
 ///

@@ -1036,9 +1036,9 @@ impl<B: Backend> SimdBackend<B> {
     }
 }
 
-/// Packs Q8_0 matrices (on x86 also Q4_0, Q5_0, Q4_1, Q5_1, Q2_K and Q3_K ones, and on x86
-/// and NEON Q4_K, Q5_K and Q6_K ones, see [`PackedK`]) for `k`'s instruction set (shared by the backends built on
-/// `simd`), then releases the stored bytes' mapped pages: from here on every product and
+/// Packs Q8_0 matrices (on x86 also Q4_0, Q5_0, Q4_1 and Q5_1 ones, and on x86 and NEON
+/// Q2_K–Q6_K ones, see [`PackedK`]) for `k`'s instruction set (shared by the backends built
+/// on `simd`), then releases the stored bytes' mapped pages: from here on every product and
 /// row lookup of these backends reads the packed copy, so the weights are resident once.
 /// The other quantized types are multiplied in their stored layout
 /// ([`quants::QuantMatmul`]) and get no copy.
