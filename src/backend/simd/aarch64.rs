@@ -147,8 +147,8 @@ unsafe fn group_sdot<const T: usize>(
         let mut lanes = [0.0f32; GROUP];
         // SAFETY: `lanes` holds 16 floats; the destination rows are the caller's.
         unsafe {
-            for j in 0..4 {
-                vst1q_f32(lanes.as_mut_ptr().add(j * 4), ac[j]);
+            for (j, a) in ac.iter().enumerate() {
+                vst1q_f32(lanes.as_mut_ptr().add(j * 4), *a);
             }
             std::ptr::copy_nonoverlapping(
                 lanes.as_ptr(),
@@ -295,8 +295,8 @@ unsafe fn group_legacy_sdot<const T: usize, const FIVE: bool, const MIN: bool>(
         let mut lanes = [0.0f32; GROUP];
         // SAFETY: `lanes` holds 16 floats; the destination rows are the caller's.
         unsafe {
-            for q in 0..4 {
-                vst1q_f32(lanes.as_mut_ptr().add(q * 4), ac[q]);
+            for (q, a) in ac.iter().enumerate() {
+                vst1q_f32(lanes.as_mut_ptr().add(q * 4), *a);
             }
             std::ptr::copy_nonoverlapping(
                 lanes.as_ptr(),

@@ -138,6 +138,8 @@ unsafe fn q45_quarter<const T: usize, const FIVE: bool>(
 }
 
 /// Q6_K, rows `4·qr ..` of group `g`, tokens `t0..t0 + T`.
+// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
+#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "neon,dotprod")]
 unsafe fn q6_quarter<const T: usize>(
@@ -212,6 +214,8 @@ unsafe fn q6_quarter<const T: usize>(
 
 /// Q2_K, rows `4·qr ..` of group `g`, tokens `t0..t0 + T`: the 2-bit codes into `sdot`,
 /// each sub-block's sum times its 4-bit scale, the 4-bit mins against the activation sums.
+// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
+#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "neon,dotprod")]
 unsafe fn q2_quarter<const T: usize>(
@@ -323,6 +327,8 @@ unsafe fn q3_codes(l: *const u8, pass: usize) -> [int8x16_t; 4] {
 /// Q3_K, rows `4·qr ..` of group `g`, tokens `t0..t0 + T`: the codes (the values plus 4)
 /// into `sdot`, `4 ·` the activation's sum of each sub-block taken off its sum, which is
 /// then multiplied by the signed scale.
+// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
+#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "neon,dotprod")]
 unsafe fn q3_quarter<const T: usize>(
