@@ -8,9 +8,9 @@
 //! - matmuls of each type with 1, 2, 3, 5 and 33 tokens give the same bytes on `scalar`,
 //!   `simd` (every instruction set), `pool` at 1, 2, 3 and 4 threads and `parallel`, on the
 //!   stored layout and on each backend's prepared (packed) one;
-//! - the packed layouts `prepare` makes (Q8_0; Q4_0, Q5_0, Q4_1, Q5_1, Q2_K and Q3_K on x86;
-//!   Q4_K–Q6_K on x86 and NEON) give the scalar bytes for every token tile size, partial row
-//!   groups and thread count, and so do row lookups in them;
+//! - the packed layouts `prepare` makes (Q8_0; Q4_0, Q5_0, Q4_1, Q5_1 and Q2_K–Q6_K on x86
+//!   and NEON) give the scalar bytes for every token tile size, partial row groups and
+//!   thread count, and so do row lookups in them;
 //! - a decode matvec of each type allocates nothing on the calling thread once warm.
 
 use half::f16;
@@ -446,12 +446,12 @@ fn bits_nan(v: &[f32]) -> Vec<u32> {
         .collect()
 }
 
-/// The packed layouts `prepare` makes (Q8_0 everywhere, Q4_0, Q5_0, Q4_1 and Q5_1 on x86)
-/// against the scalar definitions: every token tile size and remainder (1–10 tokens, 16, 17, 33), row
-/// counts that fill no group, exactly one, one and a bit and several with a partial last
-/// one, row lengths of one to sixteen blocks, extreme f16 scales, on every instruction set,
-/// `pool` at 1–4 threads and `parallel`. Row lookups (a tied embedding) read the packed
-/// form and must give `scalar`'s values too.
+/// The packed layouts `prepare` makes (Q8_0 everywhere, Q4_0, Q5_0, Q4_1 and Q5_1 on x86
+/// and NEON) against the scalar definitions: every token tile size and remainder (1–10
+/// tokens, 16, 17, 33), row counts that fill no group, exactly one, one and a bit and several
+/// with a partial last one, row lengths of one to sixteen blocks, extreme f16 scales, on
+/// every instruction set, `pool` at 1–4 threads and `parallel`. Row lookups (a tied
+/// embedding) read the packed form and must give `scalar`'s values too.
 #[test]
 fn packed_products_and_row_lookups_are_byte_identical_to_scalar() {
     use inferno::backend::simd::{PackedLegacy, PackedQ8};
@@ -514,17 +514,17 @@ fn packed_products_and_row_lookups_are_byte_identical_to_scalar() {
             }
         }
     }
-    // On x86 each legacy type must have taken the packed path (else this tested nothing
-    // new), on both vector instruction sets where the CPU has them.
-    let x86 = Isa::available()
-        .iter()
-        .filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512Vnni))
+    // Each legacy type must have taken the packed path (else this tested nothing new), on
+    // every vector instruction set the CPU has.
+    let vector = Isa::available()
+        .into_iter()
+        .filter(|&i| PackedLegacy::supported_on(i))
         .count();
     for t in [Q4_0, Q5_0, Q4_1, Q5_1] {
         // Per vector ISA: simd, pool at 1–4 threads and parallel, for each of 5 shapes.
         assert_eq!(
             packed_legacy.get(&t).copied().unwrap_or(0),
-            x86 * 6 * 5,
+            vector * 6 * 5,
             "packed {t} matrices"
         );
     }

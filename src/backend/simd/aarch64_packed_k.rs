@@ -1,17 +1,18 @@
-//! NEON (`sdot`) products of packed Q4_K, Q5_K and Q6_K weights ([`super::packed_k::PackedK`]) with Q8_K
-//! activation rows. A packed 64-byte line holds four bytes of each of 16 rows, i.e. four
+//! NEON (`sdot`) products of packed Q2_K–Q6_K weights ([`super::packed_k::PackedK`]) with
+//! Q8_K activation rows. A packed 64-byte line holds four bytes of each of 16 rows, i.e. four
 //! 16-byte registers of four rows; the kernels take one such quarter of a group at a time,
 //! so each token needs only a handful of accumulators.
 //!
 //! The integer sums are those of the x86 kernels (see `x86_packed_k.rs`): `sdot` of the weight
 //! codes (at most 6 bits, so they are valid signed bytes) with the activation's four bytes
 //! broadcast; per sub-block the lane is multiplied by the row's scale (`vmlaq_s32`, exact);
-//! the mins and Q6_K's offset of 32 come off with the activation's sums of 16 values. Each
-//! super-block is folded in f32 with the scalar expression, as separate multiplies and adds
-//! (never `vfma`), so every output equals the scalar dot product of its row bit for bit.
-//! The packed f16 scales are widened with `half` (exact), four at a time.
+//! the mins (Q2_K, Q4_K, Q5_K) and the offsets of Q6_K (32) and Q3_K (4) come off with the
+//! activation's sums of 16 values. Each super-block is folded in f32 with the scalar
+//! expression, as separate multiplies and adds (never `vfma`), so every output equals the
+//! scalar dot product of its row bit for bit. The packed f16 scales are widened with `half`
+//! (exact), four at a time.
 
-use super::aarch64::sdot;
+use super::aarch64::{f16x4, sdot};
 use super::packed_k::{quant_line, store_window, x4, x_bsum, x_d, x_min_pair, Job};
 use super::GROUP;
 use crate::tensor::k_quants::Q8_K_BYTES;
@@ -38,22 +39,6 @@ unsafe fn widen4_i8(p: *const u8) -> int32x4_t {
     // SAFETY: the caller guarantees 4 bytes.
     let v = unsafe { (p as *const u32).read_unaligned() } as u64;
     vmovl_s16(vget_low_s16(vmovl_s8(vcreate_s8(v))))
-}
-
-/// Four f16 values at `p` widened to f32 (exact).
-///
-/// # Safety
-/// 8 bytes at `p` must be readable.
-#[inline(always)]
-unsafe fn f16x4(p: *const u8) -> float32x4_t {
-    let mut v = [0f32; 4];
-    for (i, o) in v.iter_mut().enumerate() {
-        // SAFETY: inside the 8 bytes.
-        let bits = unsafe { (p.add(2 * i) as *const u16).read_unaligned() };
-        *o = half::f16::from_bits(bits).to_f32();
-    }
-    // SAFETY: `v` holds 4 floats.
-    unsafe { vld1q_f32(v.as_ptr()) }
 }
 
 /// The four activation quants at element `e` of the block at `x`, in every lane.
@@ -153,6 +138,8 @@ unsafe fn q45_quarter<const T: usize, const FIVE: bool>(
 }
 
 /// Q6_K, rows `4·qr ..` of group `g`, tokens `t0..t0 + T`.
+// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
+#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "neon,dotprod")]
 unsafe fn q6_quarter<const T: usize>(
@@ -225,6 +212,186 @@ unsafe fn q6_quarter<const T: usize>(
     acc
 }
 
+/// Q2_K, rows `4·qr ..` of group `g`, tokens `t0..t0 + T`: the 2-bit codes into `sdot`,
+/// each sub-block's sum times its 4-bit scale, the 4-bit mins against the activation sums.
+// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn q2_quarter<const T: usize>(
+    j: Job<'_>,
+    g: usize,
+    t0: usize,
+    qr: usize,
+) -> [float32x4_t; T] {
+    let p = j.p;
+    let base = p.group(g).as_ptr();
+    let bb = p.block_bytes();
+    let ql = quant_line(p.dtype);
+    let m3 = vdupq_n_u8(3);
+    let m15 = vdupq_n_s32(0x0f);
+    let mut acc = [vdupq_n_f32(0.0); T];
+    for b in 0..p.nsb {
+        // SAFETY: as in `q45_quarter`.
+        let blk = unsafe { base.add(b * bb) };
+        // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
+        let x: [*const u8; T] =
+            std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
+        let mut isum = [vdupq_n_s32(0); T];
+        let mut msum = [vdupq_n_s32(0); T];
+        for h in 0..2 {
+            for q in 0..2 {
+                // Slot s: elements 128h + 32s + 16q .. +16, sub-block 8h + 2s + q.
+                let mut a = [[vdupq_n_s32(0); 4]; T];
+                for kk in 0..4 {
+                    let k = 4 * q + kk;
+                    // SAFETY (this block): the quant line of (h, k) and the activation
+                    // quants; the dot-product extension is enabled here.
+                    unsafe {
+                        let w = vld1q_u8(blk.add((ql + 8 * h + k) * 64 + 16 * qr));
+                        let c = [
+                            vandq_u8(w, m3),
+                            vandq_u8(vshrq_n_u8::<2>(w), m3),
+                            vandq_u8(vshrq_n_u8::<4>(w), m3),
+                            vshrq_n_u8::<6>(w),
+                        ];
+                        for t in 0..T {
+                            for s in 0..4 {
+                                let xv = bcast(x[t], 128 * h + 32 * s + 4 * k);
+                                a[t][s] = sdot(a[t][s], vreinterpretq_s8_u8(c[s]), xv);
+                            }
+                        }
+                    }
+                }
+                for s in 0..4 {
+                    let gi = 8 * h + 2 * s + q;
+                    // SAFETY: sub-block gi's scale bytes of these rows (scale in the low
+                    // nibble, min in the high one); the activation sums.
+                    unsafe {
+                        let sm = widen4_u8(blk.add(64 + 16 * gi + 4 * qr));
+                        let (sc, mn) = (vandq_s32(sm, m15), vshrq_n_s32::<4>(sm));
+                        for t in 0..T {
+                            isum[t] = vmlaq_s32(isum[t], a[t][s], sc);
+                            msum[t] = vmlaq_s32(msum[t], mn, vdupq_n_s32(x_bsum(x[t], gi)));
+                        }
+                    }
+                }
+            }
+        }
+        // SAFETY: line 0: the d of the 16 rows, then their dmin.
+        let (dw, dm) = unsafe { (f16x4(blk.add(8 * qr)), f16x4(blk.add(32 + 8 * qr))) };
+        for t in 0..T {
+            // SAFETY: the token's block scale.
+            let dx = vdupq_n_f32(unsafe { x_d(x[t]) });
+            let a = vmulq_f32(vmulq_f32(dw, dx), vcvtq_f32_s32(isum[t]));
+            let m = vmulq_f32(vmulq_f32(dm, dx), vcvtq_f32_s32(msum[t]));
+            acc[t] = vaddq_f32(acc[t], vsubq_f32(a, m));
+        }
+    }
+    acc
+}
+
+/// The four Q3_K codes (0–7) of runs `4·pass ..` (elements `32j + 4k + i`) from the three
+/// packed lines `X`, `Y`, `Z` of one `k` (see `packed_k`), four rows a register: six come
+/// out with a shift and a mask; codes 6 and 7 take their low pair from the top of `X` (`Y`)
+/// and their third bit from bit 6 (7) of `Z`, selected into place.
+///
+/// # Safety
+/// 16 bytes must be readable at `l`, `l + 64` and `l + 128`.
+#[inline(always)]
+unsafe fn q3_codes(l: *const u8, pass: usize) -> [int8x16_t; 4] {
+    let m7 = vdupq_n_u8(7);
+    let m4 = vdupq_n_u8(4);
+    // SAFETY: the caller guarantees the three lines at `l`.
+    let (lx, ly, lz) = unsafe { (vld1q_u8(l), vld1q_u8(l.add(64)), vld1q_u8(l.add(128))) };
+    let c = if pass == 0 {
+        [
+            vandq_u8(lx, m7),
+            vandq_u8(vshrq_n_u8::<3>(lx), m7),
+            vandq_u8(ly, m7),
+            vandq_u8(vshrq_n_u8::<3>(ly), m7),
+        ]
+    } else {
+        [
+            vandq_u8(lz, m7),
+            vandq_u8(vshrq_n_u8::<3>(lz), m7),
+            // Bit 2 from `Z >> 4` (`Z >> 5`), bits 0–1 from `X >> 6` (`Y >> 6`), whose bit
+            // 2 is clear.
+            vbslq_u8(m4, vshrq_n_u8::<4>(lz), vshrq_n_u8::<6>(lx)),
+            vbslq_u8(m4, vshrq_n_u8::<5>(lz), vshrq_n_u8::<6>(ly)),
+        ]
+    };
+    c.map(|r| vreinterpretq_s8_u8(r))
+}
+
+/// Q3_K, rows `4·qr ..` of group `g`, tokens `t0..t0 + T`: the codes (the values plus 4)
+/// into `sdot`, `4 ·` the activation's sum of each sub-block taken off its sum, which is
+/// then multiplied by the signed scale.
+// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
+#[allow(clippy::needless_range_loop)]
+#[inline]
+#[target_feature(enable = "neon,dotprod")]
+unsafe fn q3_quarter<const T: usize>(
+    j: Job<'_>,
+    g: usize,
+    t0: usize,
+    qr: usize,
+) -> [float32x4_t; T] {
+    let p = j.p;
+    let base = p.group(g).as_ptr();
+    let bb = p.block_bytes();
+    let ql = quant_line(p.dtype);
+    let mut acc = [vdupq_n_f32(0.0); T];
+    for b in 0..p.nsb {
+        // SAFETY: as in `q45_quarter`.
+        let blk = unsafe { base.add(b * bb) };
+        // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
+        let x: [*const u8; T] =
+            std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
+        let mut isum = [vdupq_n_s32(0); T];
+        for q in 0..2 {
+            for pass in 0..2 {
+                // Slot s: run 4·pass + s, elements 32(4·pass + s) + 16q .. +16, sub-block
+                // 2(4·pass + s) + q.
+                let mut a = [[vdupq_n_s32(0); 4]; T];
+                for kk in 0..4 {
+                    let k = 4 * q + kk;
+                    // SAFETY (this block): the three lines of k and the activation quants;
+                    // the dot-product extension is enabled here.
+                    unsafe {
+                        let c = q3_codes(blk.add((ql + 3 * k) * 64 + 16 * qr), pass);
+                        for t in 0..T {
+                            for s in 0..4 {
+                                let xv = bcast(x[t], 32 * (4 * pass + s) + 4 * k);
+                                a[t][s] = sdot(a[t][s], c[s], xv);
+                            }
+                        }
+                    }
+                }
+                for s in 0..4 {
+                    let gi = 2 * (4 * pass + s) + q;
+                    // SAFETY: sub-block gi's signed scales of these rows; the activation sums.
+                    unsafe {
+                        let sc = widen4_i8(blk.add(64 + 16 * gi + 4 * qr));
+                        for t in 0..T {
+                            let v = vsubq_s32(a[t][s], vdupq_n_s32(4 * x_bsum(x[t], gi)));
+                            isum[t] = vmlaq_s32(isum[t], v, sc);
+                        }
+                    }
+                }
+            }
+        }
+        // SAFETY: line 0: the d of the 16 rows.
+        let dw = unsafe { f16x4(blk.add(8 * qr)) };
+        for t in 0..T {
+            // SAFETY: the token's block scale.
+            let dx = vdupq_n_f32(unsafe { x_d(x[t]) });
+            acc[t] = vaddq_f32(acc[t], vmulq_f32(vmulq_f32(dw, dx), vcvtq_f32_s32(isum[t])));
+        }
+    }
+    acc
+}
+
 /// Group `g`, tokens `t0..t0 + T`, stored.
 #[inline]
 #[target_feature(enable = "neon,dotprod")]
@@ -236,7 +403,9 @@ unsafe fn group_sdot<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
             match j.p.dtype {
                 GgmlType::Q4_K => q45_quarter::<T, false>(j, g, t0, qr),
                 GgmlType::Q5_K => q45_quarter::<T, true>(j, g, t0, qr),
-                _ => q6_quarter::<T>(j, g, t0, qr),
+                GgmlType::Q6_K => q6_quarter::<T>(j, g, t0, qr),
+                GgmlType::Q3_K => q3_quarter::<T>(j, g, t0, qr),
+                _ => q2_quarter::<T>(j, g, t0, qr),
             }
         };
         for (l, a) in lanes.iter_mut().zip(acc) {
@@ -261,10 +430,10 @@ unsafe fn group_sdot<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
 /// The product for groups `g0..g1` and tokens `0..n` with `sdot`.
 ///
 /// # Safety
-/// The dot-product extension must be present; `p` must be Q4_K, Q5_K or Q6_K (NEON keeps
-/// Q2_K and Q3_K in their stored layout, see `PackedK::isa_has_kernels`); `xq` must hold `n` Q8_K rows of `qrow` bytes
-/// covering `p.cols`; `out` must be writable at `t * ldo + r` for those tokens and the rows
-/// `r0..r1`, which no other thread touches during the call.
+/// The dot-product extension must be present; `p` must be packed with the `Bytes` form of
+/// the fifth bits; `xq` must hold `n` Q8_K rows of `qrow` bytes covering `p.cols`; `out`
+/// must be writable at `t * ldo + r` for those tokens and the rows `r0..r1`, which no other
+/// thread touches during the call.
 #[target_feature(enable = "neon,dotprod")]
 pub(super) unsafe fn gemm_sdot(j: Job<'_>, n: usize, g0: usize, g1: usize) {
     for g in g0..g1 {

@@ -5,7 +5,7 @@
 //!   or portable code), overridable with `INFERNO_SIMD` for comparisons;
 //! - [`PackedQ8`]: Q8_0 weights repacked at load into 16-row interleaved groups, the layout
 //!   the integer kernels want (built through [`Backend::prepare`]), and [`PackedLegacy`],
-//!   the same for Q4_0, Q5_0, Q4_1 and Q5_1 at their own size (x86); a packed matrix's
+//!   the same for Q4_0, Q5_0, Q4_1 and Q5_1 at their own size; a packed matrix's
 //!   stored pages are released, so its weights are resident once;
 //! - [`ActQ8`]: activations quantized to Q8_0 (with Q8_1's block sums) for the integer
 //!   products;
@@ -13,8 +13,9 @@
 //!   heads of an attention), so `simd` runs all of it on one thread and `parallel` / `pool`
 //!   hand the shares to threads — each output value is computed by the same code in the same
 //!   order whatever the split, so results are identical at any thread count;
-//! - [`quants::QuantMatmul`]: the other quantized types (Q2_K … Q6_K where not packed, and
-//!   Q4_0 … Q5_1 off x86) multiplied in their stored layout, one vector dot kernel call per output;
+//! - [`quants::QuantMatmul`]: the other quantized types (and Q4_0 … Q5_1, Q2_K … Q6_K on
+//!   the portable code) multiplied in their stored layout, one vector dot kernel call per
+//!   output;
 //! - [`SimdBackend`], which decorates a reference backend (normally `scalar`) and forwards it
 //!   the types it has no kernel for.
 //!
@@ -617,7 +618,7 @@ impl Kernels {
                         && a.sums.len() >= n * p.nb
                         && g1 <= p.groups
                 );
-                // SAFETY (both arms): the ISA is available (checked at construction) and has
+                // SAFETY (all arms): the ISA is available (checked at construction) and has
                 // kernels for the layout; sizes checked above; `out` is the caller's promise.
                 match self.isa {
                     #[cfg(target_arch = "x86_64")]
@@ -626,6 +627,8 @@ impl Kernels {
                     },
                     #[cfg(target_arch = "x86_64")]
                     Isa::Avx2 => unsafe { x86::gemm_legacy_avx2(p, a, n, g0, g1, out.0, ldo) },
+                    #[cfg(target_arch = "aarch64")]
+                    Isa::Neon => unsafe { aarch64::gemm_legacy_sdot(p, a, n, g0, g1, out.0, ldo) },
                     _ => panic!("no kernel for packed {} on {}", p.dtype(), self.isa.name()),
                 }
             }
@@ -1036,8 +1039,8 @@ impl<B: Backend> SimdBackend<B> {
     }
 }
 
-/// Packs Q8_0 matrices (on x86 also Q4_0, Q5_0, Q4_1, Q5_1, Q2_K and Q3_K ones, and on x86
-/// and NEON Q4_K, Q5_K and Q6_K ones, see [`PackedK`]) for `k`'s instruction set (shared by the backends built on
+/// Packs Q8_0 matrices (on the x86 and NEON kernels also Q4_0, Q5_0, Q4_1, Q5_1 and, see
+/// [`PackedK`], Q2_K–Q6_K ones) for `k`'s instruction set (shared by the backends built on
 /// `simd`), then releases the stored bytes' mapped pages: from here on every product and
 /// row lookup of these backends reads the packed copy, so the weights are resident once.
 /// The other quantized types are multiplied in their stored layout

@@ -30,8 +30,6 @@
 //! row with that token's Q8_K row, bit for bit. They read each Q8_K block's sums of 16 values
 //! (`bsums`, which the quantizer writes) for the mins and for the offsets of Q6_K (32) and
 //! Q3_K (4), as the scalar Q2_K/Q4_K/Q5_K products do for their mins.
-//!
-//! The NEON kernels cover Q4_K–Q6_K only: on NEON, Q2_K and Q3_K stay in their stored layout.
 
 use super::{Isa, Line, OutPtr, GROUP};
 use crate::tensor::k_quants::{self, QK};
@@ -96,14 +94,9 @@ impl PackedK {
         lines_per_block(t) > 0
     }
 
-    /// Whether `isa` has kernels for the packed layout of `t` (NEON's cover Q4_K–Q6_K).
+    /// Whether `isa` has kernels for the packed layout of `t`.
     pub fn isa_has_kernels(isa: Isa, t: GgmlType) -> bool {
-        Self::packs(t)
-            && match isa {
-                Isa::Avx2 | Isa::Avx512Vnni => true,
-                Isa::Neon => matches!(t, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K),
-                Isa::Portable => false,
-            }
+        Self::packs(t) && matches!(isa, Isa::Avx2 | Isa::Avx512Vnni | Isa::Neon)
     }
 
     /// Repacks `m` for `isa`'s kernels; `None` for other types or a size that does not match

@@ -1,4 +1,4 @@
-//! Q4_0, Q5_0, Q4_1 and Q5_1 weights repacked at load for the x86 integer kernels, in the
+//! Q4_0, Q5_0, Q4_1 and Q5_1 weights repacked at load for the integer kernels, in the
 //! same 16-row interleaving as [`super::PackedQ8`] but keeping 4 (or 5) bits per weight, so
 //! the packed copy is exactly the size of the stored one and replaces it in memory.
 //!
@@ -10,13 +10,14 @@
 //!   `r`'s element `4k + i`;
 //! - the 16 f16 scales `d`, and for Q4_1 and Q5_1 the 16 f16 minimums `m`.
 //!
-//! Codes are unsigned: the kernels multiply them as the unsigned operand of `vpdpbusd` /
-//! `maddubs` against the signed activations. For Q4_0 and Q5_0 (value `d · (q − 8)` or
-//! `d · (q − 16)`) each block's integer sum starts from `−8·Σx` (or `−16·Σx`), derived
-//! exactly from the activation block's stored `−128·Σx`, and is scaled and accumulated as
-//! `legacy::dot_q4_0_q8_0` does. For Q4_1 and Q5_1 (value `d · q + m`) the sum starts from
-//! zero and each block adds `(d_w · d_x) · Σqx + m_w · s_x` as `legacy::dot_q4_1_q8_1` does,
-//! `d_x` and `s_x` being the Q8_1 fields of the activation block (see [`super::ActQ8`]).
+//! Codes are unsigned: the x86 kernels multiply them as the unsigned operand of `vpdpbusd`
+//! / `maddubs` against the signed activations, NEON's as signed bytes of `sdot` (all ≤ 31).
+//! For Q4_0 and Q5_0 (value `d · (q − 8)` or `d · (q − 16)`) each block's integer sum
+//! starts from `−8·Σx` (or `−16·Σx`), derived exactly from the activation block's stored
+//! `−128·Σx`, and is scaled and accumulated as `legacy::dot_q4_0_q8_0` does. For Q4_1 and
+//! Q5_1 (value `d · q + m`) the sum starts from zero and each block adds
+//! `(d_w · d_x) · Σqx + m_w · s_x` as `legacy::dot_q4_1_q8_1` does, `d_x` and `s_x` being
+//! the Q8_1 fields of the activation block (see [`super::ActQ8`]).
 //! Each block's integer sum is the scalar code's exact one, so results are bit-identical to
 //! the scalar dots.
 
@@ -43,9 +44,9 @@ pub struct PackedLegacy {
 }
 
 impl PackedLegacy {
-    /// Whether `isa` has kernels for this layout (the x86 vector paths).
+    /// Whether `isa` has kernels for this layout (the vector paths).
     pub fn supported_on(isa: Isa) -> bool {
-        matches!(isa, Isa::Avx2 | Isa::Avx512Vnni)
+        matches!(isa, Isa::Avx2 | Isa::Avx512Vnni | Isa::Neon)
     }
 
     /// Whether `t` has this layout.
