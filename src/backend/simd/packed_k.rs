@@ -373,7 +373,9 @@ pub(super) struct Job<'a> {
     pub r1: usize,
     /// Where this tile's share of the next group's bytes starts, and its bytes per
     /// super-block, for the x86 kernels to prefetch as they go (null: none).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub pf: *const u8,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub pf_block: usize,
 }
 
