@@ -95,6 +95,23 @@ pub unsafe fn quantize_rows(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [i32
     }
 }
 
+/// Writes the first `rows` of a group's 16 accumulated rows (four vectors) to `dst`: the
+/// last group of a matrix may be partial.
+///
+/// # Safety
+/// `dst` must be writable for `rows` floats, `rows <= 16`.
+#[inline(always)]
+unsafe fn store_group(ac: &[float32x4_t; 4], dst: *mut f32, rows: usize) {
+    let mut lanes = [0.0f32; GROUP];
+    // SAFETY: `lanes` holds 16 floats; `dst` is the caller's, for `rows` of them.
+    unsafe {
+        for (q, a) in ac.iter().enumerate() {
+            vst1q_f32(lanes.as_mut_ptr().add(q * 4), *a);
+        }
+        std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, rows);
+    }
+}
+
 /// One group of 16 rows times `T` tokens.
 #[inline]
 #[target_feature(enable = "neon,dotprod")]
@@ -144,18 +161,8 @@ unsafe fn group_sdot<const T: usize>(
     }
     let rows = w.rows_in_group(g);
     for (t, ac) in acc.iter().enumerate() {
-        let mut lanes = [0.0f32; GROUP];
-        // SAFETY: `lanes` holds 16 floats; the destination rows are the caller's.
-        unsafe {
-            for (j, a) in ac.iter().enumerate() {
-                vst1q_f32(lanes.as_mut_ptr().add(j * 4), *a);
-            }
-            std::ptr::copy_nonoverlapping(
-                lanes.as_ptr(),
-                out.add((t0 + t) * ldo + g * GROUP),
-                rows,
-            );
-        }
+        // SAFETY: the destination rows are the caller's.
+        unsafe { store_group(ac, out.add((t0 + t) * ldo + g * GROUP), rows) };
     }
 }
 
@@ -292,18 +299,8 @@ unsafe fn group_legacy_sdot<const T: usize, const FIVE: bool, const MIN: bool>(
     }
     let rows = w.rows_in_group(g);
     for (t, ac) in acc.iter().enumerate() {
-        let mut lanes = [0.0f32; GROUP];
-        // SAFETY: `lanes` holds 16 floats; the destination rows are the caller's.
-        unsafe {
-            for (q, a) in ac.iter().enumerate() {
-                vst1q_f32(lanes.as_mut_ptr().add(q * 4), *a);
-            }
-            std::ptr::copy_nonoverlapping(
-                lanes.as_ptr(),
-                out.add((t0 + t) * ldo + g * GROUP),
-                rows,
-            );
-        }
+        // SAFETY: the destination rows are the caller's.
+        unsafe { store_group(ac, out.add((t0 + t) * ldo + g * GROUP), rows) };
     }
 }
 

@@ -950,9 +950,10 @@ unsafe fn group_avx2<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
 }
 
 /// `j` with the share of group `g + 1` (if below `g1`) that belongs to tokens `t0..t0 + tile`
-/// of `n` set to be prefetched, when the tokens take more than one tile (`tile < n`). The first tile
-/// streams group `g` in and the later ones run from cache, where the hardware prefetcher
-/// alone leaves the memory idle: each tile then reads its share of the next group as it goes.
+/// of `n` set to be prefetched, when the tokens take more than one tile (`tile < n`). The
+/// first tile streams group `g` in and the later ones run from cache, where the hardware
+/// prefetcher alone leaves the memory idle: each tile then reads its share of the next group
+/// as it goes.
 #[inline(always)]
 fn with_next_share(
     mut j: Job<'_>,
@@ -971,8 +972,9 @@ fn with_next_share(
 }
 
 /// Prefetches part `part` of `parts` of super-block `b`'s share of the next group (see
-/// [`with_next_share`]), as the super-block starts: a burst of at most a few dozen lines,
-/// which measured faster than one or two lines at each step of the kernel's loop.
+/// [`with_next_share`]) in one burst, as the super-block (or, for the VNNI Q4_K/Q5_K kernel,
+/// each of its four chunks) starts: bursts measured faster than one or two lines at each
+/// step of the kernel's loop.
 #[inline(always)]
 fn prefetch_share(j: Job<'_>, b: usize, part: usize, parts: usize) {
     if j.pf.is_null() {
