@@ -15,7 +15,7 @@
 //! | Q4_K, Q5_K | 3–4 | mins in pairs of sub-blocks: byte `32·p + 2r + e` holds the min of sub-block `2p + e`, so one widening gives the 16-bit pairs of `vpdpwssd` / `madd` |
 //! | Q5_K, `Bytes` form | 5–12 | the fifth bits: line `k` holds `qh[4k + i]` of row `r` at byte `4r + i` |
 //! | Q4_K; Q5_K `Bytes` | 5–36; 13–44 | line `8c + k` of the quants (Q4_K from line 5, Q5_K from 13): `qs[32c + 4k + i]` (elements `64c + 4k + i` in the low nibbles, `64c + 32 + 4k + i` in the high ones) |
-//! | Q5_K, `Masks` form | 5–44 | per chunk `c < 4`, two lines of masks then its 8 quant lines: the 16 bytes at line `5 + 10c`, byte `16k`, are two 64-bit masks for quant line `8c + k` (line `7 + 10c + k`), bit `4r + i` of the first (second) being bit `2c` (`2c + 1`) of `qh[4k + i]`, the fifth bits of the low (high) nibbles |
+//! | Q5_K, `Chunks` form | 5–44 | per chunk `c < 4`, two lines of fifth bits then its 8 quant lines: quant line `8c + k` is line `7 + 10c + k`, and bits `2m` and `2m + 1` (`m = k mod 4`) of byte `4r + i` of line `5 + 10c + k div 4` are bits `2c` and `2c + 1` of `qh[4k + i]`, the fifth bits of its low and high nibbles |
 //! | Q6_K | 1–4   | the 16 signed scales: byte `16·g + r` for group `g`                   |
 //! | Q6_K | 5–52  | per half `h` and `k < 8`, three lines: `ql[64h + 4k + i]`, `ql[64h + 32 + 4k + i]`, `qh[32h + 4k + i]` |
 //! | Q3_K | 1–4   | the 16 scales, signed (offset 32 taken off): byte `16·g + r` for sub-block `g` |
@@ -56,20 +56,23 @@ pub(super) const fn quant_line(t: GgmlType) -> usize {
     }
 }
 
-/// How a packed Q5_K keeps its fifth bits (lines 5–12): as the stored bytes, which the AVX2
-/// and NEON kernels shift into place, or as the per-line byte masks AVX-512 adds 16 under,
-/// which spares the VNNI kernel two mask tests per weight line. Same size either way.
+/// How a packed Q5_K keeps its fifth bits: as the stored bytes (lines 5–12, before all the
+/// quants), which the AVX2 and NEON kernels shift into place, or regrouped per chunk, two
+/// lines in front of the chunk's eight quant lines, for the VNNI kernel: it then reads each
+/// super-block front to back (decode with all the fifth bits first ran at about 70% of
+/// this speed) and takes a line's fifth bits out with shifts and a mask, which issue beside
+/// `vpdpbusd` (the byte masks of `vpmovm2b`-style moves compete with it). Same size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FifthBits {
     Bytes,
-    Masks,
+    Chunks,
 }
 
 impl FifthBits {
     /// The form `isa`'s kernels read.
     pub fn for_isa(isa: Isa) -> FifthBits {
         match isa {
-            Isa::Avx512Vnni => FifthBits::Masks,
+            Isa::Avx512Vnni => FifthBits::Chunks,
             _ => FifthBits::Bytes,
         }
     }
@@ -132,8 +135,8 @@ impl PackedK {
                         put_block(t, &mut gl[b * per..(b + 1) * per], r, blk);
                     }
                 }
-                if fifth == FifthBits::Masks {
-                    gl.chunks_exact_mut(per).for_each(fifth_bytes_to_masks);
+                if fifth == FifthBits::Chunks {
+                    gl.chunks_exact_mut(per).for_each(fifth_bytes_to_chunks);
                 }
             });
         Some(PackedK {
@@ -395,11 +398,11 @@ fn min_at(j: usize, r: usize) -> usize {
     32 * (j / 2) + 2 * r + j % 2
 }
 
-/// Byte and bit of the `Masks` form that hold bit `2c + h` of row `r`'s `qh[4k + i]`.
+/// Line and bit of the `Chunks` form that hold bit `2c + h` of a row's `qh[4k + i]` (at the
+/// row's byte `slot(r, i)` of that line).
 #[inline]
-fn fifth_mask_at(c: usize, k: usize, h: usize, r: usize, i: usize) -> (usize, u8) {
-    let b = slot(r, i);
-    (fifth_masks_at(c, k) + 8 * h + b / 8, 1 << (b % 8))
+fn fifth_chunk_bit(c: usize, k: usize, h: usize) -> (usize, u32) {
+    (fifth_line(c, k), (2 * (k % 4) + h) as u32)
 }
 
 /// Writes row `r`'s stored block `blk` into one packed (group, super-block), Q5_K's fifth
@@ -520,45 +523,38 @@ fn q3_codes(b: [u8; 3]) -> [u8; 8] {
 #[inline]
 pub(super) const fn qs_line(t: GgmlType, fifth: FifthBits, c: usize, k: usize) -> usize {
     match (t, fifth) {
-        (GgmlType::Q5_K, FifthBits::Masks) => 7 + 10 * c + k,
+        (GgmlType::Q5_K, FifthBits::Chunks) => 7 + 10 * c + k,
         _ => quant_line(t) + 8 * c + k,
     }
 }
 
-/// Byte offset, in a packed super-block of the `Masks` form, of the two fifth-bit masks of
-/// quant line `8c + k`: just before its chunk's eight quant lines, so a kernel reads the
-/// super-block front to back.
+/// Line of the `Chunks` form holding the fifth bits of quant line `8c + k`: the first of
+/// chunk `c`'s two for `k < 4`, else the second.
 #[inline]
-pub(super) const fn fifth_masks_at(c: usize, k: usize) -> usize {
-    (5 + 10 * c) * 64 + 16 * k
+pub(super) const fn fifth_line(c: usize, k: usize) -> usize {
+    5 + 10 * c + k / 4
 }
 
-/// Rearranges one (group, super-block) written in the `Bytes` form into the `Masks` form:
-/// each mask gathers one bit of each of a fifth-bit line's 64 bytes, eight bytes at a time
-/// with a carry-free multiply (byte `t`'s bit lands at bit `56 + t`), and each chunk of
-/// quant lines moves behind its masks (so the kernel's reads of a super-block go front to
-/// back: with the masks in one run before all the quants, decode ran at about 60% of the
-/// speed it has in this order).
-fn fifth_bytes_to_masks(l: &mut [Line]) {
+/// Rearranges one (group, super-block) written in the `Bytes` form into the `Chunks` form:
+/// bits `2c`, `2c + 1` of fifth-bit line `k` move to bits `2(k mod 4)`, `+ 1` of the same
+/// byte of chunk `c`'s line for `k`, and each chunk's quant lines move behind its two.
+fn fifth_bytes_to_chunks(l: &mut [Line]) {
     let t = GgmlType::Q5_K;
     let bytes: [[u8; 64]; 8] = std::array::from_fn(|k| l[5 + k].0);
     let quants: [[u8; 64]; 32] = std::array::from_fn(|q| l[quant_line(t) + q].0);
     for c in 0..4 {
-        for k in 0..8 {
-            let mut two = [0u8; 16];
-            for h in 0..2 {
-                let s = 2 * c + h;
-                let mut mask = 0u64;
-                for (j, chunk) in bytes[k].chunks_exact(8).enumerate() {
-                    let v = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
-                    let bits = (v >> s) & 0x0101_0101_0101_0101;
-                    mask |= (bits.wrapping_mul(0x0102_0408_1020_4080) >> 56) << (8 * j);
+        for half in 0..2 {
+            let mut line = [0u8; 64];
+            for (b, out) in line.iter_mut().enumerate() {
+                for m in 0..4 {
+                    let qh = bytes[4 * half + m][b];
+                    *out |= ((qh >> (2 * c)) & 3) << (2 * m);
                 }
-                two[8 * h..8 * h + 8].copy_from_slice(&mask.to_le_bytes());
             }
-            let at = fifth_masks_at(c, k);
-            l[at / 64].0[at % 64..at % 64 + 16].copy_from_slice(&two);
-            l[qs_line(t, FifthBits::Masks, c, k)].0 = quants[8 * c + k];
+            l[fifth_line(c, 4 * half)].0 = line;
+        }
+        for k in 0..8 {
+            l[qs_line(t, FifthBits::Chunks, c, k)].0 = quants[8 * c + k];
         }
     }
 }
@@ -567,14 +563,12 @@ fn fifth_bytes_to_masks(l: &mut [Line]) {
 fn get_fifth(fifth: FifthBits, l: &[Line], k: usize, r: usize, i: usize) -> u8 {
     match fifth {
         FifthBits::Bytes => l[5 + k].0[slot(r, i)],
-        FifthBits::Masks => {
+        FifthBits::Chunks => {
             let mut qh = 0;
             for c in 0..4 {
                 for h in 0..2 {
-                    let (at, bit) = fifth_mask_at(c, k, h, r, i);
-                    if l[at / 64].0[at % 64] & bit != 0 {
-                        qh |= 1 << (2 * c + h);
-                    }
+                    let (line, bit) = fifth_chunk_bit(c, k, h);
+                    qh |= ((l[line].0[slot(r, i)] >> bit) & 1) << (2 * c + h);
                 }
             }
             qh

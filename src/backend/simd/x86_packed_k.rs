@@ -19,8 +19,7 @@
 //! output is bit-identical to the scalar dot product of its row.
 
 use super::packed_k::{
-    fifth_masks_at, qs_line, quant_line, store_window, x4, x_bsum_pair, x_d, x_min_pair, FifthBits,
-    Job,
+    fifth_line, qs_line, quant_line, store_window, x4, x_bsum_pair, x_d, x_min_pair, FifthBits, Job,
 };
 use super::GROUP;
 use crate::tensor::k_quants::Q8_K_BYTES;
@@ -94,6 +93,75 @@ unsafe fn store_window_512(j: Job<'_>, g: usize, t: usize, v: __m512) {
     }
 }
 
+/// Bit `2M` (`HIGH = false`) or `2M + 1` (`HIGH = true`) of each byte of `h` at bit 4, the
+/// other bits 0. 16-bit shifts by immediates, the mask dropping what crosses from the
+/// neighbouring byte: shifts and logic issue beside `vpdpbusd`, where masked moves, variable
+/// shifts (which LLVM guards with a masked move) and rotates take its ports (a line of 16
+/// `vpdpbusd` with its unpacking: 16 cycles this way, 19 with byte masks).
+#[inline(always)]
+unsafe fn fifth_bits_512<const M: usize, const HIGH: bool>(h: __m512i) -> __m512i {
+    let v = match (M, HIGH) {
+        (0, false) => _mm512_slli_epi16(h, 4),
+        (0, true) => _mm512_slli_epi16(h, 3),
+        (1, false) => _mm512_slli_epi16(h, 2),
+        (1, true) => _mm512_slli_epi16(h, 1),
+        (2, false) => h,
+        (2, true) => _mm512_srli_epi16(h, 1),
+        (_, false) => _mm512_srli_epi16(h, 2),
+        (_, true) => _mm512_srli_epi16(h, 3),
+    };
+    _mm512_and_si512(v, _mm512_set1_epi8(0x10))
+}
+
+/// Quant line `8c + k` (`k mod 4 = M`) of the super-block at `blk` against the tokens `x`:
+/// its low nibbles into `lo`, its high ones into `hi` (accumulator `k mod split`).
+///
+/// # Safety
+/// `blk` is a packed Q4_K or Q5_K (`Chunks` form) super-block, each `x` a token's Q8_K
+/// block; AVX-512 F/BW/VNNI enabled.
+#[inline(always)]
+unsafe fn q45_line_vnni<const T: usize, const FIVE: bool, const M: usize>(
+    blk: *const u8,
+    x: &[*const u8; T],
+    c: usize,
+    k: usize,
+    split: usize,
+    lo: &mut [[__m512i; 2]; T],
+    hi: &mut [[__m512i; 2]; T],
+) {
+    let m4 = _mm512_set1_epi8(0x0f);
+    // A packed Q5_K reaches this kernel only in the `Chunks` form (see `PackedK::rows`).
+    let ty = if FIVE { GgmlType::Q5_K } else { GgmlType::Q4_K };
+    // SAFETY (this block): every line read is inside the packed super-block, every
+    // activation byte inside the token's Q8_K block.
+    unsafe {
+        let wv =
+            _mm512_loadu_si512(blk.add(qs_line(ty, FifthBits::Chunks, c, k) * 64) as *const __m512i);
+        let (wl, wh);
+        if FIVE {
+            // This line's fifth bits are bits 2M and 2M + 1 of each byte of its chunk's
+            // fifth-bit line: at bit 4, merged with the nibble in one op, `(w & 0x0f) | f`.
+            let h = _mm512_loadu_si512(blk.add(fifth_line(c, k) * 64) as *const __m512i);
+            let (fl, fh) = (fifth_bits_512::<M, false>(h), fifth_bits_512::<M, true>(h));
+            wl = _mm512_ternarylogic_epi32::<0xEC>(wv, fl, m4);
+            wh = _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16(wv, 4), fh, m4);
+        } else {
+            wl = _mm512_and_si512(wv, m4);
+            wh = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
+        }
+        let a = k % split;
+        for t in 0..T {
+            let xl = _mm512_set1_epi32(x4(x[t], 64 * c + 4 * k));
+            let xh = _mm512_set1_epi32(x4(x[t], 64 * c + 32 + 4 * k));
+            lo[t][a] = _mm512_dpbusd_epi32(lo[t][a], wl, xl);
+            hi[t][a] = _mm512_dpbusd_epi32(hi[t][a], wh, xh);
+        }
+    }
+    // Keep the loop line-major (as in the Q8_0 kernel): otherwise LLVM hoists all the loads
+    // and spills the accumulators.
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Q4_K (`FIVE = false`) or Q5_K (`FIVE = true`), group `g`, tokens `t0..t0 + T`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
@@ -101,9 +169,6 @@ unsafe fn q45_vnni<const T: usize, const FIVE: bool>(j: Job<'_>, g: usize, t0: u
     let p = j.p;
     let base = p.group(g).as_ptr();
     let bb = p.block_bytes();
-    let ql = quant_line(p.dtype);
-    let m4 = _mm512_set1_epi8(0x0f);
-    let sixteen = _mm512_set1_epi8(0x10);
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..p.nsb {
         // SAFETY: super-block `b` of group `g` and of each token's row exist (sizes checked
@@ -121,42 +186,16 @@ unsafe fn q45_vnni<const T: usize, const FIVE: bool>(j: Job<'_>, g: usize, t0: u
             let split = if T == 1 { 2 } else { 1 };
             let mut lo = [[_mm512_setzero_si512(); 2]; T];
             let mut hi = [[_mm512_setzero_si512(); 2]; T];
-            for k in 0..8 {
-                // SAFETY (this block): every line read is inside the packed super-block, every
-                // activation byte inside the token's Q8_K block.
+            for k4 in (0..8).step_by(4) {
+                // Four lines with their fifth bits' positions as constants (see
+                // `fifth_bits_512`).
+                // SAFETY: forwarded; the lines are inside the super-block.
                 unsafe {
-                    // A packed Q5_K reaches this kernel only in the `Masks` form (see
-                    // `PackedK::rows`): a constant line index, not a load of the form per line.
-                    let line = if FIVE {
-                        qs_line(GgmlType::Q5_K, FifthBits::Masks, c, k)
-                    } else {
-                        ql + 8 * c + k
-                    };
-                    let wv = _mm512_loadu_si512(blk.add(line * 64) as *const __m512i);
-                    let (wl, wh);
-                    if FIVE {
-                        // The fifth bits of this line as the two byte masks (`FifthBits::Masks`),
-                        // 16 where set, merged with the nibble: `(w & 0x0f) | f` in one op.
-                        let m = blk.add(fifth_masks_at(c, k)) as *const u64;
-                        let fl = _mm512_maskz_mov_epi8(m.read_unaligned(), sixteen);
-                        let fh = _mm512_maskz_mov_epi8(m.add(1).read_unaligned(), sixteen);
-                        wl = _mm512_ternarylogic_epi32::<0xEC>(wv, fl, m4);
-                        wh = _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16(wv, 4), fh, m4);
-                    } else {
-                        wl = _mm512_and_si512(wv, m4);
-                        wh = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
-                    }
-                    let a = k % split;
-                    for t in 0..T {
-                        let xl = _mm512_set1_epi32(x4(x[t], 64 * c + 4 * k));
-                        let xh = _mm512_set1_epi32(x4(x[t], 64 * c + 32 + 4 * k));
-                        lo[t][a] = _mm512_dpbusd_epi32(lo[t][a], wl, xl);
-                        hi[t][a] = _mm512_dpbusd_epi32(hi[t][a], wh, xh);
-                    }
+                    q45_line_vnni::<T, FIVE, 0>(blk, &x, c, k4, split, &mut lo, &mut hi);
+                    q45_line_vnni::<T, FIVE, 1>(blk, &x, c, k4 + 1, split, &mut lo, &mut hi);
+                    q45_line_vnni::<T, FIVE, 2>(blk, &x, c, k4 + 2, split, &mut lo, &mut hi);
+                    q45_line_vnni::<T, FIVE, 3>(blk, &x, c, k4 + 3, split, &mut lo, &mut hi);
                 }
-                // Keep the loop line-major (as in the Q8_0 kernel): otherwise LLVM hoists all
-                // the loads and spills the accumulators.
-                std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
             }
             // SAFETY: sub-block scales 2c and 2c+1 of the 16 rows (lines 1–2).
             let (sl, sh) = unsafe {
