@@ -130,26 +130,33 @@ impl PoolBackend {
 }
 
 impl PoolBackend {
+    /// The `n` activation rows of `x` quantized for `q` into `qx`, split by token rows
+    /// across the threads when large (a prompt's rows).
+    fn quantize_rows(&self, q: &QuantMatmul, x: &[f32], n: usize, qx: &mut [u8]) {
+        let (cols, qrow) = (q.cols, q.qrow);
+        assert!(x.len() >= n * cols && qx.len() >= n * qrow);
+        if n > 1 && n * cols >= MIN_ELEMENTS_TO_SPLIT {
+            let qp = SharedMut(qx.as_mut_ptr());
+            let nc = self.chunks(n);
+            self.pool.run(nc, &|c| {
+                let (t0, t1) = split(n, c, nc);
+                // SAFETY: token rows t0..t1 of `qx` (inside it, checked above) are this chunk's
+                // alone, and `qx` outlives the job.
+                let part = unsafe { qp.slice(t0 * qrow, (t1 - t0) * qrow) };
+                q.quantize(&x[t0 * cols..t1 * cols], part);
+            });
+        } else {
+            q.quantize(&x[..n * cols], &mut qx[..n * qrow]);
+        }
+    }
+
     /// A quantized matrix in its stored layout: the activation rows are quantized once (split
     /// by token rows when large), then 16-row groups of output rows are claimed by the
     /// threads, each computing its rows for every token.
     fn matmul_quant(&self, q: &QuantMatmul, w: &Matrix, x: &[f32], n: usize, out: &mut [f32]) {
-        let (cols, qrow) = (q.cols, q.qrow);
         let o = OutPtr(out.as_mut_ptr());
-        with_quant_scratch(n * qrow, |qx| {
-            if n > 1 && n * cols >= MIN_ELEMENTS_TO_SPLIT {
-                let qp = SharedMut(qx.as_mut_ptr());
-                let nc = self.chunks(n);
-                self.pool.run(nc, &|c| {
-                    let (t0, t1) = split(n, c, nc);
-                    // SAFETY: token rows t0..t1 of the scratch are this chunk's alone, and
-                    // the scratch (sized above) outlives the job.
-                    let part = unsafe { qp.slice(t0 * qrow, (t1 - t0) * qrow) };
-                    q.quantize(&x[t0 * cols..t1 * cols], part);
-                });
-            } else {
-                q.quantize(&x[..n * cols], qx);
-            }
+        with_quant_scratch(n * q.qrow, |qx| {
+            self.quantize_rows(q, x, n, qx);
             let qx: &[u8] = qx;
             let groups = w.rows.div_ceil(GROUP);
             if groups < MIN_GROUPS_TO_SPLIT {
@@ -224,7 +231,7 @@ impl PoolBackend {
             for (i, j) in jobs.iter().enumerate() {
                 if owns[i] {
                     let len = j.n * q(i).qrow;
-                    q(i).quantize(&j.x[..j.n * j.w.cols], &mut qx[offs[i]..offs[i] + len]);
+                    self.quantize_rows(&q(i), j.x, j.n, &mut qx[offs[i]..offs[i] + len]);
                 }
             }
             let qx: &[u8] = qx;
