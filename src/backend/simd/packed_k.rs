@@ -61,7 +61,7 @@ pub(super) const fn quant_line(t: GgmlType) -> usize {
 /// lines in front of the chunk's eight quant lines, for the VNNI kernel: it then reads each
 /// super-block front to back (decode with all the fifth bits first ran at about 70% of
 /// this speed) and takes a line's fifth bits out with shifts and a mask, which issue beside
-/// `vpdpbusd` (the byte masks of `vpmovm2b`-style moves compete with it). Same size.
+/// `vpdpbusd` (byte masks moved through mask registers compete with it). Same size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FifthBits {
     Bytes,
