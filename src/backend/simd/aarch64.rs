@@ -190,25 +190,6 @@ pub unsafe fn gemm_q8_sdot(
 // Q4_0 / Q5_0 / Q4_1 / Q5_1 products on the packed legacy layout
 // ---------------------------------------------------------------------------------------
 
-/// Bit `n % 8` in lane `n`: `vtst` against it turns a byte of bits into byte masks.
-const LANE_BITS: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
-
-/// The fifth bits of one slice (`word`: bit `4r + i` for row `r`, element `i`) as 16 or 0
-/// in the byte of each row and element, four rows a register: register `q` spreads bytes
-/// `2q` and `2q + 1` of the word over its two halves, then tests one bit per lane.
-#[inline(always)]
-fn fifth_bits(word: u64, lane_bits: uint8x16_t) -> [uint8x16_t; 4] {
-    // SAFETY: register operations only; NEON is part of the AArch64 baseline.
-    unsafe {
-        let bytes = vreinterpretq_u8_u64(vdupq_n_u64(word));
-        let sixteen = vdupq_n_u8(16);
-        std::array::from_fn(|q| {
-            let idx = vcombine_u8(vdup_n_u8(2 * q as u8), vdup_n_u8(2 * q as u8 + 1));
-            vandq_u8(vtstq_u8(vqtbl1q_u8(bytes, idx), lane_bits), sixteen)
-        })
-    }
-}
-
 /// One group of 16 rows times `T` tokens of a packed Q4_0 (`FIVE` false), Q5_0, or with
 /// `MIN` Q4_1 / Q5_1 matrix: each 64-byte line splits into the codes of two slices (low and
 /// high nibbles, plus the fifth bits for five-bit codes), at most 31 and so valid signed
@@ -233,10 +214,10 @@ unsafe fn group_legacy_sdot<const T: usize, const FIVE: bool, const MIN: bool>(
     let mins = w.group_mins16(g);
     assert!(!MIN || mins.len() >= nb * GROUP);
     let mbase = mins.as_ptr() as *const u8;
+    let hp = high.as_ptr() as *const u8;
     let shift = if FIVE { 3 } else { 4 };
     let m4 = vdupq_n_u8(0x0f);
-    // SAFETY: 16 bytes.
-    let lane_bits = unsafe { vld1q_u8(LANE_BITS.as_ptr()) };
+    let sixteen = vdupq_n_u8(16);
     let xq = a.quants[t0 * cols..(t0 + T) * cols].as_ptr();
     let mut acc = [[vdupq_n_f32(0.0); 4]; T];
     for b in 0..nb {
@@ -249,6 +230,13 @@ unsafe fn group_legacy_sdot<const T: usize, const FIVE: bool, const MIN: bool>(
         });
         // SAFETY: block `b` of group `g` holds 4 lines × 64 bytes.
         let wq = unsafe { qbase.add(b * 256) };
+        // The block's fifth-bit line, four rows a register (unused for four-bit codes).
+        let hl: [uint8x16_t; 4] = if FIVE {
+            // SAFETY: block `b` of a five-bit group has its 64 bytes (checked on entry).
+            std::array::from_fn(|q| unsafe { vld1q_u8(hp.add(b * 64 + q * 16)) })
+        } else {
+            [vdupq_n_u8(0); 4]
+        };
         for j in 0..4 {
             // SAFETY: inside the block.
             let v: [uint8x16_t; 4] =
@@ -256,9 +244,10 @@ unsafe fn group_legacy_sdot<const T: usize, const FIVE: bool, const MIN: bool>(
             let mut codes = [v.map(|r| vandq_u8(r, m4)), v.map(|r| vshrq_n_u8::<4>(r))];
             if FIVE {
                 for (h, c) in codes.iter_mut().enumerate() {
-                    let hb = fifth_bits(high[b * 8 + 2 * j + h], lane_bits);
+                    // Slice 2j + h's fifth bits: that bit of each byte, as 16 where set.
+                    let sel = vdupq_n_u8(1 << (2 * j + h));
                     for q in 0..4 {
-                        c[q] = vorrq_u8(c[q], hb[q]);
+                        c[q] = vorrq_u8(c[q], vandq_u8(vtstq_u8(hl[q], sel), sixteen));
                     }
                 }
             }

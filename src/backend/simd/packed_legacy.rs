@@ -6,8 +6,10 @@
 //! - 4 lines of 64 bytes: byte `4r + i` of line `j` holds, for row `r`, the code of element
 //!   `8j + i` in its low nibble and of element `8j + 4 + i` in its high nibble — so one line
 //!   gives two 4-element slices (`2j`, `2j + 1`) of all 16 rows, laid out as a Q8_0 slice;
-//! - for Q5_0 and Q5_1, 8 words of 64 bits: bit `4r + i` of word `k` is the fifth bit of row
-//!   `r`'s element `4k + i`;
+//! - for Q5_0 and Q5_1, one line of 64 bytes (kept as 8 little-endian words): bit `k` of
+//!   byte `4r + i` is the fifth bit of row `r`'s element `4k + i`, so a line's two slices
+//!   (`2j`, `2j + 1`) find theirs at bits `2j`, `2j + 1` of the same byte as their codes, and
+//!   a shift and a mask (or a bit test) take them out;
 //! - the 16 f16 scales `d`, and for Q4_1 and Q5_1 the 16 f16 minimums `m`.
 //!
 //! Codes are unsigned: the x86 kernels multiply them as the unsigned operand of `vpdpbusd`
@@ -107,7 +109,8 @@ impl PackedLegacy {
                         for k in 0..8 {
                             for i in 0..4 {
                                 let bit = (codes[4 * k + i] >> 4) as u64 & 1;
-                                hw[b * 8 + k] |= bit << (r * 4 + i);
+                                let at = r * 4 + i;
+                                hw[b * 8 + at / 8] |= bit << (8 * (at % 8) + k);
                             }
                         }
                     }
@@ -165,7 +168,8 @@ impl PackedLegacy {
         unsafe { std::slice::from_raw_parts(lines.as_ptr() as *const u8, lines.len() * 64) }
     }
 
-    /// The fifth-bit words of group `g` (`nb` blocks of 8); empty for Q4_0.
+    /// The fifth-bit lines of group `g` (`nb` blocks of 8 words, 64 bytes); empty for Q4_0
+    /// and Q4_1.
     #[inline]
     pub fn group_high(&self, g: usize) -> &[u64] {
         if self.five {
@@ -196,7 +200,8 @@ impl PackedLegacy {
         let byte = self.group_nibbles(g)[b * 256 + (k / 2) * 64 + r * 4 + i];
         let nib = if k % 2 == 0 { byte & 0x0f } else { byte >> 4 };
         let hi = if self.five {
-            ((self.group_high(g)[b * 8 + k] >> (r * 4 + i)) & 1) as u8
+            let at = r * 4 + i;
+            ((self.group_high(g)[b * 8 + at / 8] >> (8 * (at % 8) + k)) & 1) as u8
         } else {
             0
         };

@@ -356,20 +356,6 @@ fn legacy_offset_shift(five: bool) -> u32 {
     }
 }
 
-/// 0xff in byte `i` of the result where bit `i` of `bits` is set, else 0 (32 bytes).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn bytes_of_bits(bits: u32) -> __m256i {
-    // Byte i takes byte i / 8 of the word, then tests bit i % 8 of it.
-    let v = _mm256_set1_epi32(bits as i32);
-    let idx = _mm256_setr_epi8(
-        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
-        3, 3,
-    );
-    let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, idx), sel), sel)
-}
-
 /// One group of 16 rows times `T` tokens of a packed Q4_0 (`FIVE` false), Q5_0, or with
 /// `MIN` Q4_1 / Q5_1 matrix, AVX2: each 64-byte line splits into the codes of two slices
 /// (low and high nibbles, plus the fifth bits for five-bit codes), multiplied as unsigned
@@ -390,6 +376,8 @@ unsafe fn group_legacy_avx2<const T: usize, const FIVE: bool, const MIN: bool>(
     let qbase = w.group_nibbles(g).as_ptr();
     let high = w.group_high(g);
     let sbase = w.group_scales16(g).as_ptr();
+    assert!(!FIVE || high.len() >= nb * 8);
+    let hp = high.as_ptr() as *const u8;
     let mins = w.group_mins16(g);
     assert!(!MIN || mins.len() >= nb * GROUP);
     let mbase = mins.as_ptr();
@@ -416,6 +404,18 @@ unsafe fn group_legacy_avx2<const T: usize, const FIVE: bool, const MIN: bool>(
         _mm_prefetch::<_MM_HINT_T1>(wq.wrapping_add(PF_DIST / 2 + 64) as *const i8);
         _mm_prefetch::<_MM_HINT_T1>(wq.wrapping_add(PF_DIST / 2 + 128) as *const i8);
         _mm_prefetch::<_MM_HINT_T1>(wq.wrapping_add(PF_DIST / 2 + 192) as *const i8);
+        // The block's fifth-bit line, rows 0–7 and 8–15 (zero and unused for four-bit codes).
+        let hl = if FIVE {
+            // SAFETY: block `b` of a five-bit group has 64 bytes of them (checked on entry).
+            unsafe {
+                [
+                    _mm256_loadu_si256(hp.add(b * 64) as *const __m256i),
+                    _mm256_loadu_si256(hp.add(b * 64 + 32) as *const __m256i),
+                ]
+            }
+        } else {
+            [_mm256_setzero_si256(); 2]
+        };
         for j in 0..4 {
             // SAFETY: inside the block (see above).
             let (v0, v1) = unsafe {
@@ -433,15 +433,12 @@ unsafe fn group_legacy_avx2<const T: usize, const FIVE: bool, const MIN: bool>(
             ];
             if FIVE {
                 for (h, c) in codes.iter_mut().enumerate() {
-                    let bits = high[b * 8 + 2 * j + h];
-                    c[0] = _mm256_or_si256(
-                        c[0],
-                        _mm256_and_si256(bytes_of_bits(bits as u32), sixteen),
-                    );
-                    c[1] = _mm256_or_si256(
-                        c[1],
-                        _mm256_and_si256(bytes_of_bits((bits >> 32) as u32), sixteen),
-                    );
+                    // Slice 2j + h's fifth bits: that bit of each byte, as 16 where set.
+                    let sel = _mm256_set1_epi8(1 << (2 * j + h));
+                    for (cq, hq) in c.iter_mut().zip(hl) {
+                        let set = _mm256_cmpeq_epi8(_mm256_and_si256(hq, sel), sel);
+                        *cq = _mm256_or_si256(*cq, _mm256_and_si256(set, sixteen));
+                    }
                 }
             }
             for (h, c) in codes.iter().enumerate() {
@@ -564,10 +561,79 @@ legacy_group_fns!("avx2,fma,f16c", group_legacy_avx2:
     group_avx2_q5_1 = (true, true)
 );
 
+/// Bit `2M` (`HIGH = false`) or `2M + 1` (`HIGH = true`) of each byte of `h` at bit 4, the
+/// other bits 0: the fifth bits of a packed Q5_K or Q5_0/Q5_1 line's low or high nibbles. 16-bit shifts by immediates, the mask dropping what crosses from the
+/// neighbouring byte: shifts and logic issue beside `vpdpbusd`, where byte-mask moves,
+/// variable shifts (which LLVM guards with a masked move) and rotates compete with it (the
+/// 64-token Q5_K product took 1.44 ms with byte masks, 1.29 ms this way).
+#[inline(always)]
+pub(super) unsafe fn fifth_bits_512<const M: usize, const HIGH: bool>(h: __m512i) -> __m512i {
+    let v = match (M, HIGH) {
+        (0, false) => _mm512_slli_epi16(h, 4),
+        (0, true) => _mm512_slli_epi16(h, 3),
+        (1, false) => _mm512_slli_epi16(h, 2),
+        (1, true) => _mm512_slli_epi16(h, 1),
+        (2, false) => h,
+        (2, true) => _mm512_srli_epi16(h, 1),
+        (_, false) => _mm512_srli_epi16(h, 2),
+        (_, true) => _mm512_srli_epi16(h, 3),
+    };
+    _mm512_and_si512(v, _mm512_set1_epi8(0x10))
+}
+
+/// Line `J` of the packed legacy block at `wq` (block `b` of its rows) against tokens
+/// `0..T` of `xq` (rows of `cols` quants): the codes of slices `2J`, `2J + 1` (the fifth
+/// bits, from the block's fifth-bit line `h`, merged in one op each), each multiplied by one
+/// `vpdpbusd` per token with the broadcast activation slice into `isum`.
+///
+/// # Safety
+/// `wq` holds the block's 4 lines; each token row of `xq` holds block `b`; AVX-512 F/BW/VNNI
+/// enabled.
+#[inline(always)]
+unsafe fn legacy_line_vnni<const T: usize, const FIVE: bool, const J: usize>(
+    wq: *const u8,
+    h: __m512i,
+    (xq, cols, b): (*const i8, usize, usize),
+    isum: &mut [__m512i; T],
+) {
+    let m4 = _mm512_set1_epi8(0x0f);
+    // SAFETY: line J is inside the block.
+    let v = unsafe { _mm512_loadu_si512(wq.add(J * 64) as *const __m512i) };
+    _mm_prefetch::<_MM_HINT_T1>(wq.wrapping_add(PF_DIST / 2 + J * 64) as *const i8);
+    let codes = if FIVE {
+        // SAFETY (both): AVX-512 F/BW are the caller's promise.
+        unsafe {
+            [
+                _mm512_ternarylogic_epi32::<0xEC>(v, fifth_bits_512::<J, false>(h), m4),
+                _mm512_ternarylogic_epi32::<0xEC>(
+                    _mm512_srli_epi16(v, 4),
+                    fifth_bits_512::<J, true>(h),
+                    m4,
+                ),
+            ]
+        }
+    } else {
+        [
+            _mm512_and_si512(v, m4),
+            _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+        ]
+    };
+    for (hh, c) in codes.iter().enumerate() {
+        let k = 2 * J + hh;
+        for (t, is) in isum.iter_mut().enumerate() {
+            // SAFETY: token t has `cols` quants; slice k is inside block `b`.
+            let xv = unsafe { (xq.add(t * cols + b * 32 + k * 4) as *const i32).read_unaligned() };
+            *is = _mm512_dpbusd_epi32(*is, *c, _mm512_set1_epi32(xv));
+        }
+    }
+    // Keep the block line-major, as in `group_vnni`.
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+}
+
 /// One group of 16 rows times `T` tokens of a packed Q4_0 (`FIVE` false), Q5_0, or with
 /// `MIN` Q4_1 / Q5_1 matrix, AVX-512 VNNI: each 64-byte line gives the codes of two slices
-/// for all 16 rows (the fifth bits added under a byte mask loaded straight from its 64-bit
-/// word), each multiplied by one `vpdpbusd` with the broadcast activation slice.
+/// for all 16 rows ([`legacy_line_vnni`]), the lines unrolled so each one's fifth bits come
+/// out of the block's fifth-bit line with immediate shifts.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn group_legacy_vnni<const T: usize, const FIVE: bool, const MIN: bool>(
@@ -585,12 +651,10 @@ unsafe fn group_legacy_vnni<const T: usize, const FIVE: bool, const MIN: bool>(
     let sbase = w.group_scales16(g).as_ptr();
     let shift = legacy_offset_shift(FIVE);
     assert!(!FIVE || high.len() >= nb * 8);
-    let hp = high.as_ptr();
+    let hp = high.as_ptr() as *const u8;
     let mins = w.group_mins16(g);
     assert!(!MIN || mins.len() >= nb * GROUP);
     let mbase = mins.as_ptr();
-    let m4 = _mm512_set1_epi8(0x0f);
-    let sixteen = _mm512_set1_epi8(0x10);
     let xq = a.quants[t0 * cols..(t0 + T) * cols].as_ptr();
     let xd = a.scales[t0 * nb..(t0 + T) * nb].as_ptr();
     let xo = a.offsets[t0 * nb..(t0 + T) * nb].as_ptr();
@@ -608,33 +672,19 @@ unsafe fn group_legacy_vnni<const T: usize, const FIVE: bool, const MIN: bool>(
         });
         // SAFETY: block `b` of group `g` holds 4 lines × 64 bytes.
         let wq = unsafe { qbase.add(b * 256) };
-        for j in 0..4 {
-            // SAFETY: inside the block.
-            let v = unsafe { _mm512_loadu_si512(wq.add(j * 64) as *const __m512i) };
-            _mm_prefetch::<_MM_HINT_T1>(wq.wrapping_add(PF_DIST / 2 + j * 64) as *const i8);
-            let mut codes = [
-                _mm512_and_si512(v, m4),
-                _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
-            ];
-            if FIVE {
-                for (h, c) in codes.iter_mut().enumerate() {
-                    // SAFETY: block `b` of a Q5_0 group has 8 words (checked on entry).
-                    let m: __mmask64 = unsafe { *hp.add(b * 8 + 2 * j + h) };
-                    *c = _mm512_mask_add_epi8(*c, m, *c, sixteen);
-                }
-            }
-            for (h, c) in codes.iter().enumerate() {
-                let k = 2 * j + h;
-                for (t, is) in isum.iter_mut().enumerate() {
-                    // SAFETY: token t0+t has `cols` quants; slice k is inside block `b`.
-                    let xv = unsafe {
-                        (xq.add(t * cols + b * 32 + k * 4) as *const i32).read_unaligned()
-                    };
-                    *is = _mm512_dpbusd_epi32(*is, *c, _mm512_set1_epi32(xv));
-                }
-            }
-            // Keep the block line-major, as in `group_vnni`.
-            std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+        let h = if FIVE {
+            // SAFETY: block `b` of a five-bit group has its 64-byte line (checked on entry).
+            unsafe { _mm512_loadu_si512(hp.add(b * 64) as *const __m512i) }
+        } else {
+            _mm512_setzero_si512()
+        };
+        let xb = (xq, cols, b);
+        // SAFETY (all four): the block's lines and the tokens' block `b` (see above).
+        unsafe {
+            legacy_line_vnni::<T, FIVE, 0>(wq, h, xb, &mut isum);
+            legacy_line_vnni::<T, FIVE, 1>(wq, h, xb, &mut isum);
+            legacy_line_vnni::<T, FIVE, 2>(wq, h, xb, &mut isum);
+            legacy_line_vnni::<T, FIVE, 3>(wq, h, xb, &mut isum);
         }
         // SAFETY: 16 f16 scales per block.
         let dw =

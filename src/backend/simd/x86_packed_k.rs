@@ -21,6 +21,7 @@
 use super::packed_k::{
     fifth_line, qs_line, quant_line, store_window, x4, x_bsum_pair, x_d, x_min_pair, FifthBits, Job,
 };
+use super::x86::fifth_bits_512;
 use super::GROUP;
 use crate::tensor::k_quants::Q8_K_BYTES;
 use crate::tensor::GgmlType;
@@ -91,26 +92,6 @@ unsafe fn store_window_512(j: Job<'_>, g: usize, t: usize, v: __m512) {
         // SAFETY: only the lanes `lo..hi`, rows inside `r0..r1`, are written.
         unsafe { _mm512_mask_storeu_ps(j.out.add(t * j.ldo + first), mask, v) };
     }
-}
-
-/// Bit `2M` (`HIGH = false`) or `2M + 1` (`HIGH = true`) of each byte of `h` at bit 4, the
-/// other bits 0. 16-bit shifts by immediates, the mask dropping what crosses from the
-/// neighbouring byte: shifts and logic issue beside `vpdpbusd`, where byte-mask moves,
-/// variable shifts (which LLVM guards with a masked move) and rotates compete with it (the
-/// 64-token Q5_K product took 1.44 ms with byte masks, 1.29 ms this way).
-#[inline(always)]
-unsafe fn fifth_bits_512<const M: usize, const HIGH: bool>(h: __m512i) -> __m512i {
-    let v = match (M, HIGH) {
-        (0, false) => _mm512_slli_epi16(h, 4),
-        (0, true) => _mm512_slli_epi16(h, 3),
-        (1, false) => _mm512_slli_epi16(h, 2),
-        (1, true) => _mm512_slli_epi16(h, 1),
-        (2, false) => h,
-        (2, true) => _mm512_srli_epi16(h, 1),
-        (_, false) => _mm512_srli_epi16(h, 2),
-        (_, true) => _mm512_srli_epi16(h, 3),
-    };
-    _mm512_and_si512(v, _mm512_set1_epi8(0x10))
 }
 
 /// Quant line `8c + k` (`k mod 4 = M`) of the super-block at `blk` against the tokens `x`:
