@@ -562,10 +562,11 @@ legacy_group_fns!("avx2,fma,f16c", group_legacy_avx2:
 );
 
 /// Bit `2M` (`HIGH = false`) or `2M + 1` (`HIGH = true`) of each byte of `h` at bit 4, the
-/// other bits 0: the fifth bits of a packed Q5_K or Q5_0/Q5_1 line's low or high nibbles. 16-bit shifts by immediates, the mask dropping what crosses from the
-/// neighbouring byte: shifts and logic issue beside `vpdpbusd`, where byte-mask moves,
-/// variable shifts (which LLVM guards with a masked move) and rotates compete with it (the
-/// 64-token Q5_K product took 1.44 ms with byte masks, 1.29 ms this way).
+/// other bits 0: the fifth bits of a packed Q5_K or Q5_0/Q5_1 line's low or high nibbles.
+/// 16-bit shifts by immediates, the mask dropping what crosses from the neighbouring byte:
+/// shifts and logic issue beside `vpdpbusd`, where byte-mask moves, variable shifts (which
+/// LLVM guards with a masked move) and rotates compete with it (the 64-token Q5_K product
+/// took 1.44 ms with byte masks, 1.29 ms this way).
 #[inline(always)]
 pub(super) unsafe fn fifth_bits_512<const M: usize, const HIGH: bool>(h: __m512i) -> __m512i {
     let v = match (M, HIGH) {
