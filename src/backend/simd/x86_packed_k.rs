@@ -95,7 +95,9 @@ unsafe fn store_window_512(j: Job<'_>, g: usize, t: usize, v: __m512) {
 }
 
 /// Quant line `8c + k` (`k mod 4 = M`) of the super-block at `blk` against the tokens `x`:
-/// its low nibbles into `lo`, its high ones into `hi` (accumulator `k mod split`).
+/// its low nibbles into `lo`, its high ones into `hi`. One token alone has only two
+/// accumulator chains, which the latency of `vpdpbusd` would bound: it gets two per half,
+/// lines alternating (exact in i32).
 ///
 /// # Safety
 /// `blk` is a packed Q4_K or Q5_K (`Chunks` form) super-block, each `x` a token's Q8_K
@@ -106,7 +108,6 @@ unsafe fn q45_line_vnni<const T: usize, const FIVE: bool, const M: usize>(
     x: &[*const u8; T],
     c: usize,
     k: usize,
-    split: usize,
     lo: &mut [[__m512i; 2]; T],
     hi: &mut [[__m512i; 2]; T],
 ) {
@@ -131,7 +132,7 @@ unsafe fn q45_line_vnni<const T: usize, const FIVE: bool, const M: usize>(
             wl = _mm512_and_si512(wv, m4);
             wh = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
         }
-        let a = k % split;
+        let a = if T == 1 { k % 2 } else { 0 };
         for t in 0..T {
             let xl = _mm512_set1_epi32(x4(x[t], 64 * c + 4 * k));
             let xh = _mm512_set1_epi32(x4(x[t], 64 * c + 32 + 4 * k));
@@ -163,9 +164,6 @@ unsafe fn q45_vnni<const T: usize, const FIVE: bool>(j: Job<'_>, g: usize, t0: u
         for c in 0..4 {
             // The next group's share a chunk at a time: bursts of at most 10 lines.
             prefetch_share(j, b, c, 4);
-            // One token alone has only two accumulator chains, which the latency of
-            // `vpdpbusd` would bound: give it two per half, lines alternating (exact in i32).
-            let split = if T == 1 { 2 } else { 1 };
             let mut lo = [[_mm512_setzero_si512(); 2]; T];
             let mut hi = [[_mm512_setzero_si512(); 2]; T];
             for k4 in (0..8).step_by(4) {
@@ -173,10 +171,10 @@ unsafe fn q45_vnni<const T: usize, const FIVE: bool>(j: Job<'_>, g: usize, t0: u
                 // `fifth_bits_512`).
                 // SAFETY: forwarded; the lines are inside the super-block.
                 unsafe {
-                    q45_line_vnni::<T, FIVE, 0>(blk, &x, c, k4, split, &mut lo, &mut hi);
-                    q45_line_vnni::<T, FIVE, 1>(blk, &x, c, k4 + 1, split, &mut lo, &mut hi);
-                    q45_line_vnni::<T, FIVE, 2>(blk, &x, c, k4 + 2, split, &mut lo, &mut hi);
-                    q45_line_vnni::<T, FIVE, 3>(blk, &x, c, k4 + 3, split, &mut lo, &mut hi);
+                    q45_line_vnni::<T, FIVE, 0>(blk, &x, c, k4, &mut lo, &mut hi);
+                    q45_line_vnni::<T, FIVE, 1>(blk, &x, c, k4 + 1, &mut lo, &mut hi);
+                    q45_line_vnni::<T, FIVE, 2>(blk, &x, c, k4 + 2, &mut lo, &mut hi);
+                    q45_line_vnni::<T, FIVE, 3>(blk, &x, c, k4 + 3, &mut lo, &mut hi);
                 }
             }
             // SAFETY: sub-block scales 2c and 2c+1 of the 16 rows (lines 1–2).
