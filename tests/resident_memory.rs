@@ -5,6 +5,9 @@
 //! repacked matrix kept
 //! its mapped pages resident beside the packed copy (about twice the file).
 //!
+//! Each file is dropped from the page cache before it is loaded, so it is read cold, as a
+//! downloaded model is (see `evict_from_page_cache`).
+//!
 //! Each case runs in a fresh child process (this test binary re-run on this test alone): in
 //! one process the memory freed by an earlier model would be reused by the next and hide
 //! its growth. Memory assertions only; nothing is timed. Linux only (`/proc/self/status`).
@@ -114,6 +117,19 @@ fn measure(path: &Path, backend: &str) -> (u64, u64, u64) {
         after_run.saturating_sub(before),
         allowed,
     )
+}
+
+/// Writes `path` back and drops it from the page cache, so the child maps it cold, as a
+/// downloaded model is: its reads then come through readahead, which may cache the file in
+/// large folios (2 MiB), and a fault on one tensor maps its neighbours' pages of the folio
+/// too. A file just written sits in the small folios of the write path instead.
+fn evict_from_page_cache(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).expect("open the written file");
+    f.sync_all().expect("sync");
+    // SAFETY: a plain advisory call on an open descriptor; it changes no memory of ours.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0, "posix_fadvise");
 }
 
 /// Q4_1 blocks from Q5_1 ones: value `2d · ⌊q / 2⌋ + m`, the same `m`.
@@ -238,6 +254,7 @@ fn weights_are_resident_once_on_simd_and_pool() {
         }
         let size = std::fs::metadata(&path).expect("written").len();
         assert!(size > 60 << 20, "{dtype}: only {size} bytes");
+        evict_from_page_cache(&path);
         for backend in ["simd", "pool"] {
             let out = Command::new(&exe)
                 .args(["--exact", TEST_NAME, "--nocapture", "--test-threads", "1"])

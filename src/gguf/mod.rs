@@ -35,8 +35,46 @@ pub const MAX_DIMS: usize = 4;
 
 /// Backing bytes of a GGUF file: a read-only memory map or an owned buffer.
 pub enum Storage {
-    Mmap(memmap2::Mmap),
+    Mmap(MappedFile),
     Owned(Vec<u8>),
+}
+
+/// A read-only memory map of a GGUF file, with the byte ranges whose pages were released
+/// from resident memory ([`TensorBytes::release_resident`]), so they can be released again
+/// once loading is over ([`GgufFile::release_again`]).
+pub struct MappedFile {
+    map: memmap2::Mmap,
+    released: std::sync::Mutex<Vec<(usize, usize)>>,
+}
+
+impl MappedFile {
+    pub fn new(map: memmap2::Mmap) -> Self {
+        MappedFile {
+            map,
+            released: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Drops the pages of `offset..offset + len` (page-aligned, inside the map) from the
+    /// process's resident memory.
+    #[cfg(unix)]
+    fn advise_dont_need(&self, offset: usize, len: usize) -> bool {
+        // SAFETY: MADV_DONTNEED on a read-only, file-backed shared mapping only drops the
+        // process's page-table entries: the next access re-reads the same bytes from the
+        // file (or the page cache), so every outstanding borrow of the mapping still sees the
+        // contents it saw before. The callers pass ranges inside the mapping.
+        unsafe {
+            self.map
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len)
+        }
+        .is_ok()
+    }
+
+    /// The released ranges, however a panicking holder left the lock.
+    #[cfg_attr(not(unix), allow(dead_code))]
+    fn released(&self) -> std::sync::MutexGuard<'_, Vec<(usize, usize)>> {
+        self.released.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl Deref for Storage {
@@ -44,7 +82,7 @@ impl Deref for Storage {
 
     fn deref(&self) -> &[u8] {
         match self {
-            Storage::Mmap(m) => m,
+            Storage::Mmap(m) => &m.map,
             Storage::Owned(v) => v,
         }
     }
@@ -96,18 +134,15 @@ impl TensorBytes {
         match &*self.storage {
             #[cfg(unix)]
             Storage::Mmap(map) => {
+                // `page_interior` keeps the range within this view, which is within the map.
                 let Some((offset, len)) = page_interior(self.start, self.len, page_size()) else {
                     return false;
                 };
-                // SAFETY: MADV_DONTNEED on a read-only, file-backed shared mapping only drops
-                // the process's page-table entries: the next access re-reads the same bytes
-                // from the file (or the page cache), so every outstanding borrow of the
-                // mapping still sees the contents it saw before. The range lies inside the
-                // mapping (`page_interior` keeps it within this view, which is within it).
-                unsafe {
-                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len)
+                let done = map.advise_dont_need(offset, len);
+                if done {
+                    map.released().push((offset, len));
                 }
-                .is_ok()
+                done
             }
             _ => false,
         }
@@ -237,7 +272,7 @@ impl GgufFile {
             // open, as model files are. Another process truncating or rewriting the file in
             // the meantime is outside what this reader can defend against.
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
-            Storage::Mmap(map)
+            Storage::Mmap(MappedFile::new(map))
         };
         Self::from_storage(storage)
     }
@@ -365,6 +400,25 @@ impl GgufFile {
     /// The whole file image.
     pub fn bytes(&self) -> &[u8] {
         &self.storage
+    }
+
+    /// Releases once more every range released so far ([`TensorBytes::release_resident`]),
+    /// for a loader to call when it has read every tensor it needs from the map. A read
+    /// fault may map a whole large page-cache folio (2 MiB), so reading one tensor (a norm
+    /// widened to f32, the next matrix to repack) can bring back pages of a neighbour
+    /// released before it. Returns how many ranges were released again.
+    pub fn release_again(&self) -> usize {
+        match &*self.storage {
+            #[cfg(unix)]
+            Storage::Mmap(map) => {
+                let ranges = map.released().clone();
+                ranges
+                    .iter()
+                    .filter(|&&(offset, len)| map.advise_dont_need(offset, len))
+                    .count()
+            }
+            _ => 0,
+        }
     }
 }
 

@@ -375,8 +375,12 @@ fn released_mapped_tensor_reads_back_the_same_bytes() {
         "a mapped tensor of many pages releases some"
     );
     assert_eq!(t.as_slice(), &vals[..]);
+    // The range is remembered: releasing again after the read above releases it once more.
+    assert_eq!(f.release_again(), 1);
+    assert_eq!(t.as_slice(), &vals[..]);
     let owned = GgufFile::from_bytes(w.to_bytes()).unwrap();
     let t = owned.tensor_data("t").unwrap();
     assert!(!t.release_resident());
+    assert_eq!(owned.release_again(), 0);
     assert_eq!(t.as_slice(), &vals[..]);
 }

@@ -406,10 +406,14 @@ impl ModelWeights {
             Some(_) => Some(ld.raw_vector("rope_freqs.weight", hd / 2)?),
             None => None,
         };
+        let output_norm = ld.vector("output_norm.weight", h)?;
+        // Every tensor is read: the repacked ones' pages that later reads mapped back in
+        // (a fault maps a whole large folio) leave resident memory for good.
+        gguf.release_again();
         Ok(Self {
             token_embd,
             layers,
-            output_norm: ld.vector("output_norm.weight", h)?,
+            output_norm,
             output,
             tied_embeddings,
             rope_freqs,
