@@ -119,7 +119,7 @@ fn measure(path: &Path, backend: &str) -> (u64, u64, u64) {
     )
 }
 
-/// Writes `path` back and drops it from the page cache, so the child maps it cold, as a
+/// Syncs `path` to disk and drops it from the page cache, so the child maps it cold, as a
 /// downloaded model is: its reads then come through readahead, which may cache the file in
 /// large folios (2 MiB), and a fault on one tensor maps its neighbours' pages of the folio
 /// too. A file just written sits in the small folios of the write path instead.
