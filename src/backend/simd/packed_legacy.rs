@@ -45,6 +45,13 @@ pub struct PackedLegacy {
     mins: Vec<u16>,
 }
 
+/// Where the fifth bit of row `r`'s element `4k + i` lies in its block's fifth-bit line
+/// (see the module documentation): the little-endian word and the bit in it.
+fn fifth_bit_at(r: usize, i: usize, k: usize) -> (usize, u32) {
+    let byte = 4 * r + i;
+    (byte / 8, (8 * (byte % 8) + k) as u32)
+}
+
 impl PackedLegacy {
     /// Whether `isa` has kernels for this layout (the vector paths).
     pub fn supported_on(isa: Isa) -> bool {
@@ -109,8 +116,8 @@ impl PackedLegacy {
                         for k in 0..8 {
                             for i in 0..4 {
                                 let bit = (codes[4 * k + i] >> 4) as u64 & 1;
-                                let at = r * 4 + i;
-                                hw[b * 8 + at / 8] |= bit << (8 * (at % 8) + k);
+                                let (word, shift) = fifth_bit_at(r, i, k);
+                                hw[b * 8 + word] |= bit << shift;
                             }
                         }
                     }
@@ -200,8 +207,8 @@ impl PackedLegacy {
         let byte = self.group_nibbles(g)[b * 256 + (k / 2) * 64 + r * 4 + i];
         let nib = if k % 2 == 0 { byte & 0x0f } else { byte >> 4 };
         let hi = if self.five {
-            let at = r * 4 + i;
-            ((self.group_high(g)[b * 8 + at / 8] >> (8 * (at % 8) + k)) & 1) as u8
+            let (word, shift) = fifth_bit_at(r, i, k);
+            ((self.group_high(g)[b * 8 + word] >> shift) & 1) as u8
         } else {
             0
         };
