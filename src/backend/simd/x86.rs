@@ -582,6 +582,29 @@ pub(super) unsafe fn fifth_bits_512<const M: usize, const HIGH: bool>(h: __m512i
     _mm512_and_si512(v, _mm512_set1_epi8(0x10))
 }
 
+/// The codes of a packed line `v`'s low and high nibbles, for five-bit codes with the
+/// fifth bits `2M` and `2M + 1` of each byte of `h` ([`fifth_bits_512`]) merged in one op
+/// each, `(v & 0x0f) | f` (`h` unused for four-bit codes): the packed Q4_K/Q5_K and
+/// Q4_0–Q5_1 lines share this.
+#[inline(always)]
+pub(super) unsafe fn nibble_codes_512<const FIVE: bool, const M: usize>(
+    v: __m512i,
+    h: __m512i,
+) -> [__m512i; 2] {
+    let m4 = _mm512_set1_epi8(0x0f);
+    let hi = _mm512_srli_epi16(v, 4);
+    if FIVE {
+        // SAFETY: AVX-512 F/BW are the caller's promise.
+        let (fl, fh) = unsafe { (fifth_bits_512::<M, false>(h), fifth_bits_512::<M, true>(h)) };
+        [
+            _mm512_ternarylogic_epi32::<0xEC>(v, fl, m4),
+            _mm512_ternarylogic_epi32::<0xEC>(hi, fh, m4),
+        ]
+    } else {
+        [_mm512_and_si512(v, m4), _mm512_and_si512(hi, m4)]
+    }
+}
+
 /// Line `J` of the packed legacy block at `wq` (block `b` of its rows) against tokens
 /// `0..T` of `xq` (rows of `cols` quants): the codes of slices `2J`, `2J + 1` (the fifth
 /// bits, from the block's fifth-bit line `h`, merged in one op each), each multiplied by one
@@ -597,28 +620,11 @@ unsafe fn legacy_line_vnni<const T: usize, const FIVE: bool, const J: usize>(
     (xq, cols, b): (*const i8, usize, usize),
     isum: &mut [__m512i; T],
 ) {
-    let m4 = _mm512_set1_epi8(0x0f);
     // SAFETY: line J is inside the block.
     let v = unsafe { _mm512_loadu_si512(wq.add(J * 64) as *const __m512i) };
     _mm_prefetch::<_MM_HINT_T1>(wq.wrapping_add(PF_DIST / 2 + J * 64) as *const i8);
-    let codes = if FIVE {
-        // SAFETY (both): AVX-512 F/BW are the caller's promise.
-        unsafe {
-            [
-                _mm512_ternarylogic_epi32::<0xEC>(v, fifth_bits_512::<J, false>(h), m4),
-                _mm512_ternarylogic_epi32::<0xEC>(
-                    _mm512_srli_epi16(v, 4),
-                    fifth_bits_512::<J, true>(h),
-                    m4,
-                ),
-            ]
-        }
-    } else {
-        [
-            _mm512_and_si512(v, m4),
-            _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
-        ]
-    };
+    // SAFETY: AVX-512 F/BW are the caller's promise.
+    let codes = unsafe { nibble_codes_512::<FIVE, J>(v, h) };
     for (hh, c) in codes.iter().enumerate() {
         let k = 2 * J + hh;
         for (t, is) in isum.iter_mut().enumerate() {

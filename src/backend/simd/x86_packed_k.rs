@@ -21,7 +21,7 @@
 use super::packed_k::{
     fifth_line, qs_line, quant_line, store_window, x4, x_bsum_pair, x_d, x_min_pair, FifthBits, Job,
 };
-use super::x86::fifth_bits_512;
+use super::x86::nibble_codes_512;
 use super::GROUP;
 use crate::tensor::k_quants::Q8_K_BYTES;
 use crate::tensor::GgmlType;
@@ -111,7 +111,6 @@ unsafe fn q45_line_vnni<const T: usize, const FIVE: bool, const M: usize>(
     lo: &mut [[__m512i; 2]; T],
     hi: &mut [[__m512i; 2]; T],
 ) {
-    let m4 = _mm512_set1_epi8(0x0f);
     // A packed Q5_K reaches this kernel only in the `Chunks` form (see `PackedK::rows`).
     let ty = if FIVE { GgmlType::Q5_K } else { GgmlType::Q4_K };
     // SAFETY (this block): every line read is inside the packed super-block, every
@@ -120,18 +119,14 @@ unsafe fn q45_line_vnni<const T: usize, const FIVE: bool, const M: usize>(
         let wv = _mm512_loadu_si512(
             blk.add(qs_line(ty, FifthBits::Chunks, c, k) * 64) as *const __m512i
         );
-        let (wl, wh);
-        if FIVE {
-            // This line's fifth bits are bits 2M and 2M + 1 of each byte of its chunk's
-            // fifth-bit line: at bit 4, merged with the nibble in one op, `(w & 0x0f) | f`.
-            let h = _mm512_loadu_si512(blk.add(fifth_line(c, k) * 64) as *const __m512i);
-            let (fl, fh) = (fifth_bits_512::<M, false>(h), fifth_bits_512::<M, true>(h));
-            wl = _mm512_ternarylogic_epi32::<0xEC>(wv, fl, m4);
-            wh = _mm512_ternarylogic_epi32::<0xEC>(_mm512_srli_epi16(wv, 4), fh, m4);
+        // This line's fifth bits are bits 2M and 2M + 1 of each byte of its chunk's
+        // fifth-bit line.
+        let h = if FIVE {
+            _mm512_loadu_si512(blk.add(fifth_line(c, k) * 64) as *const __m512i)
         } else {
-            wl = _mm512_and_si512(wv, m4);
-            wh = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m4);
-        }
+            _mm512_setzero_si512()
+        };
+        let [wl, wh] = nibble_codes_512::<FIVE, M>(wv, h);
         let a = if T == 1 { k % 2 } else { 0 };
         for t in 0..T {
             let xl = _mm512_set1_epi32(x4(x[t], 64 * c + 4 * k));
