@@ -147,7 +147,7 @@ impl Backend for ParallelBackend {
                     // Quantize token rows in parallel, then split the rows of the product.
                     qx.par_chunks_mut(q.qrow)
                         .zip(x[..n * cols].par_chunks(cols))
-                        .for_each(|(qr, xr)| (q.k.quantize)(xr, qr));
+                        .for_each(|(qr, xr)| q.quantize_row(xr, qr));
                 });
                 let qx: &[u8] = qx;
                 let pieces = self.pieces(w.rows);

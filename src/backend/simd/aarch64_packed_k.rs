@@ -109,15 +109,16 @@ unsafe fn q45_quarter<const T: usize, const FIVE: bool>(
                 isum[t] = vmlaq_s32(vmlaq_s32(isum[t], lo[t], sl), hi[t], sh);
             }
         }
+        let po = j.min_pairs_from(b);
         let mut msum = [vdupq_n_s32(0); T];
         for pp in 0..4 {
             // SAFETY: the mins of sub-blocks 2pp, 2pp+1 of these rows (8 bytes: a pair per
-            // row); the activation sums.
+            // row); the token's min pairs (`PackedK::rows` checked the row size).
             unsafe {
                 let m = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(blk.add(192 + 32 * pp + 8 * qr))));
                 for t in 0..T {
                     // (a, b) per row: the two sub-blocks' activation sums, as i16 lanes.
-                    let bs = vreinterpretq_s16_s32(vdupq_n_s32(x_min_pair(x[t], pp)));
+                    let bs = vreinterpretq_s16_s32(vdupq_n_s32(x_min_pair(x[t], po, pp)));
                     let lo = vmull_s16(vget_low_s16(m), vget_low_s16(bs));
                     let hi = vmull_s16(vget_high_s16(m), vget_high_s16(bs));
                     msum[t] = vaddq_s32(msum[t], vpaddq_s32(lo, hi));

@@ -29,7 +29,8 @@
 //! f32 accumulator with the scalar expression, so every output equals the scalar dot of its
 //! row with that token's Q8_K row, bit for bit. They read each Q8_K block's sums of 16 values
 //! (`bsums`, which the quantizer writes) for the mins and for the offsets of Q6_K (32) and
-//! Q3_K (4), as the scalar Q2_K/Q4_K/Q5_K products do for their mins.
+//! Q3_K (4), as the scalar Q2_K/Q4_K/Q5_K products do for their mins; Q4_K and Q5_K read
+//! them summed per 32-value sub-block, once per activation row ([`write_min_pairs`]).
 
 use super::{Isa, Line, OutPtr, GROUP};
 use crate::tensor::k_quants::{self, QK};
@@ -182,7 +183,8 @@ impl PackedK {
     }
 
     /// `out[t * ldo + r] = w[r] · xq[t]` for rows `r0..r1` and tokens `t < n`, with `xq`
-    /// holding `n` Q8_K rows of `qrow` bytes (quantized by `k_quants::quantize_q8_k`), on
+    /// holding `n` Q8_K rows of `qrow` bytes, each followed by its min pairs (quantized by
+    /// `QuantMatmul::quantize`), on
     /// `isa`'s kernels. Returns `false`, computing nothing, where `isa` has none.
     ///
     /// # Safety
@@ -200,7 +202,11 @@ impl PackedK {
         out: OutPtr,
         ldo: usize,
     ) -> bool {
-        assert!(r0 <= r1 && r1 <= self.rows && qrow >= self.nsb * k_quants::Q8_K_BYTES);
+        assert!(
+            r0 <= r1
+                && r1 <= self.rows
+                && qrow >= self.nsb * (k_quants::Q8_K_BYTES + MIN_PAIR_BYTES)
+        );
         assert!(xq.len() >= n * qrow && ldo >= r1);
         let j = Job {
             p: self,
@@ -298,27 +304,48 @@ pub(super) unsafe fn x_d(x: *const u8) -> f32 {
 /// # Safety
 /// As for [`x_d`].
 #[inline(always)]
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 pub(super) unsafe fn x_bsum(x: *const u8, g: usize) -> i32 {
     // SAFETY: inside the block's sums.
     unsafe { (x.add(XBS + 2 * g) as *const i16).read_unaligned() as i32 }
 }
 
-/// The sums of 32 activation values of sub-blocks `2p` and `2p + 1` (each the sum of two
-/// 16-value sums, at most 32·128 in magnitude) as the two i16 halves of one i32, for the
-/// min terms' 16-bit pair products.
+/// Bytes of min pairs per super-block after an activation row's Q8_K blocks.
+pub(crate) const MIN_PAIR_BYTES: usize = 16;
+
+/// Writes, after the `nsb` Q8_K blocks at the start of `row`, each block's four min pairs:
+/// pair `p` holds the sums of the 32 quants of sub-blocks `2p` and `2p + 1` (each the sum
+/// of two 16-value sums, at most 32·128 in magnitude) as the two i16 halves of one i32,
+/// the operand of the Q4_K/Q5_K min terms' 16-bit pair products. Formed once per row
+/// here, they are read by every group of rows as one broadcast; formed from the sums in
+/// the kernel, for every group again, they took 14% of the VNNI Q5_K product's time.
+pub(crate) fn write_min_pairs(row: &mut [u8], nsb: usize) {
+    let (blocks, pairs) = row.split_at_mut(nsb * k_quants::Q8_K_BYTES);
+    for (blk, out) in blocks
+        .chunks_exact(k_quants::Q8_K_BYTES)
+        .zip(pairs.chunks_exact_mut(MIN_PAIR_BYTES))
+    {
+        let bsum = |g: usize| i16::from_le_bytes([blk[XBS + 2 * g], blk[XBS + 2 * g + 1]]);
+        for (p, o) in out.chunks_exact_mut(4).enumerate() {
+            // Two 16-value sums of i8 quants: |sum| <= 32·128, no i16 overflow.
+            let a = bsum(4 * p) + bsum(4 * p + 1);
+            let b = bsum(4 * p + 2) + bsum(4 * p + 3);
+            o[..2].copy_from_slice(&a.to_le_bytes());
+            o[2..].copy_from_slice(&b.to_le_bytes());
+        }
+    }
+}
+
+/// Min pair `p` of the block at `x` (see [`write_min_pairs`]), `off` bytes after it
+/// ([`Job::min_pairs_from`]).
 ///
 /// # Safety
-/// As for [`x_d`].
+/// `x` is block `b` of an activation row quantized with its min pairs and `off` is
+/// `min_pairs_from(b)`.
 #[inline(always)]
-pub(super) unsafe fn x_min_pair(x: *const u8, p: usize) -> i32 {
-    // SAFETY: forwarded.
-    let (a, b) = unsafe {
-        (
-            x_bsum(x, 4 * p) + x_bsum(x, 4 * p + 1),
-            x_bsum(x, 4 * p + 2) + x_bsum(x, 4 * p + 3),
-        )
-    };
-    ((a as u32 & 0xffff) | ((b as u32) << 16)) as i32
+pub(super) unsafe fn x_min_pair(x: *const u8, off: usize, p: usize) -> i32 {
+    // SAFETY: inside the row's min pairs, the caller's promise.
+    unsafe { (x.add(off + 4 * p) as *const i32).read_unaligned() }
 }
 
 /// The activation sums of 16-value groups `2p` and `2p + 1` as the two i16 halves of one
@@ -380,6 +407,15 @@ pub(super) struct Job<'a> {
     pub pf: *const u8,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub pf_block: usize,
+}
+
+impl Job<'_> {
+    /// From block `b` of an activation row to that block's min pairs, after the row's
+    /// `nsb` blocks: the same offset for every token.
+    #[inline(always)]
+    pub fn min_pairs_from(&self, b: usize) -> usize {
+        (self.p.nsb - b) * k_quants::Q8_K_BYTES + b * MIN_PAIR_BYTES
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -748,6 +784,32 @@ mod tests {
                 "{t}: {} vs {stored}",
                 p.bytes()
             );
+        }
+    }
+
+    /// Each min pair holds the sums of the quants of its two 32-value sub-blocks.
+    #[test]
+    fn min_pairs_sum_the_quants_of_each_sub_block() {
+        let nsb = 3;
+        let x: Vec<f32> = (0..nsb * QK)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.7)
+            .collect();
+        let mut row = vec![0u8; nsb * (k_quants::Q8_K_BYTES + MIN_PAIR_BYTES)];
+        k_quants::quantize_q8_k(&x, &mut row);
+        write_min_pairs(&mut row, nsb);
+        for b in 0..nsb {
+            let blk = &row[b * k_quants::Q8_K_BYTES..];
+            let q = |i: usize| blk[XQS + i] as i8 as i32;
+            let sub = |j: usize| (32 * j..32 * j + 32).map(q).sum::<i32>();
+            for p in 0..4 {
+                let at = nsb * k_quants::Q8_K_BYTES + b * MIN_PAIR_BYTES + 4 * p;
+                let half = |o: usize| i16::from_le_bytes([row[at + o], row[at + o + 1]]) as i32;
+                assert_eq!(
+                    (half(0), half(2)),
+                    (sub(2 * p), sub(2 * p + 1)),
+                    "block {b} pair {p}"
+                );
+            }
         }
     }
 

@@ -10,9 +10,10 @@
 //! block in block order), on activations quantized by the scalar quantizers. So the results
 //! equal the `scalar` backend's, whatever the instruction set, split or thread count.
 
+use super::packed_k::{write_min_pairs, MIN_PAIR_BYTES};
 use super::{Isa, Kernels, OutPtr, PackedK};
 use crate::backend::scalar::with_quant_scratch;
-use crate::tensor::{self, GgmlType, Matrix, QuantDot};
+use crate::tensor::{self, k_quants, GgmlType, Matrix, QuantDot};
 
 type DotFn = fn(&[u8], &[u8]) -> f32;
 
@@ -208,7 +209,8 @@ pub struct QuantMatmul {
     /// The instruction set, for the kernels of packed K-quant weights.
     pub isa: Isa,
     pub cols: usize,
-    /// Bytes of one activation row quantized to `k.activation`.
+    /// Bytes of one activation row quantized to `k.activation` (for Q8_K, with its min pairs
+    /// after the blocks).
     pub qrow: usize,
 }
 
@@ -217,7 +219,12 @@ impl QuantMatmul {
     /// number of activation blocks (shapes are validated at load, so that means "not ours").
     pub fn new(kernels: &Kernels, w: &Matrix) -> Option<Self> {
         let k = kernels.quant_dot(w.dtype)?;
-        let qrow = k.activation.row_size(w.cols as u64)? as usize;
+        let mut qrow = k.activation.row_size(w.cols as u64)? as usize;
+        if k.activation == GgmlType::Q8_K {
+            // Each row is followed by its min pairs (see `packed_k::write_min_pairs`), for
+            // every K-quant alike, so rows quantized once serve the products of all of them.
+            qrow += w.cols / k_quants::QK * MIN_PAIR_BYTES;
+        }
         (w.cols > 0 && qrow > 0).then_some(Self {
             k,
             dot4: simd_dot4(kernels.isa, w.dtype),
@@ -230,7 +237,15 @@ impl QuantMatmul {
     /// Quantizes the whole `cols`-long rows of `x` into consecutive `qrow`-byte rows of `q`.
     pub fn quantize(&self, x: &[f32], q: &mut [u8]) {
         for (xr, qr) in x.chunks_exact(self.cols).zip(q.chunks_exact_mut(self.qrow)) {
-            (self.k.quantize)(xr, qr);
+            self.quantize_row(xr, qr);
+        }
+    }
+
+    /// Quantizes one `cols`-long row into one `qrow`-byte row.
+    pub fn quantize_row(&self, x: &[f32], q: &mut [u8]) {
+        (self.k.quantize)(x, q);
+        if self.k.activation == GgmlType::Q8_K {
+            write_min_pairs(q, self.cols / k_quants::QK);
         }
     }
 

@@ -194,15 +194,17 @@ unsafe fn q45_vnni<const T: usize, const FIVE: bool>(j: Job<'_>, g: usize, t0: u
                 isum[t] = _mm512_add_epi32(isum[t], s);
             }
         }
+        let po = j.min_pairs_from(b);
         let mut msum = [_mm512_setzero_si512(); T];
         for pp in 0..4 {
-            // SAFETY: the mins of sub-blocks 2pp, 2pp+1 (lines 3–4); the activation sums.
+            // SAFETY: the mins of sub-blocks 2pp, 2pp+1 (lines 3–4); the token's min pairs
+            // (`PackedK::rows` checked the row size).
             unsafe {
                 let m = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
                     blk.add(192 + 32 * pp) as *const __m256i
                 ));
                 for t in 0..T {
-                    let bs = _mm512_set1_epi32(x_min_pair(x[t], pp));
+                    let bs = _mm512_set1_epi32(x_min_pair(x[t], po, pp));
                     msum[t] = _mm512_dpwssd_epi32(msum[t], m, bs);
                 }
             }
@@ -614,15 +616,17 @@ unsafe fn q45_avx2_half<const T: usize, const FIVE: bool>(
                 }
             }
         }
+        let po = j.min_pairs_from(b);
         let mut msum = [_mm256_setzero_si256(); T];
         for pp in 0..4 {
-            // SAFETY: the mins of sub-blocks 2pp, 2pp+1 for these 8 rows; the activation sums.
+            // SAFETY: the mins of sub-blocks 2pp, 2pp+1 for these 8 rows; the token's min
+            // pairs (`PackedK::rows` checked the row size).
             unsafe {
                 let m = _mm256_cvtepu8_epi16(_mm_loadu_si128(
                     blk.add(192 + 32 * pp + 16 * half) as *const __m128i
                 ));
                 for t in 0..T {
-                    let bs = _mm256_set1_epi32(x_min_pair(x[t], pp));
+                    let bs = _mm256_set1_epi32(x_min_pair(x[t], po, pp));
                     msum[t] = _mm256_add_epi32(msum[t], _mm256_madd_epi16(m, bs));
                 }
             }
