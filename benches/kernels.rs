@@ -203,6 +203,83 @@ fn q6_k_matmul_64x3072x1024(b: Bencher, k: &str) {
     bench_quant(b, backend(k).as_ref(), GgmlType::Q6_K, 3072, 1024, 64);
 }
 
+/// The floor under the three above on a VNNI CPU: the 3072 · 1024 · 64 / 64 = 3,145,728
+/// `vpdpbusd` (16 rows × 4 bytes each) that the packed products issue for this shape,
+/// alone (`exact_ops = false`), in 16 independent chains, from registers; and with what the
+/// Q4_K/Q5_K products add per 64 of them on the same ports for exactness (`true`): 8
+/// `vpmulld` (sub-block scales), 4 `vpmaddwd` (mins), 4 `vmulps` (the f32 fold).
+#[cfg(target_arch = "x86_64")]
+#[divan::bench(args = [false, true], sample_count = 20)]
+fn vpdpbusd_alone_64x3072x1024(b: Bencher, exact_ops: bool) {
+    if !std::arch::is_x86_feature_detected!("avx512vnni") {
+        return;
+    }
+    b.bench_local(|| {
+        // SAFETY: AVX-512 VNNI was detected above.
+        unsafe { vpdpbusd_chains(black_box(3072 * 1024 * 64 / 64 / 16), exact_ops) }
+    });
+}
+
+/// `iters` rounds of 16 independent `vpdpbusd` (with `exact_ops`, also 2 `vpmulld`, one
+/// `vpmaddwd` and one `vmulps`, independent too), in assembly so nothing is folded away.
+///
+/// # Safety
+/// AVX-512 F, BW and VNNI must be present; `iters > 0`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn vpdpbusd_chains(iters: usize, exact_ops: bool) {
+    macro_rules! chains {
+        ($($extra:literal,)*) => {
+            std::arch::asm!(
+                "vpxord zmm30, zmm30, zmm30",
+                "vpxord zmm31, zmm31, zmm31",
+                "2:",
+                "vpdpbusd zmm0, zmm30, zmm31",
+                "vpdpbusd zmm1, zmm30, zmm31",
+                "vpdpbusd zmm2, zmm30, zmm31",
+                "vpdpbusd zmm3, zmm30, zmm31",
+                "vpdpbusd zmm4, zmm30, zmm31",
+                "vpdpbusd zmm5, zmm30, zmm31",
+                "vpdpbusd zmm6, zmm30, zmm31",
+                "vpdpbusd zmm7, zmm30, zmm31",
+                "vpdpbusd zmm8, zmm30, zmm31",
+                "vpdpbusd zmm9, zmm30, zmm31",
+                "vpdpbusd zmm10, zmm30, zmm31",
+                "vpdpbusd zmm11, zmm30, zmm31",
+                "vpdpbusd zmm12, zmm30, zmm31",
+                "vpdpbusd zmm13, zmm30, zmm31",
+                "vpdpbusd zmm14, zmm30, zmm31",
+                "vpdpbusd zmm15, zmm30, zmm31",
+                $($extra,)*
+                "dec {n}",
+                "jnz 2b",
+                n = inout(reg) iters => _,
+                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
+                out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _,
+                out("zmm30") _, out("zmm31") _,
+                options(nomem, nostack),
+            )
+        };
+    }
+    // SAFETY: register-only instructions the caller's CPU has; every register written is
+    // declared clobbered; `iters > 0`, so the loop ends.
+    unsafe {
+        if exact_ops {
+            chains!(
+                "vpmulld zmm16, zmm30, zmm31",
+                "vpmulld zmm17, zmm30, zmm31",
+                "vpmaddwd zmm18, zmm30, zmm31",
+                "vmulps zmm19, zmm30, zmm31",
+            );
+        } else {
+            chains!();
+        }
+    }
+}
+
 /// A prefill matmul of the real model's most common type: 64 tokens through 4864 × 896.
 #[divan::bench(args = kernels(), sample_count = 10)]
 fn q5_0_matmul_64x4864x896(b: Bencher, k: &str) {
