@@ -184,8 +184,8 @@ impl PackedK {
 
     /// `out[t * ldo + r] = w[r] · xq[t]` for rows `r0..r1` and tokens `t < n`, with `xq`
     /// holding `n` Q8_K rows of `qrow` bytes, each followed by its min pairs (quantized by
-    /// `QuantMatmul::quantize`), on
-    /// `isa`'s kernels. Returns `false`, computing nothing, where `isa` has none.
+    /// `QuantMatmul::quantize`), on `isa`'s kernels. Returns `false`, computing nothing,
+    /// where `isa` has none.
     ///
     /// # Safety
     /// `isa` must be available on this CPU; `out` must be valid for writes at those offsets,
