@@ -432,9 +432,9 @@ unsafe fn group_sdot<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
 ///
 /// # Safety
 /// The dot-product extension must be present; `p` must be packed with the `Bytes` form of
-/// the fifth bits; `xq` must hold `n` Q8_K rows of `qrow` bytes covering `p.cols`; `out`
-/// must be writable at `t * ldo + r` for those tokens and the rows `r0..r1`, which no other
-/// thread touches during the call.
+/// the fifth bits; `xq` must hold `n` Q8_K rows of `qrow` bytes covering `p.cols`, each
+/// with its min pairs after its blocks; `out` must be writable at `t * ldo + r` for those
+/// tokens and the rows `r0..r1`, which no other thread touches during the call.
 #[target_feature(enable = "neon,dotprod")]
 pub(super) unsafe fn gemm_sdot(j: Job<'_>, n: usize, g0: usize, g1: usize) {
     for g in g0..g1 {

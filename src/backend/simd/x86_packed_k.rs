@@ -1045,8 +1045,9 @@ unsafe fn group_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI, AVX2, FMA and F16C must be present; `xq` must hold `n` Q8_K rows of
-/// `qrow` bytes covering `p.cols`; `out` must be writable at `t * ldo + r` for those tokens
-/// and the rows `r0..r1`, which no other thread touches during the call.
+/// `qrow` bytes covering `p.cols`, each with its min pairs after its blocks; `out` must be
+/// writable at `t * ldo + r` for those tokens and the rows `r0..r1`, which no other thread
+/// touches during the call.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn gemm_vnni(j: Job<'_>, n: usize, g0: usize, g1: usize) {
     // Q4_K and Q5_K keep two accumulators per token and take 8 tokens per pass over the
