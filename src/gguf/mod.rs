@@ -411,8 +411,8 @@ impl GgufFile {
         match &*self.storage {
             #[cfg(unix)]
             Storage::Mmap(map) => {
-                let ranges = map.released().clone();
-                ranges
+                // Advising takes no lock, so the list is read under its own.
+                map.released()
                     .iter()
                     .filter(|&&(offset, len)| map.advise_dont_need(offset, len))
                     .count()
