@@ -991,7 +991,7 @@ fn with_next_share(
 
 /// Whether a product whose tokens fit in one tile (a decode step) prefetches the next group
 /// too. On an Intel Xeon (Emerald Rapids) the hardware prefetcher alone left one decoding
-/// thread at 20 tok/s on the Qwen3-0.6B-shaped Q4_K_M file, 28–31 with the bursts; on AMD
+/// thread at 18–22 tok/s on the Qwen3-0.6B-shaped Q4_K_M file, 24–31 with the bursts; on AMD
 /// Zen 4 the same bursts measured slower (38 against 51 tok/s), so only Intel CPUs take them.
 /// `INFERNO_DECODE_PREFETCH=0` or `1` overrides the choice, to measure both on one machine.
 /// Decided once per process.
