@@ -354,6 +354,70 @@ fn attention_matches_scalar_within_softmax_error() {
     }
 }
 
+/// The x86 attention kernels (AVX2, and the AVX-512 forms on a VNNI CPU, which put two keys
+/// in one register for the scores and sixteen values per lane group for the weighted sum)
+/// form every score and every output lane in the same order: the same bits on either ISA,
+/// for decode steps and prompts (rows grouped 1, 2 and 4 to a key), every cache type, head
+/// sizes with and without a 16-wide remainder, and chunks with a remainder of keys.
+#[test]
+fn attention_is_bit_identical_on_every_x86_isa() {
+    let isas: Vec<Isa> = Isa::available()
+        .into_iter()
+        .filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512Vnni))
+        .collect();
+    if isas.len() < 2 {
+        eprintln!("only {isas:?} here: nothing to compare");
+        return;
+    }
+    let mut r = rng(8);
+    for (n_heads, n_kv, hd) in [
+        (16, 8, 128),
+        (4, 2, 64),
+        (16, 1, 32),
+        (6, 3, 24),
+        (20, 1, 8),
+    ] {
+        for (n_tokens, pos0) in [
+            (1, 0),
+            (1, 45),
+            (5, 0),
+            (3, 70),
+            (19, 0),
+            (9, 33),
+            (2, 1030),
+        ] {
+            let (shape, q, k, v) = attention_inputs(
+                &mut r,
+                (n_heads, n_kv, hd),
+                n_tokens,
+                pos0,
+                pos0 + n_tokens + 3,
+            );
+            let (ks, vs) = (Stored::new(&k, hd), Stored::new(&v, hd));
+            for (kr, vr) in type_pairs(&ks, &vs) {
+                let outs: Vec<Vec<u32>> = isas
+                    .iter()
+                    .map(|&isa| {
+                        let mut got = vec![f32::NAN; q.len()];
+                        simd(isa).attention(&shape, &q, KvLayer { k: kr, v: vr }, &mut got);
+                        bits(&got)
+                    })
+                    .collect();
+                for (isa, o) in isas.iter().zip(&outs).skip(1) {
+                    assert!(
+                        *o == outs[0],
+                        "{isa:?} differs from {:?}: {:?}/{:?} heads {n_heads}/{n_kv} hd {hd} \
+                         n {n_tokens} at {pos0}",
+                        isas[0],
+                        kr.kind(),
+                        vr.kind()
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn a_prompts_attention_in_one_call_equals_its_tokens_one_by_one_bit_for_bit() {
     // The fast paths group several tokens' query rows per KV head so they share each key

@@ -29,6 +29,37 @@ fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// `[hsum(v[0]), …, hsum(v[7])]`: each lane summed in [`hsum`]'s order (the halves, then
+/// lanes two apart, then neighbours), eight at a time by a transposed tree (7 adds and 14
+/// shuffles for the eight, against 5 ops each alone), so a score's bits are the same either
+/// way.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum8(v: [__m256; 8]) -> __m256 {
+    // [a_lo + a_hi | b_lo + b_hi]: the first step of a and b.
+    let halves = |a: __m256, b: __m256| {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(a, b),
+            _mm256_permute2f128_ps::<0x31>(a, b),
+        )
+    };
+    // Lanes j + lanes j + 2 of each 4-lane group: [x0+x2, x1+x3, y0+y2, y1+y3 | ...].
+    let twos = |x: __m256, y: __m256| {
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0x44>(x, y),
+            _mm256_shuffle_ps::<0xEE>(x, y),
+        )
+    };
+    let q0 = twos(halves(v[0], v[1]), halves(v[2], v[3]));
+    let q1 = twos(halves(v[4], v[5]), halves(v[6], v[7]));
+    // Neighbours: the sums of v0, v2, v4, v6 | v1, v3, v5, v7.
+    let r = _mm256_add_ps(
+        _mm256_shuffle_ps::<0x88>(q0, q1),
+        _mm256_shuffle_ps::<0xDD>(q0, q1),
+    );
+    _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn hmax(v: __m256) -> f32 {
@@ -986,6 +1017,47 @@ trait KvLoad {
     /// # Safety
     /// AVX2, FMA and F16C must be present; the row holds at least `i + 8` values.
     unsafe fn load8(row: *const u8, i: usize) -> __m256;
+    /// Values `i .. i + 16` of the row at `row` (`i` a multiple of 16), each lane what
+    /// [`KvLoad::load8`] reads.
+    ///
+    /// # Safety
+    /// AVX-512 F, AVX2, FMA and F16C present (inlined into a function that enables them);
+    /// the row holds at least `i + 16` values.
+    #[inline(always)]
+    unsafe fn load16(row: *const u8, i: usize) -> __m512 {
+        // SAFETY: the caller's promise.
+        unsafe { join_halves(Self::load8(row, i), Self::load8(row, i + 8)) }
+    }
+    /// Values `i .. i + 8` of the rows at `a` (low half) and `b` (high half).
+    ///
+    /// # Safety
+    /// As for [`KvLoad::load16`], both rows holding `i + 8` values.
+    #[inline(always)]
+    unsafe fn load8x2(a: *const u8, b: *const u8, i: usize) -> __m512 {
+        // SAFETY: the caller's promise.
+        unsafe { join_halves(Self::load8(a, i), Self::load8(b, i)) }
+    }
+}
+
+/// `lo` and `hi` as one 512-bit vector.
+///
+/// # Safety
+/// AVX-512 F present (inlined into a function that enables it).
+#[inline(always)]
+unsafe fn join_halves(lo: __m256, hi: __m256) -> __m512 {
+    _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+        _mm512_castpd256_pd512(_mm256_castps_pd(lo)),
+        _mm256_castps_pd(hi),
+    ))
+}
+
+/// The high half of `v`.
+///
+/// # Safety
+/// As for [`join_halves`].
+#[inline(always)]
+unsafe fn high_half(v: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
 }
 
 struct F32Rows;
@@ -1003,6 +1075,11 @@ impl KvLoad for F32Rows {
         // SAFETY: the caller's promise.
         unsafe { _mm256_loadu_ps(row.cast::<f32>().add(i)) }
     }
+    #[inline(always)]
+    unsafe fn load16(row: *const u8, i: usize) -> __m512 {
+        // SAFETY: the caller's promise.
+        unsafe { _mm512_loadu_ps(row.cast::<f32>().add(i)) }
+    }
 }
 
 impl KvLoad for F16Rows {
@@ -1014,6 +1091,21 @@ impl KvLoad for F16Rows {
     unsafe fn load8(row: *const u8, i: usize) -> __m256 {
         // SAFETY: the caller's promise (F16C present; eight halves at `i`).
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(row.add(i * 2).cast::<__m128i>())) }
+    }
+    #[inline(always)]
+    unsafe fn load16(row: *const u8, i: usize) -> __m512 {
+        // SAFETY: the caller's promise (sixteen halves at `i`).
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(row.add(i * 2).cast::<__m256i>())) }
+    }
+    #[inline(always)]
+    unsafe fn load8x2(a: *const u8, b: *const u8, i: usize) -> __m512 {
+        // SAFETY: the caller's promise (eight halves at `i` of each row); one conversion
+        // for both.
+        unsafe {
+            let lo = _mm_loadu_si128(a.add(i * 2).cast::<__m128i>());
+            let hi = _mm_loadu_si128(b.add(i * 2).cast::<__m128i>());
+            _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi))
+        }
     }
 }
 
@@ -1057,7 +1149,7 @@ unsafe fn score_keys<K: KvLoad, const N: usize, const R: usize>(
     q: [*const f32; R],
     k: *const u8,
     hd: usize,
-) -> [[f32; N]; R] {
+) -> [[__m256; N]; R] {
     let mut a = [[_mm256_setzero_ps(); N]; R];
     let mut i = 0;
     // SAFETY (whole body): every index below `hd` is inside the rows.
@@ -1073,7 +1165,43 @@ unsafe fn score_keys<K: KvLoad, const N: usize, const R: usize>(
             i += 8;
         }
     }
-    std::array::from_fn(|r| std::array::from_fn(|u| hsum(a[r][u])))
+    a
+}
+
+/// [`score_keys`] on AVX-512 for `R` rows against `2P` keys: key `2p` in the low half of
+/// `a[r][p]` and key `2p + 1` in the high half, each half the 8-lane FMA chain of
+/// [`score_keys`] (the query slice broadcast to both halves), so every score keeps its bits.
+/// One `vcvtph2ps` converts two keys' slices of an F16 cache, and `P · R` = 8 chains.
+///
+/// # Safety
+/// As for [`score_keys`], with AVX-512 F present and `k` holding `2P` rows.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn score_keys_512<K: KvLoad, const P: usize, const R: usize>(
+    q: [*const f32; R],
+    k: *const u8,
+    hd: usize,
+) -> [[__m512; P]; R] {
+    let rb = K::row_bytes(hd);
+    let mut a = [[_mm512_setzero_ps(); P]; R];
+    let mut i = 0;
+    // SAFETY (whole body): every index below `hd` is inside the rows.
+    unsafe {
+        while i < hd {
+            let qv: [__m512; R] = std::array::from_fn(|r| {
+                let v = _mm256_castps_pd(_mm256_loadu_ps(q[r].add(i)));
+                _mm512_castpd_ps(_mm512_broadcast_f64x4(v))
+            });
+            for pp in 0..P {
+                let kv = K::load8x2(k.add(2 * pp * rb), k.add((2 * pp + 1) * rb), i);
+                for r in 0..R {
+                    a[r][pp] = _mm512_fmadd_ps(qv[r], kv, a[r][pp]);
+                }
+            }
+            i += 8;
+        }
+    }
+    a
 }
 
 /// For each of `R` rows, `out_r[0..8U] = out_r·corr_r + Σ_j p_r[j]·v_j[d..d + 8U]` in key
@@ -1117,25 +1245,71 @@ unsafe fn weigh_values<V: KvLoad, const U: usize, const R: usize>(
     }
 }
 
+/// [`weigh_values`] on AVX-512: `U` 16-lane accumulators per row (`U · R` = 8), each lane the
+/// same FMA chain over the keys as in [`weigh_values`], so the bits do not change.
+///
+/// # Safety
+/// As for [`weigh_values`], with AVX-512 F present and `16U` floats at each `out`.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn weigh_values_512<V: KvLoad, const U: usize, const R: usize>(
+    out: [*mut f32; R],
+    corr: [f32; R],
+    p: [&[f32]; R],
+    v: *const u8,
+    d: usize,
+    hd: usize,
+) {
+    // SAFETY (whole body): the caller's promise.
+    unsafe {
+        let mut a: [[__m512; U]; R] = std::array::from_fn(|r| {
+            std::array::from_fn(|u| {
+                _mm512_mul_ps(_mm512_loadu_ps(out[r].add(u * 16)), _mm512_set1_ps(corr[r]))
+            })
+        });
+        for j in 0..p[0].len() {
+            let pv: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(*p[r].get_unchecked(j)));
+            let vr = v.add(j * V::row_bytes(hd));
+            for u in 0..U {
+                let x = V::load16(vr, d + u * 16);
+                for r in 0..R {
+                    a[r][u] = _mm512_fmadd_ps(pv[r], x, a[r][u]);
+                }
+            }
+        }
+        for r in 0..R {
+            for u in 0..U {
+                _mm512_storeu_ps(out[r].add(u * 16), a[r][u]);
+            }
+        }
+    }
+}
+
 /// [`attend_rows`] for keys and values in their stored types.
 ///
 /// # Safety
 /// As for [`attend_rows`], with `k` and `v` holding the rows.
-pub unsafe fn attend_rows_any(s: &AttentionShape, rows: &[AttnRow], k: KvRows<'_>, v: KvRows<'_>) {
+pub unsafe fn attend_rows_any(
+    wide: bool,
+    s: &AttentionShape,
+    rows: &[AttnRow],
+    k: KvRows<'_>,
+    v: KvRows<'_>,
+) {
     let (kp, vp) = (kv_ptr(k), kv_ptr(v));
     use KvRows::{F16, F32, Q8_0};
     // SAFETY (every arm): the caller's promise, with the loaders of the rows' own types.
     unsafe {
         match (k, v) {
-            (F32(_), F32(_)) => attend_rows::<F32Rows, F32Rows>(s, rows, kp, vp),
-            (F32(_), F16(_)) => attend_rows::<F32Rows, F16Rows>(s, rows, kp, vp),
-            (F32(_), Q8_0(_)) => attend_rows::<F32Rows, Q8Rows>(s, rows, kp, vp),
-            (F16(_), F32(_)) => attend_rows::<F16Rows, F32Rows>(s, rows, kp, vp),
-            (F16(_), F16(_)) => attend_rows::<F16Rows, F16Rows>(s, rows, kp, vp),
-            (F16(_), Q8_0(_)) => attend_rows::<F16Rows, Q8Rows>(s, rows, kp, vp),
-            (Q8_0(_), F32(_)) => attend_rows::<Q8Rows, F32Rows>(s, rows, kp, vp),
-            (Q8_0(_), F16(_)) => attend_rows::<Q8Rows, F16Rows>(s, rows, kp, vp),
-            (Q8_0(_), Q8_0(_)) => attend_rows::<Q8Rows, Q8Rows>(s, rows, kp, vp),
+            (F32(_), F32(_)) => attend_rows::<F32Rows, F32Rows>(wide, s, rows, kp, vp),
+            (F32(_), F16(_)) => attend_rows::<F32Rows, F16Rows>(wide, s, rows, kp, vp),
+            (F32(_), Q8_0(_)) => attend_rows::<F32Rows, Q8Rows>(wide, s, rows, kp, vp),
+            (F16(_), F32(_)) => attend_rows::<F16Rows, F32Rows>(wide, s, rows, kp, vp),
+            (F16(_), F16(_)) => attend_rows::<F16Rows, F16Rows>(wide, s, rows, kp, vp),
+            (F16(_), Q8_0(_)) => attend_rows::<F16Rows, Q8Rows>(wide, s, rows, kp, vp),
+            (Q8_0(_), F32(_)) => attend_rows::<Q8Rows, F32Rows>(wide, s, rows, kp, vp),
+            (Q8_0(_), F16(_)) => attend_rows::<Q8Rows, F16Rows>(wide, s, rows, kp, vp),
+            (Q8_0(_), Q8_0(_)) => attend_rows::<Q8Rows, Q8Rows>(wide, s, rows, kp, vp),
         }
     }
 }
@@ -1165,14 +1339,14 @@ pub struct AttnRow {
 /// `K` and `V` read them) for `R` (1, 2 or 4) query rows that see the same keys of it, sharing
 /// every key and value slice loaded: their scores, the new running max, the rescaling of
 /// their running sums, then exponentials and the weighted values. Each row's arithmetic is
-/// the same whatever `R` is.
+/// the same whatever `R` is, and whether the wide (`W`: AVX-512) forms run.
 ///
 /// # Safety
 /// As for [`attend_rows`]; `rows`, `ph` and `st` hold `R` entries; the chunk holds at least
-/// `cl = min(CHUNK, kv_len - c0)` rows, the same for every row.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize>(
+/// `cl = min(CHUNK, kv_len - c0)` rows, the same for every row. Only inlined into a function
+/// that enables AVX2, FMA and F16C, and AVX-512 F where `W`.
+#[inline(always)]
+unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize, const W: bool>(
     s: &AttentionShape,
     rows: &[AttnRow],
     c0: usize,
@@ -1185,39 +1359,90 @@ unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize>(
     let cl = CHUNK.min(rows[0].kv_len - c0);
     debug_assert!(rows[..R].iter().all(|r| CHUNK.min(r.kv_len - c0) == cl));
     let q: [*const f32; R] = std::array::from_fn(|r| rows[r].q);
+    let mut j = 0;
+    if W {
+        // Sixteen keys a step for one row, eight for two, four for four: eight 16-lane FMA
+        // chains.
+        let step = 16 / R;
+        while j + step <= cl {
+            // SAFETY: keys c0+j .. c0+j+step < the rows' kv_len; AVX-512 F where `W`.
+            unsafe {
+                let kj = kc.add(j * krb);
+                match R {
+                    1 => put_scores_512::<8, R, 16>(
+                        ph,
+                        j,
+                        s.scale,
+                        &score_keys_512::<K, 8, R>(q, kj, hd),
+                    ),
+                    2 => put_scores_512::<4, R, 8>(
+                        ph,
+                        j,
+                        s.scale,
+                        &score_keys_512::<K, 4, R>(q, kj, hd),
+                    ),
+                    _ => put_scores_512::<2, R, 4>(
+                        ph,
+                        j,
+                        s.scale,
+                        &score_keys_512::<K, 2, R>(q, kj, hd),
+                    ),
+                }
+            }
+            j += step;
+        }
+    }
     // Eight keys a step for one row, four for two rows, two for four: eight FMA chains, and
     // every key's sum formed exactly as alone.
     let step = 8 / R;
-    let mut j = 0;
     while j + step <= cl {
         // SAFETY: keys c0+j .. c0+j+step < the rows' kv_len.
         unsafe {
             let kj = kc.add(j * krb);
             match R {
-                1 => put_scores(ph, j, s.scale, score_keys::<K, 8, R>(q, kj, hd)),
-                2 => put_scores(ph, j, s.scale, score_keys::<K, 4, R>(q, kj, hd)),
-                _ => put_scores(ph, j, s.scale, score_keys::<K, 2, R>(q, kj, hd)),
+                1 => put_scores(ph, j, s.scale, &score_keys::<K, 8, R>(q, kj, hd)),
+                2 => put_scores(ph, j, s.scale, &score_keys::<K, 4, R>(q, kj, hd)),
+                _ => put_scores(ph, j, s.scale, &score_keys::<K, 2, R>(q, kj, hd)),
             }
         }
         j += step;
     }
     while j < cl {
         // SAFETY: key c0+j < the rows' kv_len.
-        let sc = unsafe { score_keys::<K, 1, R>(q, kc.add(j * krb), hd) };
-        put_scores(ph, j, s.scale, sc);
+        unsafe {
+            put_scores(
+                ph,
+                j,
+                s.scale,
+                &score_keys::<K, 1, R>(q, kc.add(j * krb), hd),
+            )
+        };
         j += 1;
     }
-    let mut cv = [_mm256_setzero_ps(); R];
+    let mut cs = [0f32; R];
     for r in 0..R {
         // SAFETY: AVX2 and FMA are enabled here.
-        cv[r] = _mm256_set1_ps(unsafe { chunk_softmax(&mut ph[r][..cl], &mut st[r]) });
+        cs[r] = unsafe { chunk_softmax(&mut ph[r][..cl], &mut st[r]) };
     }
+    let cv: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps(cs[r]));
     let out: [*mut f32; R] = std::array::from_fn(|r| rows[r].out);
     let p: [&[f32]; R] = std::array::from_fn(|r| &ph[r][..cl]);
     let mut d = 0;
     // SAFETY: each row's output has hd floats; value rows c0+j < their kv_len.
     unsafe {
         let at = |d: usize| -> [*mut f32; R] { std::array::from_fn(|r| out[r].add(d)) };
+        if W {
+            // Eight 16-lane accumulators (one row, 128 values; two, 64 each; four, 32).
+            let width = 128 / R;
+            while d + width <= hd {
+                match R {
+                    1 => weigh_values_512::<V, 8, R>(at(d), cs, p, vc, d, hd),
+                    2 => weigh_values_512::<V, 4, R>(at(d), cs, p, vc, d, hd),
+                    _ => weigh_values_512::<V, 2, R>(at(d), cs, p, vc, d, hd),
+                }
+                d += width;
+            }
+        }
         // Eight accumulators: eight FMA chains in flight over the chunk's keys (one row,
         // 64 values; two rows, 32 values each; four rows, 16).
         let width = 64 / R;
@@ -1236,19 +1461,65 @@ unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize>(
     }
 }
 
-/// Scores `sc[r][u]` of keys `j + u`, scaled, into each row's chunk of scores.
-#[inline(always)]
-fn put_scores<const N: usize, const R: usize>(
+/// The scores of keys `j + u` from their accumulators `a[r][u]`, summed and scaled, into
+/// each row's chunk of scores; `N · R` a multiple of 8 (eight sums at a time) or `N` = 1.
+///
+/// # Safety
+/// AVX2 and FMA present.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn put_scores<const N: usize, const R: usize>(
     ph: &mut [[f32; CHUNK]],
     j: usize,
     scale: f32,
-    sc: [[f32; N]; R],
+    a: &[[__m256; N]; R],
 ) {
-    for (row, sr) in ph.iter_mut().zip(sc) {
-        for (pj, v) in row[j..j + N].iter_mut().zip(sr) {
-            *pj = v * scale;
+    if N * R % 8 != 0 {
+        for (row, ar) in ph.iter_mut().zip(a) {
+            for (pj, v) in row[j..j + N].iter_mut().zip(ar) {
+                *pj = hsum(*v) * scale;
+            }
+        }
+        return;
+    }
+    let mut sums = [0f32; 8];
+    for f0 in (0..N * R).step_by(8) {
+        let v = hsum8(std::array::from_fn(|e| a[(f0 + e) / N][(f0 + e) % N]));
+        // SAFETY: 8 floats.
+        unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), _mm256_mul_ps(v, _mm256_set1_ps(scale))) };
+        for (e, &v) in sums.iter().enumerate() {
+            let f = f0 + e;
+            ph[f / N][j + f % N] = v;
         }
     }
+}
+
+/// [`put_scores`] for [`score_keys_512`]'s accumulators (`2P` keys).
+///
+/// # Safety
+/// AVX-512 F, AVX2 and FMA present; `R · 2P` a multiple of 8.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn put_scores_512<const P: usize, const R: usize, const N: usize>(
+    ph: &mut [[f32; CHUNK]],
+    j: usize,
+    scale: f32,
+    a: &[[__m512; P]; R],
+) {
+    debug_assert_eq!(N, 2 * P);
+    // SAFETY: AVX-512 F is the caller's promise.
+    let halves: [[__m256; N]; R] = std::array::from_fn(|r| {
+        std::array::from_fn(|u| {
+            let v = a[r][u / 2];
+            if u % 2 == 0 {
+                _mm512_castps512_ps256(v)
+            } else {
+                unsafe { high_half(v) }
+            }
+        })
+    });
+    // SAFETY: AVX2 and FMA are the caller's promise.
+    unsafe { put_scores::<N, R>(ph, j, scale, &halves) };
 }
 
 /// The online softmax's step for one row's chunk of scores `ph`: the new running max, the
@@ -1261,7 +1532,20 @@ fn put_scores<const N: usize, const R: usize>(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn chunk_softmax(ph: &mut [f32], st: &mut PartState) -> f32 {
     let cl = ph.len();
-    let cmax = ph.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    // The chunk's max, 8 lanes at a time: `f32::max` folded one score after another is a
+    // chain of compare-and-blend steps that cost a prompt's attention about as much as its
+    // products. A max is exact in any order, and `max_ps(x, m)` keeps `m` where `x` is NaN,
+    // as `f32::max` ignores NaN.
+    let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut j = 0;
+    // SAFETY: j + 8 <= cl.
+    unsafe {
+        while j + 8 <= cl {
+            mv = _mm256_max_ps(_mm256_loadu_ps(ph.as_ptr().add(j)), mv);
+            j += 8;
+        }
+    }
+    let cmax = ph[j..].iter().fold(hmax(mv), |m, &x| m.max(x));
     let new_max = st.max.max(cmax);
     let corr = if st.max == f32::NEG_INFINITY {
         0.0
@@ -1352,9 +1636,10 @@ impl PartState {
 /// of the range are left [`PartState::EMPTY`] (and their buffer untouched).
 ///
 /// # Safety
-/// As for [`attend_rows`]; `bufs` has room for `rows.len() * hd` floats.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn attend_part<K: KvLoad, V: KvLoad>(
+/// As for [`attend_rows`]; `bufs` has room for `rows.len() * hd` floats; only inlined into
+/// [`attend_part_avx2`] (`W` false) or [`attend_part_avx512`] (`W` true).
+#[inline(always)]
+unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool>(
     s: &AttentionShape,
     rows: &[AttnRow],
     k: *const u8,
@@ -1407,12 +1692,71 @@ unsafe fn attend_part<K: KvLoad, V: KvLoad>(
                     widen_rows::<V>(vc, n, hd, vbuf.as_mut_ptr().cast());
                     vbuf.as_ptr().cast()
                 };
-                chunk_rows::<F32Rows, F32Rows>(s, rows, c0, (kw, vw), &mut p, state);
+                chunk_rows::<F32Rows, F32Rows, W>(s, rows, c0, (kw, vw), &mut p, state);
             } else {
-                chunk_rows::<K, V>(s, rows, c0, (kc, vc), &mut p, state);
+                chunk_rows::<K, V, W>(s, rows, c0, (kc, vc), &mut p, state);
             }
         }
         c0 += CHUNK;
+    }
+}
+
+/// [`attend_part`] with the AVX2 kernels.
+///
+/// # Safety
+/// As for [`attend_part`]; AVX2, FMA and F16C present.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_part_avx2<K: KvLoad, V: KvLoad>(
+    s: &AttentionShape,
+    rows: &[AttnRow],
+    kv: (*const u8, *const u8),
+    range: (usize, usize),
+    bufs: *mut f32,
+    state: &mut [PartState; MAX_ROWS],
+) {
+    // SAFETY: the caller's promise.
+    unsafe { attend_part::<K, V, false>(s, rows, kv.0, kv.1, range, bufs, state) }
+}
+
+/// [`attend_part`] with the AVX-512 forms of the score and value products: twice the lanes
+/// per FMA (a prompt's attention is bound by them), the same bits.
+///
+/// # Safety
+/// As for [`attend_part`]; AVX-512 F, AVX2, FMA and F16C present.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn attend_part_avx512<K: KvLoad, V: KvLoad>(
+    s: &AttentionShape,
+    rows: &[AttnRow],
+    kv: (*const u8, *const u8),
+    range: (usize, usize),
+    bufs: *mut f32,
+    state: &mut [PartState; MAX_ROWS],
+) {
+    // SAFETY: the caller's promise.
+    unsafe { attend_part::<K, V, true>(s, rows, kv.0, kv.1, range, bufs, state) }
+}
+
+/// [`attend_part`] on AVX-512 where `wide`, else on AVX2.
+///
+/// # Safety
+/// As for [`attend_part_avx2`], and for [`attend_part_avx512`] where `wide`.
+#[inline]
+unsafe fn attend_part_on<K: KvLoad, V: KvLoad>(
+    wide: bool,
+    s: &AttentionShape,
+    rows: &[AttnRow],
+    kv: (*const u8, *const u8),
+    range: (usize, usize),
+    bufs: *mut f32,
+    state: &mut [PartState; MAX_ROWS],
+) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if wide {
+            attend_part_avx512::<K, V>(s, rows, kv, range, bufs, state)
+        } else {
+            attend_part_avx2::<K, V>(s, rows, kv, range, bufs, state)
+        }
     }
 }
 
@@ -1423,9 +1767,8 @@ unsafe fn attend_part<K: KvLoad, V: KvLoad>(
 /// # Safety
 /// As for [`rows_chunk`], for each row with `kv_len > c0`; `p` and `state` hold an entry per
 /// row.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn chunk_rows<K: KvLoad, V: KvLoad>(
+#[inline(always)]
+unsafe fn chunk_rows<K: KvLoad, V: KvLoad, const W: bool>(
     s: &AttentionShape,
     rows: &[AttnRow],
     c0: usize,
@@ -1442,15 +1785,21 @@ unsafe fn chunk_rows<K: KvLoad, V: KvLoad>(
             h += 1;
         } else if same(4) {
             // SAFETY: the caller's promise, for rows h .. h + 4.
-            unsafe { rows_chunk::<K, V, 4>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..]) };
+            unsafe {
+                rows_chunk::<K, V, 4, W>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..])
+            };
             h += 4;
         } else if same(2) {
             // SAFETY: the caller's promise, for rows h and h + 1.
-            unsafe { rows_chunk::<K, V, 2>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..]) };
+            unsafe {
+                rows_chunk::<K, V, 2, W>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..])
+            };
             h += 2;
         } else {
             // SAFETY: the caller's promise, for row h.
-            unsafe { rows_chunk::<K, V, 1>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..]) };
+            unsafe {
+                rows_chunk::<K, V, 1, W>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..])
+            };
             h += 1;
         }
     }
@@ -1542,6 +1891,7 @@ pub unsafe fn normalize_row(hd: usize, total: PartState, out: *mut f32) {
 /// distinct and written by no one else during the call.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
+    wide: bool,
     s: &AttentionShape,
     rows: &[AttnRow],
     k: *const u8,
@@ -1558,7 +1908,7 @@ unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
     while p0 < kv_max {
         let p1 = (p0 + PART).min(kv_max);
         // SAFETY: the caller's promise; `bufs` holds MAX_ROWS rows of up to MAX_HD floats.
-        unsafe { attend_part::<K, V>(s, rows, k, v, (p0, p1), bp, &mut state) };
+        unsafe { attend_part_on::<K, V>(wide, s, rows, (k, v), (p0, p1), bp, &mut state) };
         for (h, row) in rows.iter().enumerate() {
             // SAFETY: row h's output and buffer hold hd floats.
             unsafe { fold_part(hd, &mut total[h], row.out, state[h], bp.add(h * hd)) };
@@ -1577,6 +1927,7 @@ unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
 /// # Safety
 /// As for [`attend_rows_any`]; `bufs` has room for `rows.len() * hd` floats.
 pub unsafe fn attend_rows_partial(
+    wide: bool,
     s: &AttentionShape,
     rows: &[AttnRow],
     k: KvRows<'_>,
@@ -1591,31 +1942,31 @@ pub unsafe fn attend_rows_partial(
     unsafe {
         match (k, v) {
             (F32(_), F32(_)) => {
-                attend_part::<F32Rows, F32Rows>(s, rows, kp, vp, range, bufs, state)
+                attend_part_on::<F32Rows, F32Rows>(wide, s, rows, (kp, vp), range, bufs, state)
             }
             (F32(_), F16(_)) => {
-                attend_part::<F32Rows, F16Rows>(s, rows, kp, vp, range, bufs, state)
+                attend_part_on::<F32Rows, F16Rows>(wide, s, rows, (kp, vp), range, bufs, state)
             }
             (F32(_), Q8_0(_)) => {
-                attend_part::<F32Rows, Q8Rows>(s, rows, kp, vp, range, bufs, state)
+                attend_part_on::<F32Rows, Q8Rows>(wide, s, rows, (kp, vp), range, bufs, state)
             }
             (F16(_), F32(_)) => {
-                attend_part::<F16Rows, F32Rows>(s, rows, kp, vp, range, bufs, state)
+                attend_part_on::<F16Rows, F32Rows>(wide, s, rows, (kp, vp), range, bufs, state)
             }
             (F16(_), F16(_)) => {
-                attend_part::<F16Rows, F16Rows>(s, rows, kp, vp, range, bufs, state)
+                attend_part_on::<F16Rows, F16Rows>(wide, s, rows, (kp, vp), range, bufs, state)
             }
             (F16(_), Q8_0(_)) => {
-                attend_part::<F16Rows, Q8Rows>(s, rows, kp, vp, range, bufs, state)
+                attend_part_on::<F16Rows, Q8Rows>(wide, s, rows, (kp, vp), range, bufs, state)
             }
             (Q8_0(_), F32(_)) => {
-                attend_part::<Q8Rows, F32Rows>(s, rows, kp, vp, range, bufs, state)
+                attend_part_on::<Q8Rows, F32Rows>(wide, s, rows, (kp, vp), range, bufs, state)
             }
             (Q8_0(_), F16(_)) => {
-                attend_part::<Q8Rows, F16Rows>(s, rows, kp, vp, range, bufs, state)
+                attend_part_on::<Q8Rows, F16Rows>(wide, s, rows, (kp, vp), range, bufs, state)
             }
             (Q8_0(_), Q8_0(_)) => {
-                attend_part::<Q8Rows, Q8Rows>(s, rows, kp, vp, range, bufs, state)
+                attend_part_on::<Q8Rows, Q8Rows>(wide, s, rows, (kp, vp), range, bufs, state)
             }
         }
     }
