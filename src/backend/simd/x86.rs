@@ -1051,15 +1051,6 @@ unsafe fn join_halves(lo: __m256, hi: __m256) -> __m512 {
     ))
 }
 
-/// The high half of `v`.
-///
-/// # Safety
-/// As for [`join_halves`].
-#[inline(always)]
-unsafe fn high_half(v: __m512) -> __m256 {
-    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
-}
-
 struct F32Rows;
 struct F16Rows;
 struct Q8Rows;
@@ -1494,10 +1485,12 @@ unsafe fn put_scores<const N: usize, const R: usize>(
     }
 }
 
-/// [`put_scores`] for [`score_keys_512`]'s accumulators (`2P` keys).
+/// [`put_scores`] for [`score_keys_512`]'s accumulators (`2P` keys per row, `P · R` = 8
+/// registers, 16 scores): [`hsum8`]'s tree on four keys per register, each sum in
+/// [`hsum`]'s order.
 ///
 /// # Safety
-/// AVX-512 F, AVX2 and FMA present; `R · 2P` a multiple of 8.
+/// AVX-512 F, AVX2 and FMA present; `P · R` = 8 and `N` = `2P`.
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn put_scores_512<const P: usize, const R: usize, const N: usize>(
@@ -1506,20 +1499,36 @@ unsafe fn put_scores_512<const P: usize, const R: usize, const N: usize>(
     scale: f32,
     a: &[[__m512; P]; R],
 ) {
-    debug_assert_eq!(N, 2 * P);
-    // SAFETY: AVX-512 F is the caller's promise.
-    let halves: [[__m256; N]; R] = std::array::from_fn(|r| {
-        std::array::from_fn(|u| {
-            let v = a[r][u / 2];
-            if u % 2 == 0 {
-                _mm512_castps512_ps256(v)
-            } else {
-                unsafe { high_half(v) }
-            }
-        })
-    });
-    // SAFETY: AVX2 and FMA are the caller's promise.
-    unsafe { put_scores::<N, R>(ph, j, scale, &halves) };
+    debug_assert!(N == 2 * P && P * R == 8);
+    let z: [__m512; 8] = std::array::from_fn(|f| a[f / P][f % P]);
+    // Each key's halves added: [A.key0, A.key1, B.key0, B.key1], 4 lanes each.
+    let halves = |x: __m512, y: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(x, y),
+            _mm512_shuffle_f32x4::<0xDD>(x, y),
+        )
+    };
+    let twos = |x: __m512, y: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0x44>(x, y),
+            _mm512_shuffle_ps::<0xEE>(x, y),
+        )
+    };
+    let q0 = twos(halves(z[0], z[1]), halves(z[2], z[3]));
+    let q1 = twos(halves(z[4], z[5]), halves(z[6], z[7]));
+    // Position 4k + m holds key 4m + k.
+    let r = _mm512_add_ps(
+        _mm512_shuffle_ps::<0x88>(q0, q1),
+        _mm512_shuffle_ps::<0xDD>(q0, q1),
+    );
+    let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    let v = _mm512_mul_ps(_mm512_permutexvar_ps(idx, r), _mm512_set1_ps(scale));
+    let mut sums = [0f32; 16];
+    // SAFETY: 16 floats.
+    unsafe { _mm512_storeu_ps(sums.as_mut_ptr(), v) };
+    for (f, &v) in sums.iter().enumerate() {
+        ph[f / N][j + f % N] = v;
+    }
 }
 
 /// The online softmax's step for one row's chunk of scores `ph`: the new running max, the
