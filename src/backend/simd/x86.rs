@@ -99,6 +99,35 @@ pub fn exp256(x: __m256) -> __m256 {
     _mm256_mul_ps(p, _mm256_castsi256_ps(e))
 }
 
+/// [`exp256`] for 16 lanes, the same operations in the same order: each lane's bits are
+/// [`exp256`]'s.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn exp512(x: __m512) -> __m512 {
+    let x = _mm512_min_ps(
+        _mm512_max_ps(x, _mm512_set1_ps(-87.33654)),
+        _mm512_set1_ps(88.0),
+    );
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm512_set1_ps(1.0 / 5040.0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 720.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 120.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 24.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 6.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
+    let e = _mm512_slli_epi32::<23>(_mm512_add_epi32(
+        _mm512_cvtps_epi32(n),
+        _mm512_set1_epi32(127),
+    ));
+    _mm512_mul_ps(p, _mm512_castsi512_ps(e))
+}
+
 // ---------------------------------------------------------------------------------------
 // Activation quantization
 // ---------------------------------------------------------------------------------------
@@ -1413,7 +1442,7 @@ unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize, const W: bool>(
     let mut cs = [0f32; R];
     for r in 0..R {
         // SAFETY: AVX2 and FMA are enabled here.
-        cs[r] = unsafe { chunk_softmax(&mut ph[r][..cl], &mut st[r]) };
+        cs[r] = unsafe { chunk_softmax::<W>(&mut ph[r][..cl], &mut st[r]) };
     }
     let cv: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps(cs[r]));
     let out: [*mut f32; R] = std::array::from_fn(|r| rows[r].out);
@@ -1533,13 +1562,15 @@ unsafe fn put_scores_512<const P: usize, const R: usize, const N: usize>(
 
 /// The online softmax's step for one row's chunk of scores `ph`: the new running max, the
 /// exponentials in place, the running sum rescaled and increased; returns the factor the
-/// row's running weighted values are rescaled by.
+/// row's running weighted values are rescaled by. With `W`, the exponentials run 16 lanes
+/// at a time ([`exp512`]) and each half joins the 8-lane sum in turn, so the bits are the
+/// same.
 ///
 /// # Safety
-/// AVX2 and FMA must be present.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn chunk_softmax(ph: &mut [f32], st: &mut PartState) -> f32 {
+/// AVX2 and FMA must be present, and AVX-512 F where `W`: only inlined into a function
+/// that enables them.
+#[inline(always)]
+unsafe fn chunk_softmax<const W: bool>(ph: &mut [f32], st: &mut PartState) -> f32 {
     let cl = ph.len();
     // The chunk's max, 8 lanes at a time: `f32::max` folded one score after another is a
     // chain of compare-and-blend steps that cost a prompt's attention about as much as its
@@ -1566,6 +1597,20 @@ unsafe fn chunk_softmax(ph: &mut [f32], st: &mut PartState) -> f32 {
     let nm = _mm256_set1_ps(new_max);
     let mut j = 0;
     let mut sum = _mm256_setzero_ps();
+    if W {
+        let nm16 = _mm512_set1_ps(new_max);
+        // SAFETY: j + 16 <= cl; AVX-512 F where `W`.
+        unsafe {
+            while j + 16 <= cl {
+                let e = exp512(_mm512_sub_ps(_mm512_loadu_ps(ph.as_ptr().add(j)), nm16));
+                _mm512_storeu_ps(ph.as_mut_ptr().add(j), e);
+                sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
+                let hi = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e));
+                sum = _mm256_add_ps(sum, _mm256_castpd_ps(hi));
+                j += 16;
+            }
+        }
+    }
     // SAFETY: j + 8 <= cl.
     unsafe {
         while j + 8 <= cl {
