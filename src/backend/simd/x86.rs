@@ -30,7 +30,7 @@ fn hsum(v: __m256) -> f32 {
 }
 
 /// `[hsum(v[0]), …, hsum(v[7])]`: each lane summed in [`hsum`]'s order (the halves, then
-/// lanes two apart, then neighbours), eight at a time by a transposed tree (7 adds and 14
+/// lanes two apart, then neighbours), eight at a time by a transposed tree (7 adds and 15
 /// shuffles for the eight, against 5 ops each alone), so a score's bits are the same either
 /// way.
 #[inline]
@@ -1153,9 +1153,10 @@ impl KvLoad for Q8Rows {
         }
     }
 }
-/// `q_r · k_u` for `R` query rows against `N` consecutive key rows (`k + u·row_bytes`), each
-/// one 8-lane FMA chain over the head's 8-value slices and one horizontal sum: the same
-/// arithmetic for every `N` and `R`, so a score's bits do not depend on the tile it is in.
+/// The 8-lane accumulators of `q_r · k_u` for `R` query rows against `N` consecutive key
+/// rows (`k + u·row_bytes`), each one FMA chain over the head's 8-value slices, which
+/// [`put_scores`] sums horizontally: the same arithmetic for every `N` and `R`, so a score's
+/// bits do not depend on the tile it is in.
 /// The rows share each widened key slice (for an F16 cache one `vcvtph2ps` then serves `R`
 /// FMAs: converting, not multiplying, bounded a prompt's attention), and `N · R` = 8 keeps
 /// eight chains in flight.
