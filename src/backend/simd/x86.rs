@@ -1442,7 +1442,7 @@ unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize, const W: bool>(
     }
     let mut cs = [0f32; R];
     for r in 0..R {
-        // SAFETY: AVX2 and FMA are enabled here.
+        // SAFETY: AVX2 and FMA (AVX-512 F where `W`) are enabled where this is inlined.
         cs[r] = unsafe { chunk_softmax::<W>(&mut ph[r][..cl], &mut st[r]) };
     }
     let cv: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps(cs[r]));
