@@ -532,8 +532,9 @@ fn packed_products_and_row_lookups_are_byte_identical_to_scalar() {
 }
 
 /// The packed K-quant layouts ([`PackedK`], Q2_K–Q6_K) against the scalar definitions: every
-/// token tile size and remainder (1–10 tokens, 17), row counts that fill no group, exactly
-/// one, one and a bit and several with a partial last one, one to three super-blocks a row,
+/// token tile size and remainder (1–10 tokens; 17 and 23, where prompts unpack each group
+/// once), row counts that fill no group, exactly one, one and a bit and several with a
+/// partial last one, one to three super-blocks a row and six (two slices of unpacked codes),
 /// extreme f16 scales and the extreme codes and sub-block scales of `block`, on every
 /// instruction set, `pool` at 1–4 threads and `parallel`; row lookups in the packed form
 /// too. Where an instruction set has kernels for a type, `prepare` must have packed it.
@@ -559,7 +560,14 @@ fn packed_k_products_and_row_lookups_are_byte_identical_to_scalar() {
     }
     let mut packed = 0;
     for t in [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K] {
-        for (rows, cols) in [(1, 256), (15, 512), (16, 256), (17, 768), (83, 512)] {
+        for (rows, cols) in [
+            (1, 256),
+            (15, 512),
+            (16, 256),
+            (17, 768),
+            (83, 512),
+            (20, 1536),
+        ] {
             let blocks = cols / 256;
             let data: Vec<u8> = (0..rows)
                 .flat_map(|i| row(&mut r, t, blocks, i % 3 == 1))
@@ -578,7 +586,7 @@ fn packed_k_products_and_row_lookups_are_byte_identical_to_scalar() {
                 packed += is_packed as usize;
                 prepared.push(wp);
             }
-            for n in (1..=10).chain([17]) {
+            for n in (1..=10).chain([17, 23]) {
                 let x = activations(&mut r, n * cols);
                 let want = matmul(&scalar, &w, &x, n);
                 for ((name, _, be), wp) in backends.iter().zip(&prepared) {

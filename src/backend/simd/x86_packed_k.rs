@@ -194,39 +194,59 @@ unsafe fn q45_vnni<const T: usize, const FIVE: bool>(j: Job<'_>, g: usize, t0: u
                 isum[t] = _mm512_add_epi32(isum[t], s);
             }
         }
-        let po = j.min_pairs_from(b);
-        let mut msum = [_mm512_setzero_si512(); T];
-        for pp in 0..4 {
-            // SAFETY: the mins of sub-blocks 2pp, 2pp+1 (lines 3–4); the token's min pairs
-            // (`PackedK::rows` checked the row size).
-            unsafe {
-                let m = _mm512_cvtepu8_epi16(_mm256_loadu_si256(
-                    blk.add(192 + 32 * pp) as *const __m256i
-                ));
-                for t in 0..T {
-                    let bs = _mm512_set1_epi32(x_min_pair(x[t], po, pp));
-                    msum[t] = _mm512_dpwssd_epi32(msum[t], m, bs);
-                }
-            }
-        }
-        // SAFETY: line 0 holds the 16 d then the 16 dmin.
-        let (dw, dm) = unsafe {
-            (
-                _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i)),
-                _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i)),
-            )
-        };
-        for t in 0..T {
-            // SAFETY: the token's block scale.
-            let dx = _mm512_set1_ps(unsafe { x_d(x[t]) });
-            let a = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[t]));
-            let m = _mm512_mul_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(msum[t]));
-            acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(a, m));
-        }
+        // SAFETY: super-block `b` of the group and of each token's row.
+        unsafe { fold_q45_vnni(j, b, blk, &x, &isum, &mut acc) };
     }
     for (t, a) in acc.iter().enumerate() {
         // SAFETY: the destination rows are the caller's.
         unsafe { store_window_512(j, g, t0 + t, *a) };
+    }
+}
+
+/// The end of a Q4_K or Q5_K super-block: the mins (two sub-blocks' 16-bit pair against the
+/// activation's min pair) and the fold of `d · dx · isum − dmin · dx · msum` into `acc`,
+/// the scalar expression.
+///
+/// # Safety
+/// `blk` is packed super-block `b` (d and dmin at line 0, the mins at lines 3–4); each `x`
+/// a token's Q8_K block `b` of a row quantized with its min pairs; AVX-512 F/BW/VNNI
+/// enabled.
+#[inline(always)]
+unsafe fn fold_q45_vnni<const T: usize>(
+    j: Job<'_>,
+    b: usize,
+    blk: *const u8,
+    x: &[*const u8; T],
+    isum: &[__m512i; T],
+    acc: &mut [__m512; T],
+) {
+    let po = j.min_pairs_from(b);
+    let mut msum = [_mm512_setzero_si512(); T];
+    for pp in 0..4 {
+        // SAFETY: the mins of sub-blocks 2pp, 2pp+1 (lines 3–4); the token's min pairs
+        // (`PackedK::rows` checked the row size).
+        unsafe {
+            let m =
+                _mm512_cvtepu8_epi16(_mm256_loadu_si256(blk.add(192 + 32 * pp) as *const __m256i));
+            for t in 0..T {
+                let bs = _mm512_set1_epi32(x_min_pair(x[t], po, pp));
+                msum[t] = _mm512_dpwssd_epi32(msum[t], m, bs);
+            }
+        }
+    }
+    // SAFETY: line 0 holds the 16 d then the 16 dmin.
+    let (dw, dm) = unsafe {
+        (
+            _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i)),
+            _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i)),
+        )
+    };
+    for t in 0..T {
+        // SAFETY: the token's block scale.
+        let dx = _mm512_set1_ps(unsafe { x_d(x[t]) });
+        let a = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[t]));
+        let m = _mm512_mul_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(msum[t]));
+        acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(a, m));
     }
 }
 
@@ -461,6 +481,50 @@ unsafe fn q3_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
     }
 }
 
+/// The end of a Q2_K super-block: the mins (high nibbles of the scale bytes, two
+/// sub-blocks' 16-bit pair against the activation's pair of 16-value sums) and the fold of
+/// `d · dx · isum − dmin · dx · msum` into `acc`, the scalar expression.
+///
+/// # Safety
+/// `blk` is a packed Q2_K super-block; each `x` a token's Q8_K block; AVX-512 F/BW/VNNI
+/// enabled.
+#[inline(always)]
+unsafe fn fold_q2_vnni<const T: usize>(
+    blk: *const u8,
+    x: &[*const u8; T],
+    isum: &[__m512i; T],
+    acc: &mut [__m512; T],
+) {
+    let mut msum = [_mm512_setzero_si512(); T];
+    for pp in 0..8 {
+        // SAFETY: the scale bytes of sub-blocks 2pp, 2pp+1 (lines 1–4); the sums.
+        unsafe {
+            let a = _mm_loadu_si128(blk.add(64 + 32 * pp) as *const __m128i);
+            let b = _mm_loadu_si128(blk.add(64 + 32 * pp + 16) as *const __m128i);
+            let pairs = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
+            let m = _mm512_srli_epi16(_mm512_cvtepu8_epi16(pairs), 4);
+            for t in 0..T {
+                let bs = _mm512_set1_epi32(x_bsum_pair(x[t], pp));
+                msum[t] = _mm512_dpwssd_epi32(msum[t], m, bs);
+            }
+        }
+    }
+    // SAFETY: line 0 holds the 16 d then the 16 dmin.
+    let (dw, dm) = unsafe {
+        (
+            _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i)),
+            _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i)),
+        )
+    };
+    for t in 0..T {
+        // SAFETY: the token's block scale.
+        let dx = _mm512_set1_ps(unsafe { x_d(x[t]) });
+        let a = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[t]));
+        let m = _mm512_mul_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(msum[t]));
+        acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(a, m));
+    }
+}
+
 /// Q2_K, group `g`, tokens `t0..t0 + T`: the 2-bit codes into `vpdpbusd`, each sub-block's
 /// sum times its 4-bit scale, the 4-bit mins against the activation sums.
 // Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
@@ -525,39 +589,333 @@ unsafe fn q2_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
                 }
             }
         }
-        // The mins (high nibbles) of sub-blocks 2pp, 2pp+1 as 16-bit pairs per row.
-        let mut msum = [_mm512_setzero_si512(); T];
-        for pp in 0..8 {
-            // SAFETY: the scale bytes of sub-blocks 2pp, 2pp+1 (lines 1–4); the sums.
-            unsafe {
-                let a = _mm_loadu_si128(blk.add(64 + 32 * pp) as *const __m128i);
-                let b = _mm_loadu_si128(blk.add(64 + 32 * pp + 16) as *const __m128i);
-                let pairs = _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b));
-                let m = _mm512_srli_epi16(_mm512_cvtepu8_epi16(pairs), 4);
-                for t in 0..T {
-                    let bs = _mm512_set1_epi32(x_bsum_pair(x[t], pp));
-                    msum[t] = _mm512_dpwssd_epi32(msum[t], m, bs);
+        // SAFETY: super-block `b` of the group and of each token's row.
+        unsafe { fold_q2_vnni(blk, &x, &isum, &mut acc) };
+    }
+    for (t, a) in acc.iter().enumerate() {
+        // SAFETY: the destination rows are the caller's.
+        unsafe { store_window_512(j, g, t0 + t, *a) };
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// AVX-512 VNNI, prompts: a group's codes unpacked once for all its token tiles
+// ---------------------------------------------------------------------------------------
+
+/// Tokens from which a product unpacks each group's codes once instead of in every tile: a
+/// second tile already repays the stores and reloads.
+const UNPACK_MIN_TOKENS: usize = 16;
+
+/// Super-blocks of a group unpacked at a time: 16 KiB of codes, which stay in L1 beside a
+/// tile's activation blocks.
+const UNPACKED_BLOCKS: usize = 4;
+
+/// Lines of codes per super-block: 256 values of the 16 rows, one byte each.
+const CODE_LINES: usize = 64;
+
+/// The unpacked codes of up to [`UNPACKED_BLOCKS`] super-blocks of one group: line
+/// `64·b + L` holds values `4L .. 4L + 4` of every row of super-block `b` (byte `4r + i`
+/// for row `r`), as unsigned codes (Q4_K, Q5_K: 0–31; Q6_K: the value plus 32; Q3_K: plus
+/// 4; Q2_K: 0–3), the operand of `vpdpbusd`.
+#[repr(C, align(64))]
+struct Codes([[u8; 64]; UNPACKED_BLOCKS * CODE_LINES]);
+
+/// Which packed type a codes kernel reads (its sub-block scales and the end of its
+/// super-block): Q4_K and Q5_K differ only in their unpacking.
+const KIND_Q4: u8 = 0;
+const KIND_Q5: u8 = 1;
+const KIND_Q6: u8 = 2;
+const KIND_Q3: u8 = 3;
+const KIND_Q2: u8 = 4;
+
+/// Writes the codes of the packed super-block at `blk` to the 64 lines at `dst`.
+///
+/// # Safety
+/// `blk` is a packed super-block of the kind's type (a Q5_K in the `Chunks` form); `dst`
+/// holds 64 aligned lines; AVX-512 F/BW enabled.
+#[inline(always)]
+unsafe fn unpack_block<const KIND: u8>(blk: *const u8, dst: *mut u8) {
+    let put = |line: usize, v: __m512i| {
+        // SAFETY: line < 64, inside `dst`, 64-byte aligned.
+        unsafe { _mm512_store_si512(dst.add(line * 64) as *mut __m512i, v) }
+    };
+    // SAFETY (whole body): every line read is inside the packed super-block.
+    unsafe {
+        match KIND {
+            KIND_Q4 | KIND_Q5 => {
+                for c in 0..4 {
+                    for k4 in (0..8).step_by(4) {
+                        unpack_q45_line::<KIND, 0>(blk, c, k4, put);
+                        unpack_q45_line::<KIND, 1>(blk, c, k4 + 1, put);
+                        unpack_q45_line::<KIND, 2>(blk, c, k4 + 2, put);
+                        unpack_q45_line::<KIND, 3>(blk, c, k4 + 3, put);
+                    }
+                }
+            }
+            KIND_Q6 => {
+                for h in 0..2 {
+                    for k in 0..8 {
+                        let l = blk.add((5 + (8 * h + k) * 3) * 64);
+                        let la = _mm512_loadu_si512(l as *const __m512i);
+                        let lb = _mm512_loadu_si512(l.add(64) as *const __m512i);
+                        let hh = _mm512_loadu_si512(l.add(128) as *const __m512i);
+                        for s in 0..4 {
+                            // Elements 128h + 32s + 4k ...
+                            put(32 * h + 8 * s + k, q6_code_512(la, lb, hh, s));
+                        }
+                    }
+                }
+            }
+            KIND_Q3 => {
+                for k in 0..8 {
+                    for pass in 0..2 {
+                        let c =
+                            q3_codes_512(blk.add((quant_line(GgmlType::Q3_K) + 3 * k) * 64), pass);
+                        for (s, v) in c.into_iter().enumerate() {
+                            // Elements 32(4·pass + s) + 4k ...
+                            put(8 * (4 * pass + s) + k, v);
+                        }
+                    }
+                }
+            }
+            _ => {
+                let m3 = _mm512_set1_epi8(3);
+                for h in 0..2 {
+                    for k in 0..8 {
+                        let w = _mm512_loadu_si512(
+                            blk.add((quant_line(GgmlType::Q2_K) + 8 * h + k) * 64)
+                                as *const __m512i,
+                        );
+                        // Elements 128h + 32s + 4k ... in bit pairs 2s.
+                        put(32 * h + k, _mm512_and_si512(w, m3));
+                        put(
+                            32 * h + 8 + k,
+                            _mm512_and_si512(_mm512_srli_epi16(w, 2), m3),
+                        );
+                        put(
+                            32 * h + 16 + k,
+                            _mm512_and_si512(_mm512_srli_epi16(w, 4), m3),
+                        );
+                        put(
+                            32 * h + 24 + k,
+                            _mm512_and_si512(_mm512_srli_epi16(w, 6), m3),
+                        );
+                    }
                 }
             }
         }
-        // SAFETY: line 0 holds the 16 d then the 16 dmin.
-        let (dw, dm) = unsafe {
-            (
-                _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i)),
-                _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i)),
-            )
-        };
-        for t in 0..T {
-            // SAFETY: the token's block scale.
-            let dx = _mm512_set1_ps(unsafe { x_d(x[t]) });
-            let a = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[t]));
-            let m = _mm512_mul_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(msum[t]));
-            acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(a, m));
+    }
+}
+
+/// Quant line `8c + k` (`k mod 4 = M`) of a packed Q4_K or Q5_K super-block as codes: its
+/// low nibbles (elements `64c + 4k ..`, line `16c + k`) and high ones (`64c + 32 + 4k ..`,
+/// line `16c + 8 + k`).
+///
+/// # Safety
+/// As for [`unpack_block`].
+#[inline(always)]
+unsafe fn unpack_q45_line<const KIND: u8, const M: usize>(
+    blk: *const u8,
+    c: usize,
+    k: usize,
+    put: impl Fn(usize, __m512i),
+) {
+    let ty = if KIND == KIND_Q5 {
+        GgmlType::Q5_K
+    } else {
+        GgmlType::Q4_K
+    };
+    // SAFETY: the quant line and its chunk's fifth-bit line are inside the super-block.
+    let [wl, wh] = unsafe {
+        let wv = _mm512_loadu_si512(
+            blk.add(qs_line(ty, FifthBits::Chunks, c, k) * 64) as *const __m512i
+        );
+        if KIND == KIND_Q5 {
+            let h = _mm512_loadu_si512(blk.add(fifth_line(c, k) * 64) as *const __m512i);
+            nibble_codes_512::<true, M>(wv, h)
+        } else {
+            nibble_codes_512::<false, M>(wv, _mm512_setzero_si512())
+        }
+    };
+    put(16 * c + k, wl);
+    put(16 * c + 8 + k, wh);
+}
+
+/// The owned lanes of token `t`'s output rows `g·16 ..` (as [`store_window_512`] writes
+/// them), others zero: a tile's running sums between two slices of super-blocks.
+///
+/// # Safety
+/// As for [`store_window_512`].
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn load_window_512(j: Job<'_>, g: usize, t: usize) -> __m512 {
+    let first = g * GROUP;
+    let lo = j.r0.max(first) - first;
+    let hi = j.r1.min(first + GROUP).saturating_sub(first);
+    if lo >= hi {
+        return _mm512_setzero_ps();
+    }
+    let mask = ((1u32 << hi) - (1u32 << lo)) as __mmask16;
+    // SAFETY: only the lanes `lo..hi`, rows inside `r0..r1`, are read.
+    unsafe { _mm512_maskz_loadu_ps(mask, j.out.add(t * j.ldo + first)) }
+}
+
+/// Super-blocks `b0..b1` of group `g` (their codes in `codes`) for tokens `t0..t0 + T`,
+/// continuing the sums stored by the slices before (`b0 > 0`). Sub-blocks go in pairs, one
+/// accumulator per token for each, then each sum times its scale; the super-block ends as
+/// in the kernels that unpack as they go, so the outputs are theirs bit for bit.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn codes_vnni<const T: usize, const KIND: u8>(
+    j: Job<'_>,
+    g: usize,
+    t0: usize,
+    (b0, b1): (usize, usize),
+    codes: &Codes,
+) {
+    let p = j.p;
+    let base = p.group(g).as_ptr();
+    let bb = p.block_bytes();
+    // Values per sub-block: 32 for Q4_K and Q5_K, 16 for the others.
+    let sl = if KIND <= KIND_Q5 { 8 } else { 4 };
+    let mut acc: [__m512; T] = std::array::from_fn(|t| {
+        if b0 == 0 {
+            _mm512_setzero_ps()
+        } else {
+            // SAFETY: the caller's rows, stored by the previous slice.
+            unsafe { load_window_512(j, g, t0 + t) }
+        }
+    });
+    for b in b0..b1 {
+        // SAFETY: super-block `b` of group `g` and of each token's row exist.
+        let blk = unsafe { base.add(b * bb) };
+        // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
+        let x: [*const u8; T] =
+            std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
+        let cb = codes.0[(b - b0) * CODE_LINES..].as_ptr() as *const u8;
+        let mut isum = [_mm512_setzero_si512(); T];
+        for pair in 0..CODE_LINES / (2 * sl) {
+            let (ll, lh) = (2 * pair * sl, (2 * pair + 1) * sl);
+            let mut lo = [[_mm512_setzero_si512(); 2]; T];
+            let mut hi = [[_mm512_setzero_si512(); 2]; T];
+            for k in 0..sl {
+                // One token alone alternates two chains per sub-block (exact in i32).
+                let a = if T == 1 { k % 2 } else { 0 };
+                // SAFETY: lines of super-block `b` in `codes`; activation bytes inside the
+                // tokens' blocks.
+                unsafe {
+                    let wl = _mm512_load_si512(cb.add((ll + k) * 64) as *const __m512i);
+                    let wh = _mm512_load_si512(cb.add((lh + k) * 64) as *const __m512i);
+                    for t in 0..T {
+                        let xl = _mm512_set1_epi32(x4(x[t], 4 * (ll + k)));
+                        let xh = _mm512_set1_epi32(x4(x[t], 4 * (lh + k)));
+                        lo[t][a] = _mm512_dpbusd_epi32(lo[t][a], wl, xl);
+                        hi[t][a] = _mm512_dpbusd_epi32(hi[t][a], wh, xh);
+                    }
+                }
+                // Line-major, as in `q45_line_vnni`.
+                std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+            }
+            // SAFETY: the 16 rows' scales of sub-blocks 2·pair and 2·pair + 1 (lines 1–4).
+            let (sa, sb) = unsafe { sub_block_scales::<KIND>(blk, 2 * pair) };
+            for t in 0..T {
+                let (l, h) = if T == 1 {
+                    (
+                        _mm512_add_epi32(lo[t][0], lo[t][1]),
+                        _mm512_add_epi32(hi[t][0], hi[t][1]),
+                    )
+                } else {
+                    (lo[t][0], hi[t][0])
+                };
+                let s = _mm512_add_epi32(_mm512_mullo_epi32(l, sa), _mm512_mullo_epi32(h, sb));
+                isum[t] = _mm512_add_epi32(isum[t], s);
+            }
+        }
+        // SAFETY: super-block `b` of the group and of each token's row (see above).
+        unsafe {
+            match KIND {
+                KIND_Q4 | KIND_Q5 => fold_q45_vnni(j, b, blk, &x, &isum, &mut acc),
+                KIND_Q6 => fold_signed_vnni::<T, 5>(blk, &x, &mut isum, &mut acc),
+                KIND_Q3 => fold_signed_vnni::<T, 2>(blk, &x, &mut isum, &mut acc),
+                _ => fold_q2_vnni(blk, &x, &isum, &mut acc),
+            }
         }
     }
     for (t, a) in acc.iter().enumerate() {
         // SAFETY: the destination rows are the caller's.
         unsafe { store_window_512(j, g, t0 + t, *a) };
+    }
+}
+
+/// The 16 rows' scales of sub-blocks `i` and `i + 1`, one i32 lane per row: 6-bit (Q4_K,
+/// Q5_K), signed 8-bit (Q6_K, Q3_K) or the low nibble of the stored byte (Q2_K).
+///
+/// # Safety
+/// `blk` is a packed super-block of the kind's type; AVX-512 F/BW enabled.
+#[inline(always)]
+unsafe fn sub_block_scales<const KIND: u8>(blk: *const u8, i: usize) -> (__m512i, __m512i) {
+    // SAFETY: bytes 16·i .. 16·i + 32 of lines 1–4.
+    let (a, b) = unsafe {
+        (
+            _mm_loadu_si128(blk.add(64 + 16 * i) as *const __m128i),
+            _mm_loadu_si128(blk.add(64 + 16 * i + 16) as *const __m128i),
+        )
+    };
+    match KIND {
+        KIND_Q6 | KIND_Q3 => (_mm512_cvtepi8_epi32(a), _mm512_cvtepi8_epi32(b)),
+        KIND_Q2 => {
+            let m15 = _mm512_set1_epi32(0x0f);
+            (
+                _mm512_and_si512(_mm512_cvtepu8_epi32(a), m15),
+                _mm512_and_si512(_mm512_cvtepu8_epi32(b), m15),
+            )
+        }
+        _ => (_mm512_cvtepu8_epi32(a), _mm512_cvtepu8_epi32(b)),
+    }
+}
+
+/// The products for groups `g0..g1` and tokens `0..n` with each group's codes unpacked
+/// once, a slice of [`UNPACKED_BLOCKS`] super-blocks at a time, for all its token tiles.
+///
+/// # Safety
+/// As for [`gemm_vnni`]; a Q5_K packed in the `Chunks` form.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+unsafe fn gemm_codes_vnni<const KIND: u8>(j: Job<'_>, n: usize, g0: usize, g1: usize) {
+    let mut codes = Codes([[0; 64]; UNPACKED_BLOCKS * CODE_LINES]);
+    let nsb = j.p.nsb;
+    for g in g0..g1 {
+        let base = j.p.group(g).as_ptr();
+        for b0 in (0..nsb).step_by(UNPACKED_BLOCKS) {
+            let b1 = nsb.min(b0 + UNPACKED_BLOCKS);
+            for b in b0..b1 {
+                // SAFETY: super-block `b` of the group; slot `b - b0` of `codes`.
+                unsafe {
+                    unpack_block::<KIND>(
+                        base.add(b * j.p.block_bytes()),
+                        codes.0[(b - b0) * CODE_LINES..].as_mut_ptr() as *mut u8,
+                    )
+                };
+            }
+            let (mut t, sb) = (0, (b0, b1));
+            // SAFETY (each tile): forwarded; tokens t..t + tile exist.
+            unsafe {
+                while t + 8 <= n {
+                    codes_vnni::<8, KIND>(j, g, t, sb, &codes);
+                    t += 8;
+                }
+                if t + 4 <= n {
+                    codes_vnni::<4, KIND>(j, g, t, sb, &codes);
+                    t += 4;
+                }
+                if t + 2 <= n {
+                    codes_vnni::<2, KIND>(j, g, t, sb, &codes);
+                    t += 2;
+                }
+                if t < n {
+                    codes_vnni::<1, KIND>(j, g, t, sb, &codes);
+                }
+            }
+        }
     }
 }
 
@@ -1078,8 +1436,24 @@ unsafe fn group_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
 /// touches during the call.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn gemm_vnni(j: Job<'_>, n: usize, g0: usize, g1: usize) {
+    // Prompts unpack each group's codes once for all their tiles: the 64-token products
+    // took Q4_K 1.12 → 1.01 ms, Q5_K 1.25 → 1.04 ms and Q6_K 2.22 → 1.34 ms (Xeon, one
+    // thread), the unpacking having cost as much as the products' scale multiplies.
+    if n >= UNPACK_MIN_TOKENS {
+        // SAFETY: forwarded.
+        unsafe {
+            match j.p.dtype {
+                GgmlType::Q4_K => gemm_codes_vnni::<KIND_Q4>(j, n, g0, g1),
+                GgmlType::Q5_K => gemm_codes_vnni::<KIND_Q5>(j, n, g0, g1),
+                GgmlType::Q6_K => gemm_codes_vnni::<KIND_Q6>(j, n, g0, g1),
+                GgmlType::Q3_K => gemm_codes_vnni::<KIND_Q3>(j, n, g0, g1),
+                _ => gemm_codes_vnni::<KIND_Q2>(j, n, g0, g1),
+            }
+        }
+        return;
+    }
     // Q4_K and Q5_K keep two accumulators per token and take 8 tokens per pass over the
-    // weights in prompts (64-token products 10-17% faster than with 4); Q6_K, Q3_K and Q2_K
+    // weights from 9 tokens (64-token products 10-17% faster than with 4); Q6_K, Q3_K and Q2_K
     // keep four per token and stop at 4 (8 made LLVM spill: Q6_K 1.5-1.8x slower). Eight
     // tokens alone (batched decode) still go 4 at a time: one pass of 8 left the memory
     // idle behind the heavier compute (8 streams 181-189 tok/s against 199, prefetch or not).
