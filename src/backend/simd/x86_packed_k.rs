@@ -935,8 +935,6 @@ unsafe fn q45_avx2_half<const T: usize, const FIVE: bool>(
     let p = j.p;
     let base = p.group(g).as_ptr();
     let bb = p.block_bytes();
-    let ql = quant_line(p.dtype);
-    let m4 = _mm256_set1_epi8(0x0f);
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..p.nsb {
         prefetch_share(j, b, half, 2);
@@ -953,17 +951,7 @@ unsafe fn q45_avx2_half<const T: usize, const FIVE: bool>(
                 let sl = scale_lanes_u8(blk.add(64 + 32 * c + 8 * half));
                 let sh = scale_lanes_u8(blk.add(64 + 32 * c + 16 + 8 * half));
                 for k in 0..8 {
-                    let wv = _mm256_loadu_si256(
-                        blk.add((ql + 8 * c + k) * 64 + 32 * half) as *const __m256i
-                    );
-                    let mut wl = _mm256_and_si256(wv, m4);
-                    let mut wh = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m4);
-                    if FIVE {
-                        let h =
-                            _mm256_loadu_si256(blk.add((5 + k) * 64 + 32 * half) as *const __m256i);
-                        wl = _mm256_or_si256(wl, fifth_bit_avx2(h, 2 * c));
-                        wh = _mm256_or_si256(wh, fifth_bit_avx2(h, 2 * c + 1));
-                    }
+                    let [wl, wh] = q45_codes_256::<FIVE>(blk, c, k, half);
                     for t in 0..T {
                         let xl = _mm256_set1_epi32(x4(x[t], 64 * c + 4 * k));
                         let xh = _mm256_set1_epi32(x4(x[t], 64 * c + 32 + 4 * k));
@@ -974,37 +962,139 @@ unsafe fn q45_avx2_half<const T: usize, const FIVE: bool>(
                 }
             }
         }
-        let po = j.min_pairs_from(b);
-        let mut msum = [_mm256_setzero_si256(); T];
-        for pp in 0..4 {
-            // SAFETY: the mins of sub-blocks 2pp, 2pp+1 for these 8 rows; the token's min
-            // pairs (`PackedK::rows` checked the row size).
-            unsafe {
-                let m = _mm256_cvtepu8_epi16(_mm_loadu_si128(
-                    blk.add(192 + 32 * pp + 16 * half) as *const __m128i
-                ));
-                for t in 0..T {
-                    let bs = _mm256_set1_epi32(x_min_pair(x[t], po, pp));
-                    msum[t] = _mm256_add_epi32(msum[t], _mm256_madd_epi16(m, bs));
-                }
-            }
-        }
-        // SAFETY: line 0: d of the 16 rows, then dmin.
-        let (dw, dm) = unsafe {
-            (
-                _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i)),
-                _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * half) as *const __m128i)),
-            )
-        };
-        for t in 0..T {
-            // SAFETY: the token's block scale.
-            let dx = _mm256_set1_ps(unsafe { x_d(x[t]) });
-            let a = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t]));
-            let m = _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum[t]));
-            acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(a, m));
-        }
+        // SAFETY: super-block `b` of the group and of each token's row.
+        unsafe { fold_q45_avx2(j, b, blk, half, &x, &isum, &mut acc) };
     }
     acc
+}
+
+/// [`fold_q45_vnni`] for rows `8·half ..` of the group, with AVX2.
+///
+/// # Safety
+/// As for [`fold_q45_vnni`]; AVX2, FMA and F16C enabled.
+#[inline(always)]
+unsafe fn fold_q45_avx2<const T: usize>(
+    j: Job<'_>,
+    b: usize,
+    blk: *const u8,
+    half: usize,
+    x: &[*const u8; T],
+    isum: &[__m256i; T],
+    acc: &mut [__m256; T],
+) {
+    let po = j.min_pairs_from(b);
+    let mut msum = [_mm256_setzero_si256(); T];
+    for pp in 0..4 {
+        // SAFETY: the mins of sub-blocks 2pp, 2pp+1 for these 8 rows; the token's min
+        // pairs (`PackedK::rows` checked the row size).
+        unsafe {
+            let m = _mm256_cvtepu8_epi16(_mm_loadu_si128(
+                blk.add(192 + 32 * pp + 16 * half) as *const __m128i
+            ));
+            for t in 0..T {
+                let bs = _mm256_set1_epi32(x_min_pair(x[t], po, pp));
+                msum[t] = _mm256_add_epi32(msum[t], _mm256_madd_epi16(m, bs));
+            }
+        }
+    }
+    // SAFETY: line 0: d of the 16 rows, then dmin.
+    let (dw, dm) = unsafe {
+        (
+            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i)),
+            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * half) as *const __m128i)),
+        )
+    };
+    for t in 0..T {
+        // SAFETY: the token's block scale.
+        let dx = _mm256_set1_ps(unsafe { x_d(x[t]) });
+        let a = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t]));
+        let m = _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum[t]));
+        acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(a, m));
+    }
+}
+
+/// The two code vectors (low and high nibbles, fifth bits merged for Q5_K in the `Bytes`
+/// form) of quant line `8c + k` of a packed Q4_K/Q5_K super-block, rows `8·half ..`:
+/// elements `64c + 4k ..` and `64c + 32 + 4k ..`.
+///
+/// # Safety
+/// `blk` is such a super-block; AVX2 enabled.
+#[inline(always)]
+unsafe fn q45_codes_256<const FIVE: bool>(
+    blk: *const u8,
+    c: usize,
+    k: usize,
+    half: usize,
+) -> [__m256i; 2] {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let ql = quant_line(if FIVE { GgmlType::Q5_K } else { GgmlType::Q4_K });
+    // SAFETY: the quant line and the fifth-bit line k are inside the super-block.
+    unsafe {
+        let wv = _mm256_loadu_si256(blk.add((ql + 8 * c + k) * 64 + 32 * half) as *const __m256i);
+        let mut wl = _mm256_and_si256(wv, m4);
+        let mut wh = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m4);
+        if FIVE {
+            let h = _mm256_loadu_si256(blk.add((5 + k) * 64 + 32 * half) as *const __m256i);
+            wl = _mm256_or_si256(wl, fifth_bit_avx2(h, 2 * c));
+            wh = _mm256_or_si256(wh, fifth_bit_avx2(h, 2 * c + 1));
+        }
+        [wl, wh]
+    }
+}
+
+/// The four Q6_K code vectors of the line triple at `l` (rows `8·half ..`, see `packed_k`):
+/// slot `s` holds elements `128h + 32s + 4k ..`, a nibble of `la` or `lb` and two bits of
+/// `hh`.
+///
+/// # Safety
+/// The three lines' 32 bytes at `l`, `l + 64`, `l + 128` are readable; AVX2 enabled.
+#[inline(always)]
+unsafe fn q6_codes_256(l: *const u8) -> [__m256i; 4] {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m30 = _mm256_set1_epi8(0x30);
+    // SAFETY: the caller's promise.
+    let (la, lb, hh) = unsafe {
+        (
+            _mm256_loadu_si256(l as *const __m256i),
+            _mm256_loadu_si256(l.add(64) as *const __m256i),
+            _mm256_loadu_si256(l.add(128) as *const __m256i),
+        )
+    };
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(la, m4),
+            _mm256_and_si256(_mm256_slli_epi16(hh, 4), m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(lb, m4),
+            _mm256_and_si256(_mm256_slli_epi16(hh, 2), m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(la, 4), m4),
+            _mm256_and_si256(hh, m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(lb, 4), m4),
+            _mm256_and_si256(_mm256_srli_epi16(hh, 2), m30),
+        ),
+    ]
+}
+
+/// The four Q2_K code vectors of the quant line half at `l`: bit pair `s` of each byte.
+///
+/// # Safety
+/// 32 bytes at `l` are readable; AVX2 enabled.
+#[inline(always)]
+unsafe fn q2_codes_256(l: *const u8) -> [__m256i; 4] {
+    let m3 = _mm256_set1_epi8(3);
+    // SAFETY: the caller's promise.
+    let w = unsafe { _mm256_loadu_si256(l as *const __m256i) };
+    [
+        _mm256_and_si256(w, m3),
+        _mm256_and_si256(_mm256_srli_epi16(w, 2), m3),
+        _mm256_and_si256(_mm256_srli_epi16(w, 4), m3),
+        _mm256_and_si256(_mm256_srli_epi16(w, 6), m3),
+    ]
 }
 
 /// [`fold_signed_vnni`] for rows `8·half ..` of the group, with AVX2.
@@ -1057,8 +1147,6 @@ unsafe fn q6_avx2_half<const T: usize>(
     let p = j.p;
     let base = p.group(g).as_ptr();
     let bb = p.block_bytes();
-    let m4 = _mm256_set1_epi8(0x0f);
-    let m30 = _mm256_set1_epi8(0x30);
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..p.nsb {
         prefetch_share(j, b, half, 2);
@@ -1073,28 +1161,7 @@ unsafe fn q6_avx2_half<const T: usize>(
                 // Slot s holds elements 128h + 32s + 4k .., in group 8h + 2s + k / 4.
                 // SAFETY (this block): the three lines of (h, k), the scales, the quants.
                 unsafe {
-                    let l = blk.add((5 + (8 * h + k) * 3) * 64 + 32 * half);
-                    let la = _mm256_loadu_si256(l as *const __m256i);
-                    let lb = _mm256_loadu_si256(l.add(64) as *const __m256i);
-                    let hh = _mm256_loadu_si256(l.add(128) as *const __m256i);
-                    let c = [
-                        _mm256_or_si256(
-                            _mm256_and_si256(la, m4),
-                            _mm256_and_si256(_mm256_slli_epi16(hh, 4), m30),
-                        ),
-                        _mm256_or_si256(
-                            _mm256_and_si256(lb, m4),
-                            _mm256_and_si256(_mm256_slli_epi16(hh, 2), m30),
-                        ),
-                        _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16(la, 4), m4),
-                            _mm256_and_si256(hh, m30),
-                        ),
-                        _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16(lb, 4), m4),
-                            _mm256_and_si256(_mm256_srli_epi16(hh, 2), m30),
-                        ),
-                    ];
+                    let c = q6_codes_256(blk.add((5 + (8 * h + k) * 3) * 64 + 32 * half));
                     for s in 0..4 {
                         let gi = 8 * h + 2 * s + k / 4;
                         let sc = scale_lanes_i8(blk.add(64 + 16 * gi + 8 * half));
@@ -1219,7 +1286,6 @@ unsafe fn q2_avx2_half<const T: usize>(
     let base = p.group(g).as_ptr();
     let bb = p.block_bytes();
     let ql = quant_line(p.dtype);
-    let m3 = _mm256_set1_epi8(3);
     // The scales are the low nibbles of the scale bytes, in both halves of each lane.
     let m15 = _mm256_set1_epi16(0x0f);
     let mut acc = [_mm256_setzero_ps(); T];
@@ -1236,15 +1302,7 @@ unsafe fn q2_avx2_half<const T: usize>(
                 // Slot s holds elements 128h + 32s + 4k .., in sub-block 8h + 2s + k / 4.
                 // SAFETY (this block): the quant line of (h, k), the scales, the quants.
                 unsafe {
-                    let w = _mm256_loadu_si256(
-                        blk.add((ql + 8 * h + k) * 64 + 32 * half) as *const __m256i
-                    );
-                    let c = [
-                        _mm256_and_si256(w, m3),
-                        _mm256_and_si256(_mm256_srli_epi16(w, 2), m3),
-                        _mm256_and_si256(_mm256_srli_epi16(w, 4), m3),
-                        _mm256_and_si256(_mm256_srli_epi16(w, 6), m3),
-                    ];
+                    let c = q2_codes_256(blk.add((ql + 8 * h + k) * 64 + 32 * half));
                     for s in 0..4 {
                         let gi = 8 * h + 2 * s + k / 4;
                         let sc =
@@ -1258,36 +1316,51 @@ unsafe fn q2_avx2_half<const T: usize>(
                 }
             }
         }
-        // The mins (high nibbles) of sub-blocks 2pp, 2pp+1 as 16-bit pairs per row.
-        let mut msum = [_mm256_setzero_si256(); T];
-        for pp in 0..8 {
-            // SAFETY: the scale bytes of sub-blocks 2pp, 2pp+1 for these 8 rows; the sums.
-            unsafe {
-                let a = _mm_loadl_epi64(blk.add(64 + 32 * pp + 8 * half) as *const __m128i);
-                let b = _mm_loadl_epi64(blk.add(64 + 32 * pp + 16 + 8 * half) as *const __m128i);
-                let m = _mm256_srli_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b)), 4);
-                for t in 0..T {
-                    let bs = _mm256_set1_epi32(x_bsum_pair(x[t], pp));
-                    msum[t] = _mm256_add_epi32(msum[t], _mm256_madd_epi16(m, bs));
-                }
-            }
-        }
-        // SAFETY: line 0: d of the 16 rows, then dmin.
-        let (dw, dm) = unsafe {
-            (
-                _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i)),
-                _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * half) as *const __m128i)),
-            )
-        };
-        for t in 0..T {
-            // SAFETY: the token's block scale.
-            let dx = _mm256_set1_ps(unsafe { x_d(x[t]) });
-            let a = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t]));
-            let m = _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum[t]));
-            acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(a, m));
-        }
+        // SAFETY: super-block `b` of the group and of each token's row.
+        unsafe { fold_q2_avx2(blk, half, &x, &isum, &mut acc) };
     }
     acc
+}
+
+/// [`fold_q2_vnni`] for rows `8·half ..` of the group, with AVX2.
+///
+/// # Safety
+/// As for [`fold_q2_vnni`]; AVX2, FMA and F16C enabled.
+#[inline(always)]
+unsafe fn fold_q2_avx2<const T: usize>(
+    blk: *const u8,
+    half: usize,
+    x: &[*const u8; T],
+    isum: &[__m256i; T],
+    acc: &mut [__m256; T],
+) {
+    let mut msum = [_mm256_setzero_si256(); T];
+    for pp in 0..8 {
+        // SAFETY: the scale bytes of sub-blocks 2pp, 2pp+1 for these 8 rows; the sums.
+        unsafe {
+            let a = _mm_loadl_epi64(blk.add(64 + 32 * pp + 8 * half) as *const __m128i);
+            let b = _mm_loadl_epi64(blk.add(64 + 32 * pp + 16 + 8 * half) as *const __m128i);
+            let m = _mm256_srli_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b)), 4);
+            for t in 0..T {
+                let bs = _mm256_set1_epi32(x_bsum_pair(x[t], pp));
+                msum[t] = _mm256_add_epi32(msum[t], _mm256_madd_epi16(m, bs));
+            }
+        }
+    }
+    // SAFETY: line 0: d of the 16 rows, then dmin.
+    let (dw, dm) = unsafe {
+        (
+            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i)),
+            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * half) as *const __m128i)),
+        )
+    };
+    for t in 0..T {
+        // SAFETY: the token's block scale.
+        let dx = _mm256_set1_ps(unsafe { x_d(x[t]) });
+        let a = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t]));
+        let m = _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum[t]));
+        acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(a, m));
+    }
 }
 
 /// Both halves of group `g` on AVX2, stored.
@@ -1467,12 +1540,216 @@ pub(super) unsafe fn gemm_vnni(j: Job<'_>, n: usize, g0: usize, g1: usize) {
     }
 }
 
+/// [`unpack_block`] with AVX2, a half line (8 rows) at a time; a Q5_K in the `Bytes` form.
+///
+/// # Safety
+/// As for [`unpack_block`]; AVX2 enabled.
+#[inline(always)]
+unsafe fn unpack_block_avx2<const KIND: u8>(blk: *const u8, dst: *mut u8) {
+    for half in 0..2 {
+        let put = |line: usize, v: __m256i| {
+            // SAFETY: line < 64, inside `dst`, its 32-byte half aligned.
+            unsafe { _mm256_store_si256(dst.add(line * 64 + 32 * half) as *mut __m256i, v) }
+        };
+        // SAFETY (whole body): every line read is inside the packed super-block.
+        unsafe {
+            match KIND {
+                KIND_Q4 | KIND_Q5 => {
+                    for c in 0..4 {
+                        for k in 0..8 {
+                            let [wl, wh] = if KIND == KIND_Q5 {
+                                q45_codes_256::<true>(blk, c, k, half)
+                            } else {
+                                q45_codes_256::<false>(blk, c, k, half)
+                            };
+                            put(16 * c + k, wl);
+                            put(16 * c + 8 + k, wh);
+                        }
+                    }
+                }
+                KIND_Q6 => {
+                    for h in 0..2 {
+                        for k in 0..8 {
+                            let l = blk.add((5 + (8 * h + k) * 3) * 64 + 32 * half);
+                            for (s, v) in q6_codes_256(l).into_iter().enumerate() {
+                                put(32 * h + 8 * s + k, v);
+                            }
+                        }
+                    }
+                }
+                KIND_Q3 => {
+                    let ql = quant_line(GgmlType::Q3_K);
+                    for k in 0..8 {
+                        for pass in 0..2 {
+                            let c = q3_codes_256(blk.add((ql + 3 * k) * 64 + 32 * half), pass);
+                            for (s, v) in c.into_iter().enumerate() {
+                                put(8 * (4 * pass + s) + k, v);
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    let ql = quant_line(GgmlType::Q2_K);
+                    for h in 0..2 {
+                        for k in 0..8 {
+                            let l = blk.add((ql + 8 * h + k) * 64 + 32 * half);
+                            for (s, v) in q2_codes_256(l).into_iter().enumerate() {
+                                put(32 * h + 8 * s + k, v);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// [`codes_vnni`] with AVX2: rows `8·half ..` a vector, `maddubs` then `madd` against each
+/// sub-block's scale as in the kernels that unpack as they go.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn codes_avx2<const T: usize, const KIND: u8>(
+    j: Job<'_>,
+    g: usize,
+    t0: usize,
+    (b0, b1): (usize, usize),
+    codes: &Codes,
+) {
+    let p = j.p;
+    let base = p.group(g).as_ptr();
+    let bb = p.block_bytes();
+    let first = g * GROUP;
+    let (lo, hi) = (
+        j.r0.max(first) - first,
+        j.r1.min(first + GROUP).saturating_sub(first),
+    );
+    // The running sums of the owned rows, from the slices before.
+    let mut lanes = [[0.0f32; GROUP]; T];
+    if b0 > 0 {
+        for (t, l) in lanes.iter_mut().enumerate() {
+            for r in lo..hi {
+                // SAFETY: row first + r of token t0 + t is the caller's.
+                l[r] = unsafe { *j.out.add((t0 + t) * j.ldo + first + r) };
+            }
+        }
+    }
+    let sl = if KIND <= KIND_Q5 { 8 } else { 4 };
+    for half in 0..2 {
+        // SAFETY: 8 floats at lane offset 8·half.
+        let mut acc: [__m256; T] =
+            std::array::from_fn(|t| unsafe { _mm256_loadu_ps(lanes[t].as_ptr().add(8 * half)) });
+        for b in b0..b1 {
+            // SAFETY: super-block `b` of group `g` and of each token's row exist.
+            let blk = unsafe { base.add(b * bb) };
+            // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
+            let x: [*const u8; T] =
+                std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
+            let cb = codes.0[(b - b0) * CODE_LINES..].as_ptr() as *const u8;
+            let mut isum = [_mm256_setzero_si256(); T];
+            for i in 0..CODE_LINES / sl {
+                // SAFETY (this block): sub-block i's scales for these 8 rows (lines 1–4), its
+                // lines in `codes`, activation bytes inside the tokens' blocks.
+                unsafe {
+                    let sc = match KIND {
+                        KIND_Q6 | KIND_Q3 => scale_lanes_i8(blk.add(64 + 16 * i + 8 * half)),
+                        KIND_Q2 => _mm256_and_si256(
+                            scale_lanes_u8(blk.add(64 + 16 * i + 8 * half)),
+                            _mm256_set1_epi16(0x0f),
+                        ),
+                        _ => scale_lanes_u8(blk.add(64 + 16 * i + 8 * half)),
+                    };
+                    for k in 0..sl {
+                        let line = i * sl + k;
+                        let w = _mm256_load_si256(cb.add(line * 64 + 32 * half) as *const __m256i);
+                        for t in 0..T {
+                            let xv = _mm256_set1_epi32(x4(x[t], 4 * line));
+                            let v = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), sc);
+                            isum[t] = _mm256_add_epi32(isum[t], v);
+                        }
+                    }
+                }
+            }
+            // SAFETY: super-block `b` of the group and of each token's row (see above).
+            unsafe {
+                match KIND {
+                    KIND_Q4 | KIND_Q5 => fold_q45_avx2(j, b, blk, half, &x, &isum, &mut acc),
+                    KIND_Q6 => fold_signed_avx2::<T, 5>(blk, half, &x, &mut isum, &mut acc),
+                    KIND_Q3 => fold_signed_avx2::<T, 2>(blk, half, &x, &mut isum, &mut acc),
+                    _ => fold_q2_avx2(blk, half, &x, &isum, &mut acc),
+                }
+            }
+        }
+        for (l, a) in lanes.iter_mut().zip(acc) {
+            // SAFETY: 8 floats at lane offset 8·half.
+            unsafe { _mm256_storeu_ps(l.as_mut_ptr().add(8 * half), a) };
+        }
+    }
+    for (t, l) in lanes.iter().enumerate() {
+        // SAFETY: the destination rows are the caller's.
+        unsafe { store_window(j.out.add((t0 + t) * j.ldo + first), l, first, j.r0, j.r1) };
+    }
+}
+
+/// [`gemm_codes_vnni`] with AVX2, four tokens a tile (eight measured the same: the
+/// products, not the activation loads, bound it).
+///
+/// # Safety
+/// As for [`gemm_avx2`]; a Q5_K packed in the `Bytes` form.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm_codes_avx2<const KIND: u8>(j: Job<'_>, n: usize, g0: usize, g1: usize) {
+    let mut codes = Codes([[0; 64]; UNPACKED_BLOCKS * CODE_LINES]);
+    let nsb = j.p.nsb;
+    for g in g0..g1 {
+        let base = j.p.group(g).as_ptr();
+        for b0 in (0..nsb).step_by(UNPACKED_BLOCKS) {
+            let b1 = nsb.min(b0 + UNPACKED_BLOCKS);
+            for b in b0..b1 {
+                // SAFETY: super-block `b` of the group; slot `b - b0` of `codes`.
+                unsafe {
+                    unpack_block_avx2::<KIND>(
+                        base.add(b * j.p.block_bytes()),
+                        codes.0[(b - b0) * CODE_LINES..].as_mut_ptr() as *mut u8,
+                    )
+                };
+            }
+            let (mut t, sb) = (0, (b0, b1));
+            // SAFETY (each tile): forwarded; tokens t..t + tile exist.
+            unsafe {
+                while t + 4 <= n {
+                    codes_avx2::<4, KIND>(j, g, t, sb, &codes);
+                    t += 4;
+                }
+                if t + 2 <= n {
+                    codes_avx2::<2, KIND>(j, g, t, sb, &codes);
+                    t += 2;
+                }
+                if t < n {
+                    codes_avx2::<1, KIND>(j, g, t, sb, &codes);
+                }
+            }
+        }
+    }
+}
+
 /// The product for groups `g0..g1` and tokens `0..n`, AVX2.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be present; otherwise as for [`gemm_vnni`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn gemm_avx2(j: Job<'_>, n: usize, g0: usize, g1: usize) {
+    if n >= UNPACK_MIN_TOKENS {
+        // SAFETY: forwarded.
+        unsafe {
+            match j.p.dtype {
+                GgmlType::Q4_K => gemm_codes_avx2::<KIND_Q4>(j, n, g0, g1),
+                GgmlType::Q5_K => gemm_codes_avx2::<KIND_Q5>(j, n, g0, g1),
+                GgmlType::Q6_K => gemm_codes_avx2::<KIND_Q6>(j, n, g0, g1),
+                GgmlType::Q3_K => gemm_codes_avx2::<KIND_Q3>(j, n, g0, g1),
+                _ => gemm_codes_avx2::<KIND_Q2>(j, n, g0, g1),
+            }
+        }
+        return;
+    }
     for g in g0..g1 {
         for_token_tiles!(n, t, [4, 2, 1], tile_avx2(j, g, g1, t, n));
     }
