@@ -1,6 +1,8 @@
 //! AVX-512 VNNI and AVX2 products of packed Q2_K–Q6_K weights ([`super::packed_k::PackedK`])
 //! with Q8_K activation rows: a group of 16 weight rows against a tile of tokens, each weight
-//! line loaded and unpacked once for all the tokens of the tile.
+//! line loaded and unpacked once for all the tokens of the tile. Prompts (from 16 tokens)
+//! unpack each group's codes once, a few super-blocks at a time into a stack buffer, for all
+//! their tiles ([`gemm_codes_vnni`], [`gemm_codes_avx2`]).
 //!
 //! Integer sums (exact in i32, as in `crate::tensor::k_quants`):
 //! - VNNI: the unsigned weight codes (4, 5 or 6 bits) are `vpdpbusd`'s unsigned operand and
