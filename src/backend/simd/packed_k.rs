@@ -419,6 +419,52 @@ impl Job<'_> {
 }
 
 // ---------------------------------------------------------------------------------------
+// Prompts: codes unpacked once per group
+// ---------------------------------------------------------------------------------------
+
+/// Tokens from which a product unpacks each group's codes once instead of in every tile: a
+/// second tile already repays the stores and reloads.
+pub(super) const UNPACK_MIN_TOKENS: usize = 16;
+
+/// Super-blocks of a group unpacked at a time: 16 KiB of codes, which stay in L1 beside a
+/// tile's activation blocks.
+pub(super) const UNPACKED_BLOCKS: usize = 4;
+
+/// Lines of codes per super-block: 256 values of the 16 rows, one byte each.
+pub(super) const CODE_LINES: usize = 64;
+
+/// The unpacked codes of up to [`UNPACKED_BLOCKS`] super-blocks of one group: line
+/// `64·b + L` holds values `4L .. 4L + 4` of every row of super-block `b` (byte `4r + i`
+/// for row `r`), as unsigned codes (Q4_K, Q5_K: 0–31; Q6_K: the value plus 32; Q3_K: plus
+/// 4; Q2_K: 0–3), the operand of `vpdpbusd`, of two AVX2 `maddubs` and of four NEON `sdot`.
+#[repr(C, align(64))]
+pub(super) struct Codes(pub [[u8; 64]; UNPACKED_BLOCKS * CODE_LINES]);
+
+impl Codes {
+    pub(super) fn new() -> Self {
+        Codes([[0; 64]; UNPACKED_BLOCKS * CODE_LINES])
+    }
+
+    /// The first byte of super-block slot `b`'s lines.
+    pub(super) fn block(&self, b: usize) -> *const u8 {
+        self.0[b * CODE_LINES..].as_ptr().cast()
+    }
+
+    /// As [`Codes::block`], for writing.
+    pub(super) fn block_mut(&mut self, b: usize) -> *mut u8 {
+        self.0[b * CODE_LINES..].as_mut_ptr().cast()
+    }
+}
+
+/// Which packed type a codes kernel reads (its sub-block scales and the end of its
+/// super-block): Q4_K and Q5_K differ only in their unpacking.
+pub(super) const KIND_Q4: u8 = 0;
+pub(super) const KIND_Q5: u8 = 1;
+pub(super) const KIND_Q6: u8 = 2;
+pub(super) const KIND_Q3: u8 = 3;
+pub(super) const KIND_Q2: u8 = 4;
+
+// ---------------------------------------------------------------------------------------
 // Packing
 // ---------------------------------------------------------------------------------------
 

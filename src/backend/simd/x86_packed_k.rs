@@ -21,7 +21,9 @@
 //! output is bit-identical to the scalar dot product of its row.
 
 use super::packed_k::{
-    fifth_line, qs_line, quant_line, store_window, x4, x_bsum_pair, x_d, x_min_pair, FifthBits, Job,
+    fifth_line, qs_line, quant_line, store_window, x4, x_bsum_pair, x_d, x_min_pair, Codes,
+    FifthBits, Job, CODE_LINES, KIND_Q2, KIND_Q3, KIND_Q4, KIND_Q5, KIND_Q6, UNPACKED_BLOCKS,
+    UNPACK_MIN_TOKENS,
 };
 use super::x86::nibble_codes_512;
 use super::GROUP;
@@ -604,32 +606,6 @@ unsafe fn q2_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
 // AVX-512 VNNI, prompts: a group's codes unpacked once for all its token tiles
 // ---------------------------------------------------------------------------------------
 
-/// Tokens from which a product unpacks each group's codes once instead of in every tile: a
-/// second tile already repays the stores and reloads.
-const UNPACK_MIN_TOKENS: usize = 16;
-
-/// Super-blocks of a group unpacked at a time: 16 KiB of codes, which stay in L1 beside a
-/// tile's activation blocks.
-const UNPACKED_BLOCKS: usize = 4;
-
-/// Lines of codes per super-block: 256 values of the 16 rows, one byte each.
-const CODE_LINES: usize = 64;
-
-/// The unpacked codes of up to [`UNPACKED_BLOCKS`] super-blocks of one group: line
-/// `64·b + L` holds values `4L .. 4L + 4` of every row of super-block `b` (byte `4r + i`
-/// for row `r`), as unsigned codes (Q4_K, Q5_K: 0–31; Q6_K: the value plus 32; Q3_K: plus
-/// 4; Q2_K: 0–3), the operand of `vpdpbusd`.
-#[repr(C, align(64))]
-struct Codes([[u8; 64]; UNPACKED_BLOCKS * CODE_LINES]);
-
-/// Which packed type a codes kernel reads (its sub-block scales and the end of its
-/// super-block): Q4_K and Q5_K differ only in their unpacking.
-const KIND_Q4: u8 = 0;
-const KIND_Q5: u8 = 1;
-const KIND_Q6: u8 = 2;
-const KIND_Q3: u8 = 3;
-const KIND_Q2: u8 = 4;
-
 /// Writes the codes of the packed super-block at `blk` to the 64 lines at `dst`.
 ///
 /// # Safety
@@ -794,7 +770,7 @@ unsafe fn codes_vnni<const T: usize, const KIND: u8>(
         // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
         let x: [*const u8; T] =
             std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
-        let cb = codes.0[(b - b0) * CODE_LINES..].as_ptr() as *const u8;
+        let cb = codes.block(b - b0);
         let mut isum = [_mm512_setzero_si512(); T];
         for pair in 0..CODE_LINES / (2 * sl) {
             let (ll, lh) = (2 * pair * sl, (2 * pair + 1) * sl);
@@ -883,7 +859,7 @@ unsafe fn sub_block_scales<const KIND: u8>(blk: *const u8, i: usize) -> (__m512i
 /// As for [`gemm_vnni`]; a Q5_K packed in the `Chunks` form.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn gemm_codes_vnni<const KIND: u8>(j: Job<'_>, n: usize, g0: usize, g1: usize) {
-    let mut codes = Codes([[0; 64]; UNPACKED_BLOCKS * CODE_LINES]);
+    let mut codes = Codes::new();
     let nsb = j.p.nsb;
     for g in g0..g1 {
         let base = j.p.group(g).as_ptr();
@@ -892,10 +868,7 @@ unsafe fn gemm_codes_vnni<const KIND: u8>(j: Job<'_>, n: usize, g0: usize, g1: u
             for b in b0..b1 {
                 // SAFETY: super-block `b` of the group; slot `b - b0` of `codes`.
                 unsafe {
-                    unpack_block::<KIND>(
-                        base.add(b * j.p.block_bytes()),
-                        codes.0[(b - b0) * CODE_LINES..].as_mut_ptr() as *mut u8,
-                    )
+                    unpack_block::<KIND>(base.add(b * j.p.block_bytes()), codes.block_mut(b - b0))
                 };
             }
             let (mut t, sb) = (0, (b0, b1));
@@ -1608,6 +1581,8 @@ unsafe fn unpack_block_avx2<const KIND: u8>(blk: *const u8, dst: *mut u8) {
 
 /// [`codes_vnni`] with AVX2: rows `8·half ..` a vector, `maddubs` then `madd` against each
 /// sub-block's scale as in the kernels that unpack as they go.
+// Index loops: the sub-block and row indices are also the layout's arithmetic.
+#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn codes_avx2<const T: usize, const KIND: u8>(
@@ -1646,7 +1621,7 @@ unsafe fn codes_avx2<const T: usize, const KIND: u8>(
             // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
             let x: [*const u8; T] =
                 std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
-            let cb = codes.0[(b - b0) * CODE_LINES..].as_ptr() as *const u8;
+            let cb = codes.block(b - b0);
             let mut isum = [_mm256_setzero_si256(); T];
             for i in 0..CODE_LINES / sl {
                 // SAFETY (this block): sub-block i's scales for these 8 rows (lines 1–4), its
@@ -1699,7 +1674,7 @@ unsafe fn codes_avx2<const T: usize, const KIND: u8>(
 /// As for [`gemm_avx2`]; a Q5_K packed in the `Bytes` form.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemm_codes_avx2<const KIND: u8>(j: Job<'_>, n: usize, g0: usize, g1: usize) {
-    let mut codes = Codes([[0; 64]; UNPACKED_BLOCKS * CODE_LINES]);
+    let mut codes = Codes::new();
     let nsb = j.p.nsb;
     for g in g0..g1 {
         let base = j.p.group(g).as_ptr();
@@ -1710,7 +1685,7 @@ unsafe fn gemm_codes_avx2<const KIND: u8>(j: Job<'_>, n: usize, g0: usize, g1: u
                 unsafe {
                     unpack_block_avx2::<KIND>(
                         base.add(b * j.p.block_bytes()),
-                        codes.0[(b - b0) * CODE_LINES..].as_mut_ptr() as *mut u8,
+                        codes.block_mut(b - b0),
                     )
                 };
             }
