@@ -238,6 +238,24 @@ unsafe fn fold_q45_vnni<const T: usize>(
             }
         }
     }
+    // SAFETY: forwarded.
+    unsafe { fold_dmin_vnni(blk, x, isum, &msum, acc) };
+}
+
+/// `acc += d · dx · isum − dmin · dx · msum`, the scalar expression of the super-blocks with
+/// mins (Q4_K, Q5_K, Q2_K).
+///
+/// # Safety
+/// `blk` is a packed super-block with the 16 d then the 16 dmin at line 0; each `x` a
+/// token's Q8_K block; AVX-512 F and F16C enabled.
+#[inline(always)]
+unsafe fn fold_dmin_vnni<const T: usize>(
+    blk: *const u8,
+    x: &[*const u8; T],
+    isum: &[__m512i; T],
+    msum: &[__m512i; T],
+    acc: &mut [__m512; T],
+) {
     // SAFETY: line 0 holds the 16 d then the 16 dmin.
     let (dw, dm) = unsafe {
         (
@@ -513,20 +531,8 @@ unsafe fn fold_q2_vnni<const T: usize>(
             }
         }
     }
-    // SAFETY: line 0 holds the 16 d then the 16 dmin.
-    let (dw, dm) = unsafe {
-        (
-            _mm512_cvtph_ps(_mm256_loadu_si256(blk as *const __m256i)),
-            _mm512_cvtph_ps(_mm256_loadu_si256(blk.add(32) as *const __m256i)),
-        )
-    };
-    for t in 0..T {
-        // SAFETY: the token's block scale.
-        let dx = _mm512_set1_ps(unsafe { x_d(x[t]) });
-        let a = _mm512_mul_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[t]));
-        let m = _mm512_mul_ps(_mm512_mul_ps(dm, dx), _mm512_cvtepi32_ps(msum[t]));
-        acc[t] = _mm512_add_ps(acc[t], _mm512_sub_ps(a, m));
-    }
+    // SAFETY: forwarded.
+    unsafe { fold_dmin_vnni(blk, x, isum, &msum, acc) };
 }
 
 /// Q2_K, group `g`, tokens `t0..t0 + T`: the 2-bit codes into `vpdpbusd`, each sub-block's
@@ -972,6 +978,23 @@ unsafe fn fold_q45_avx2<const T: usize>(
             }
         }
     }
+    // SAFETY: forwarded.
+    unsafe { fold_dmin_avx2(blk, half, x, isum, &msum, acc) };
+}
+
+/// [`fold_dmin_vnni`] for rows `8·half ..` of the group, with AVX2.
+///
+/// # Safety
+/// As for [`fold_dmin_vnni`]; AVX2 and F16C enabled.
+#[inline(always)]
+unsafe fn fold_dmin_avx2<const T: usize>(
+    blk: *const u8,
+    half: usize,
+    x: &[*const u8; T],
+    isum: &[__m256i; T],
+    msum: &[__m256i; T],
+    acc: &mut [__m256; T],
+) {
     // SAFETY: line 0: d of the 16 rows, then dmin.
     let (dw, dm) = unsafe {
         (
@@ -1322,20 +1345,8 @@ unsafe fn fold_q2_avx2<const T: usize>(
             }
         }
     }
-    // SAFETY: line 0: d of the 16 rows, then dmin.
-    let (dw, dm) = unsafe {
-        (
-            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(16 * half) as *const __m128i)),
-            _mm256_cvtph_ps(_mm_loadu_si128(blk.add(32 + 16 * half) as *const __m128i)),
-        )
-    };
-    for t in 0..T {
-        // SAFETY: the token's block scale.
-        let dx = _mm256_set1_ps(unsafe { x_d(x[t]) });
-        let a = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum[t]));
-        let m = _mm256_mul_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(msum[t]));
-        acc[t] = _mm256_add_ps(acc[t], _mm256_sub_ps(a, m));
-    }
+    // SAFETY: forwarded.
+    unsafe { fold_dmin_avx2(blk, half, x, isum, &msum, acc) };
 }
 
 /// Both halves of group `g` on AVX2, stored.
