@@ -602,7 +602,7 @@ unsafe fn codes_quarter<const T: usize, const KIND: u8>(
     let p = j.p;
     let base = p.group(g).as_ptr();
     let bb = p.block_bytes();
-    // Lines per sub-block: 32 values for Q4_K and Q5_K, 16 for the others.
+    // Lines per sub-block: 8 (32 values) for Q4_K and Q5_K, 4 (16 values) for the others.
     let sl = if KIND <= KIND_Q5 { 8 } else { 4 };
     for b in b0..b1 {
         // SAFETY: super-block `b` of group `g` and of each token's row exist.

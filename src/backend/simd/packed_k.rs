@@ -438,7 +438,7 @@ pub(super) const CODE_LINES: usize = 64;
 /// for row `r`), as unsigned codes (Q4_K, Q5_K: 0–31; Q6_K: the value plus 32; Q3_K: plus
 /// 4; Q2_K: 0–3), the operand of `vpdpbusd`, of two AVX2 `maddubs` and of four NEON `sdot`.
 #[repr(C, align(64))]
-pub(super) struct Codes(pub [[u8; 64]; UNPACKED_BLOCKS * CODE_LINES]);
+pub(super) struct Codes([[u8; 64]; UNPACKED_BLOCKS * CODE_LINES]);
 
 impl Codes {
     pub(super) fn new() -> Self {

@@ -760,7 +760,7 @@ unsafe fn codes_vnni<const T: usize, const KIND: u8>(
     let p = j.p;
     let base = p.group(g).as_ptr();
     let bb = p.block_bytes();
-    // Values per sub-block: 32 for Q4_K and Q5_K, 16 for the others.
+    // Lines per sub-block: 8 (32 values) for Q4_K and Q5_K, 4 (16 values) for the others.
     let sl = if KIND <= KIND_Q5 { 8 } else { 4 };
     let mut acc: [__m512; T] = std::array::from_fn(|t| {
         if b0 == 0 {
@@ -1621,6 +1621,7 @@ unsafe fn codes_avx2<const T: usize, const KIND: u8>(
             }
         }
     }
+    // Lines per sub-block: 8 (32 values) for Q4_K and Q5_K, 4 (16 values) for the others.
     let sl = if KIND <= KIND_Q5 { 8 } else { 4 };
     for half in 0..2 {
         // SAFETY: 8 floats at lane offset 8·half.
