@@ -14,8 +14,8 @@
 
 use super::aarch64::{f16x4, sdot};
 use super::packed_k::{
-    quant_line, store_window, x4, x_bsum, x_d, x_min_pair, Codes, Job, CODE_LINES, KIND_Q2,
-    KIND_Q3, KIND_Q4, KIND_Q5, KIND_Q6, UNPACKED_BLOCKS, UNPACK_MIN_TOKENS,
+    load_window, quant_line, store_window, x4, x_bsum, x_d, x_min_pair, Codes, Job, CODE_LINES,
+    KIND_Q2, KIND_Q3, KIND_Q4, KIND_Q5, KIND_Q6, UNPACKED_BLOCKS, UNPACK_MIN_TOKENS,
 };
 use super::GROUP;
 use crate::tensor::k_quants::Q8_K_BYTES;
@@ -667,8 +667,6 @@ unsafe fn codes_quarter<const T: usize, const KIND: u8>(
 
 /// Group `g`, tokens `t0..t0 + T`, super-blocks `b0..b1` from `codes`, continuing the sums
 /// the slices before stored in the rows this job owns.
-// Index loops: the sub-block and row indices are also the layout's arithmetic.
-#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "neon,dotprod")]
 unsafe fn codes_group<const T: usize, const KIND: u8>(
@@ -679,17 +677,12 @@ unsafe fn codes_group<const T: usize, const KIND: u8>(
     codes: &Codes,
 ) {
     let first = g * GROUP;
-    let (lo, hi) = (
-        j.r0.max(first) - first,
-        j.r1.min(first + GROUP).saturating_sub(first),
-    );
+    // The running sums of the owned rows, from the slices before.
     let mut lanes = [[0.0f32; GROUP]; T];
     if sb.0 > 0 {
         for (t, l) in lanes.iter_mut().enumerate() {
-            for r in lo..hi {
-                // SAFETY: row first + r of token t0 + t is the caller's.
-                l[r] = unsafe { *j.out.add((t0 + t) * j.ldo + first + r) };
-            }
+            // SAFETY: the rows of token t0 + t that this job owns.
+            unsafe { load_window(j.out.add((t0 + t) * j.ldo + first), l, first, j.r0, j.r1) };
         }
     }
     for qr in 0..4 {
@@ -728,21 +721,8 @@ unsafe fn gemm_codes_sdot<const KIND: u8>(j: Job<'_>, n: usize, g0: usize, g1: u
                     unpack_block::<KIND>(base.add(b * j.p.block_bytes()), codes.block_mut(b - b0))
                 };
             }
-            let (mut t, sb) = (0, (b0, b1));
-            // SAFETY (each tile): forwarded; tokens t..t + tile exist.
-            unsafe {
-                while t + 4 <= n {
-                    codes_group::<4, KIND>(j, g, t, sb, &codes);
-                    t += 4;
-                }
-                if t + 2 <= n {
-                    codes_group::<2, KIND>(j, g, t, sb, &codes);
-                    t += 2;
-                }
-                if t < n {
-                    codes_group::<1, KIND>(j, g, t, sb, &codes);
-                }
-            }
+            let sb = (b0, b1);
+            for_token_tiles!(n, t, [4, 2, 1], codes_group::<_, KIND>(j, g, t, sb, &codes));
         }
     }
 }

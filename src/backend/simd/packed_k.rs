@@ -390,6 +390,31 @@ pub(super) unsafe fn store_window(
     }
 }
 
+/// The inverse of [`store_window`]: the rows of the output row at `src` (element `g·16` of
+/// it) that fall in `r0..r1` into `lanes`, the others left as they are.
+///
+/// # Safety
+/// The caller owns those elements of the output row at `src`.
+#[inline(always)]
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+pub(super) unsafe fn load_window(
+    src: *const f32,
+    lanes: &mut [f32; GROUP],
+    first: usize,
+    r0: usize,
+    r1: usize,
+) {
+    let lo = r0.max(first) - first;
+    let hi = r1.min(first + GROUP).saturating_sub(first);
+    if lo < hi {
+        // SAFETY: rows `first + lo .. first + hi` are inside `r0..r1`, the caller's.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(lo), lanes.as_mut_ptr().add(lo), hi - lo) };
+    }
+}
+
 /// What one kernel call covers: tokens `t0..t0 + T` of `xq` (rows of `qrow` bytes), output
 /// rows `r0..r1` (clipped to the group), written at `out[t * ldo + r]`.
 #[derive(Clone, Copy)]

@@ -21,9 +21,9 @@
 //! output is bit-identical to the scalar dot product of its row.
 
 use super::packed_k::{
-    fifth_line, qs_line, quant_line, store_window, x4, x_bsum_pair, x_d, x_min_pair, Codes,
-    FifthBits, Job, CODE_LINES, KIND_Q2, KIND_Q3, KIND_Q4, KIND_Q5, KIND_Q6, UNPACKED_BLOCKS,
-    UNPACK_MIN_TOKENS,
+    fifth_line, load_window, qs_line, quant_line, store_window, x4, x_bsum_pair, x_d, x_min_pair,
+    Codes, FifthBits, Job, CODE_LINES, KIND_Q2, KIND_Q3, KIND_Q4, KIND_Q5, KIND_Q6,
+    UNPACKED_BLOCKS, UNPACK_MIN_TOKENS,
 };
 use super::x86::nibble_codes_512;
 use super::GROUP;
@@ -877,25 +877,13 @@ unsafe fn gemm_codes_vnni<const KIND: u8>(j: Job<'_>, n: usize, g0: usize, g1: u
                     unpack_block::<KIND>(base.add(b * j.p.block_bytes()), codes.block_mut(b - b0))
                 };
             }
-            let (mut t, sb) = (0, (b0, b1));
-            // SAFETY (each tile): forwarded; tokens t..t + tile exist.
-            unsafe {
-                while t + 8 <= n {
-                    codes_vnni::<8, KIND>(j, g, t, sb, &codes);
-                    t += 8;
-                }
-                if t + 4 <= n {
-                    codes_vnni::<4, KIND>(j, g, t, sb, &codes);
-                    t += 4;
-                }
-                if t + 2 <= n {
-                    codes_vnni::<2, KIND>(j, g, t, sb, &codes);
-                    t += 2;
-                }
-                if t < n {
-                    codes_vnni::<1, KIND>(j, g, t, sb, &codes);
-                }
-            }
+            let sb = (b0, b1);
+            for_token_tiles!(
+                n,
+                t,
+                [8, 4, 2, 1],
+                codes_vnni::<_, KIND>(j, g, t, sb, &codes)
+            );
         }
     }
 }
@@ -1592,8 +1580,6 @@ unsafe fn unpack_block_avx2<const KIND: u8>(blk: *const u8, dst: *mut u8) {
 
 /// [`codes_vnni`] with AVX2: rows `8·half ..` a vector, `maddubs` then `madd` against each
 /// sub-block's scale as in the kernels that unpack as they go.
-// Index loops: the sub-block and row indices are also the layout's arithmetic.
-#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn codes_avx2<const T: usize, const KIND: u8>(
@@ -1607,18 +1593,12 @@ unsafe fn codes_avx2<const T: usize, const KIND: u8>(
     let base = p.group(g).as_ptr();
     let bb = p.block_bytes();
     let first = g * GROUP;
-    let (lo, hi) = (
-        j.r0.max(first) - first,
-        j.r1.min(first + GROUP).saturating_sub(first),
-    );
     // The running sums of the owned rows, from the slices before.
     let mut lanes = [[0.0f32; GROUP]; T];
     if b0 > 0 {
         for (t, l) in lanes.iter_mut().enumerate() {
-            for r in lo..hi {
-                // SAFETY: row first + r of token t0 + t is the caller's.
-                l[r] = unsafe { *j.out.add((t0 + t) * j.ldo + first + r) };
-            }
+            // SAFETY: the rows of token t0 + t that this job owns.
+            unsafe { load_window(j.out.add((t0 + t) * j.ldo + first), l, first, j.r0, j.r1) };
         }
     }
     // Lines per sub-block: 8 (32 values) for Q4_K and Q5_K, 4 (16 values) for the others.
@@ -1701,21 +1681,8 @@ unsafe fn gemm_codes_avx2<const KIND: u8>(j: Job<'_>, n: usize, g0: usize, g1: u
                     )
                 };
             }
-            let (mut t, sb) = (0, (b0, b1));
-            // SAFETY (each tile): forwarded; tokens t..t + tile exist.
-            unsafe {
-                while t + 4 <= n {
-                    codes_avx2::<4, KIND>(j, g, t, sb, &codes);
-                    t += 4;
-                }
-                if t + 2 <= n {
-                    codes_avx2::<2, KIND>(j, g, t, sb, &codes);
-                    t += 2;
-                }
-                if t < n {
-                    codes_avx2::<1, KIND>(j, g, t, sb, &codes);
-                }
-            }
+            let sb = (b0, b1);
+            for_token_tiles!(n, t, [4, 2, 1], codes_avx2::<_, KIND>(j, g, t, sb, &codes));
         }
     }
 }
