@@ -370,6 +370,16 @@ pub(super) unsafe fn x4(x: *const u8, e: usize) -> i32 {
     unsafe { (x.add(XQS + e) as *const i32).read_unaligned() }
 }
 
+/// The lanes `lo..hi` of a group starting at row `first` whose rows fall in `r0..r1`
+/// (empty where none do): what a job may write, and read back, of that group's outputs.
+#[inline(always)]
+pub(super) fn owned_lanes(first: usize, r0: usize, r1: usize) -> (usize, usize) {
+    (
+        r0.max(first) - first,
+        r1.min(first + GROUP).saturating_sub(first),
+    )
+}
+
 /// Writes the rows of `lanes` (rows `g·16 ..` of the output) that fall in `r0..r1`.
 ///
 /// # Safety
@@ -382,8 +392,7 @@ pub(super) unsafe fn store_window(
     r0: usize,
     r1: usize,
 ) {
-    let lo = r0.max(first) - first;
-    let hi = r1.min(first + GROUP).saturating_sub(first);
+    let (lo, hi) = owned_lanes(first, r0, r1);
     if lo < hi {
         // SAFETY: rows `first + lo .. first + hi` are inside `r0..r1`, the caller's.
         unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr().add(lo), dst.add(lo), hi - lo) };
@@ -407,8 +416,7 @@ pub(super) unsafe fn load_window(
     r0: usize,
     r1: usize,
 ) {
-    let lo = r0.max(first) - first;
-    let hi = r1.min(first + GROUP).saturating_sub(first);
+    let (lo, hi) = owned_lanes(first, r0, r1);
     if lo < hi {
         // SAFETY: rows `first + lo .. first + hi` are inside `r0..r1`, the caller's.
         unsafe { std::ptr::copy_nonoverlapping(src.add(lo), lanes.as_mut_ptr().add(lo), hi - lo) };

@@ -21,8 +21,8 @@
 //! output is bit-identical to the scalar dot product of its row.
 
 use super::packed_k::{
-    fifth_line, load_window, qs_line, quant_line, store_window, x4, x_bsum_pair, x_d, x_min_pair,
-    Codes, FifthBits, Job, CODE_LINES, KIND_Q2, KIND_Q3, KIND_Q4, KIND_Q5, KIND_Q6,
+    fifth_line, load_window, owned_lanes, qs_line, quant_line, store_window, x4, x_bsum_pair, x_d,
+    x_min_pair, Codes, FifthBits, Job, CODE_LINES, KIND_Q2, KIND_Q3, KIND_Q4, KIND_Q5, KIND_Q6,
     UNPACKED_BLOCKS, UNPACK_MIN_TOKENS,
 };
 use super::x86::nibble_codes_512;
@@ -89,8 +89,7 @@ unsafe fn scale_lanes_i8(p: *const u8) -> __m256i {
 #[target_feature(enable = "avx512f")]
 unsafe fn store_window_512(j: Job<'_>, g: usize, t: usize, v: __m512) {
     let first = g * GROUP;
-    let lo = j.r0.max(first) - first;
-    let hi = j.r1.min(first + GROUP).saturating_sub(first);
+    let (lo, hi) = owned_lanes(first, j.r0, j.r1);
     if lo < hi {
         let mask = ((1u32 << hi) - (1u32 << lo)) as __mmask16;
         // SAFETY: only the lanes `lo..hi`, rows inside `r0..r1`, are written.
@@ -734,8 +733,7 @@ unsafe fn unpack_q45_line<const KIND: u8, const M: usize>(
 #[target_feature(enable = "avx512f")]
 unsafe fn load_window_512(j: Job<'_>, g: usize, t: usize) -> __m512 {
     let first = g * GROUP;
-    let lo = j.r0.max(first) - first;
-    let hi = j.r1.min(first + GROUP).saturating_sub(first);
+    let (lo, hi) = owned_lanes(first, j.r0, j.r1);
     if lo >= hi {
         return _mm512_setzero_ps();
     }
