@@ -4,6 +4,7 @@ pub mod backend;
 pub mod cli;
 pub mod engine;
 pub mod gguf;
+pub mod hub;
 pub mod model;
 pub mod sampling;
 pub mod server;

@@ -41,9 +41,9 @@ use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// GGUF model file.
-    #[arg(long, short = 'm')]
-    pub model: PathBuf,
+    /// The model to time.
+    #[command(flatten)]
+    pub model: super::hub::ModelSource,
     /// Backends to compare (comma-separated).
     #[arg(long, short = 'b', value_delimiter = ',', default_value = "pool")]
     pub backend: Vec<String>,
@@ -431,13 +431,13 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     if a.repetitions == 0 {
         bail!("--repetitions must be at least 1");
     }
-    let gguf = super::open_gguf(&a.model)?;
+    let path = a.model.resolve()?;
+    let gguf = super::open_gguf(&path)?;
     let model_name = gguf
         .get_str("general.name")
         .map(str::to_string)
         .unwrap_or_else(|_| {
-            a.model
-                .file_stem()
+            path.file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_default()
         });
@@ -496,7 +496,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         Some(_) => Some(Tokenizer::from_gguf(&gguf).with_context(|| {
             format!(
                 "constrained decoding needs the tokenizer of {}",
-                a.model.display()
+                path.display()
             )
         })?),
         None => None,
@@ -606,7 +606,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 model,
                 threads: shown_threads,
                 experts,
-            } = load_model(&gguf, &a.model.display().to_string(), &opts)
+            } = load_model(&gguf, &path.display().to_string(), &opts)
                 .map_err(anyhow::Error::msg)?;
             let on_gpu = model.device().gpu_backend();
             if let Some(g) = on_gpu {

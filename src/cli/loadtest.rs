@@ -64,9 +64,12 @@ pub struct LoadtestArgs {
     /// token. Needs --concurrency 1.
     #[arg(long)]
     pub baseline: bool,
-    /// Model for --baseline (default: the built-in synthetic model --synthetic names).
-    #[arg(long, short = 'm')]
-    pub model: Option<PathBuf>,
+    /// Model for --baseline (default: the built-in synthetic model --synthetic names): a
+    /// local GGUF file or a Hugging Face Hub reference, as for `serve`.
+    #[arg(long, short = 'm', value_name = "PATH|USER/REPO[:QUANT]")]
+    pub model: Option<String>,
+    #[command(flatten)]
+    pub hub: super::hub::HubArgs,
     /// Built-in synthetic model for --baseline without --model (use the server's
     /// --synthetic): demo or 0.6b.
     #[arg(long, default_value = "demo")]
@@ -407,7 +410,7 @@ impl Baseline {
     fn load(a: &LoadtestArgs) -> Result<Self> {
         let load = a.run.load_options();
         let assets = match &a.model {
-            Some(p) => file_assets(p, &load),
+            Some(m) => file_assets(&a.hub.resolve(m)?, &load),
             None => synthetic_assets(&a.synthetic, &load),
         }
         .map_err(anyhow::Error::msg)?;

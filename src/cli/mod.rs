@@ -1,8 +1,9 @@
 //! The `inferno` command line: generate, tokenize, logits, info, serve, health, loadtest,
-//! bench, synth and quantize.
+//! bench, synth, quantize, and pull, list and rm for models from the Hugging Face Hub.
 
 pub mod bench;
 pub mod health;
+pub mod hub;
 pub mod loadtest;
 pub mod quantize;
 pub mod serve;
@@ -73,13 +74,18 @@ pub enum Command {
     Synth(synth::SynthArgs),
     /// Rewrite a GGUF model with its weight matrices in another type (e.g. Q8_0).
     Quantize(quantize::QuantizeArgs),
+    /// Download a model from the Hugging Face Hub into its cache and print its local path.
+    Pull(hub::PullArgs),
+    /// List the GGUF models in the Hugging Face cache: reference, quantization, size, path.
+    List(hub::ListArgs),
+    /// Remove a model from the Hugging Face cache.
+    Rm(hub::RmArgs),
 }
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Path to a GGUF model file.
-    #[arg(long, short = 'm')]
-    pub model: PathBuf,
+    #[command(flatten)]
+    pub source: hub::ModelSource,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -249,9 +255,9 @@ impl GenerateArgs {
 
 #[derive(Args, Debug)]
 pub struct TokenizeArgs {
-    /// GGUF model whose tokenizer to use.
-    #[arg(long, short = 'm')]
-    pub model: PathBuf,
+    /// The model whose tokenizer to use.
+    #[command(flatten)]
+    pub model: hub::ModelSource,
     /// Treat special-token text such as <|im_start|> as plain text.
     #[arg(long)]
     pub no_parse_special: bool,
@@ -273,9 +279,9 @@ pub struct LogitsArgs {
 
 #[derive(Args, Debug)]
 pub struct InfoArgs {
-    /// GGUF model file to describe.
-    #[arg(long, short = 'm')]
-    pub model: PathBuf,
+    /// The model to describe.
+    #[command(flatten)]
+    pub model: hub::ModelSource,
     /// text for reading, json for scripts.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
@@ -290,9 +296,11 @@ pub fn open_gguf(path: &Path) -> Result<GgufFile> {
     }
 }
 
-/// Loads the model file `args` names, as `serve` would.
+/// Loads the model `args` names (pulled first when it is a Hub reference not cached), as
+/// `serve` would.
 pub fn load(args: &ModelArgs) -> Result<EngineAssets> {
-    loader::file_assets(&args.model, &args.run.load_options()).map_err(anyhow::Error::msg)
+    let path = args.source.resolve()?;
+    loader::file_assets(&path, &args.run.load_options()).map_err(anyhow::Error::msg)
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -307,6 +315,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(a) => bench::cmd_bench(a),
         Command::Synth(a) => synth::cmd_synth(a),
         Command::Quantize(a) => quantize::cmd_quantize(a),
+        Command::Pull(a) => hub::cmd_pull(a),
+        Command::List(a) => hub::cmd_list(a),
+        Command::Rm(a) => hub::cmd_rm(a),
     }
 }
 
@@ -641,9 +652,10 @@ impl<W: Write> ReplyOut<W> {
 }
 
 fn cmd_tokenize(a: TokenizeArgs) -> Result<()> {
-    let gguf = open_gguf(&a.model)?;
+    let path = a.model.resolve()?;
+    let gguf = open_gguf(&path)?;
     let tok = Tokenizer::from_gguf(&gguf)
-        .with_context(|| format!("cannot load the tokenizer of {}", a.model.display()))?;
+        .with_context(|| format!("cannot load the tokenizer of {}", path.display()))?;
     let ids = tok.encode(&a.text, !a.no_parse_special)?;
     println!("{}", serde_json::to_string(&ids)?);
     Ok(())
@@ -674,7 +686,13 @@ fn cmd_logits(a: LogitsArgs) -> Result<()> {
 }
 
 fn cmd_info(a: InfoArgs) -> Result<()> {
-    let gguf = open_gguf(&a.model)?;
+    let path = a.model.resolve()?;
+    let gguf = open_gguf(&path)?;
+    let parts: Vec<String> = gguf
+        .paths()
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
     let arch = gguf.architecture().ok().map(str::to_string);
     let config_result = crate::model::ModelConfig::from_gguf(&gguf);
     let config = config_result.as_ref().ok();
@@ -696,7 +714,8 @@ fn cmd_info(a: InfoArgs) -> Result<()> {
         .collect();
     if a.output == OutputFormat::Json {
         let v = serde_json::json!({
-            "file": a.model.display().to_string(),
+            "file": path.display().to_string(),
+            "parts": parts,
             "version": gguf.version(),
             "architecture": arch,
             "config": config.map(config_json),
@@ -708,7 +727,13 @@ fn cmd_info(a: InfoArgs) -> Result<()> {
         println!("{v}");
         return Ok(());
     }
-    println!("file: {}", a.model.display());
+    println!("file: {}", path.display());
+    if parts.len() > 1 {
+        println!("split into {} parts:", parts.len());
+        for p in &parts {
+            println!("  {p}");
+        }
+    }
     println!("gguf version: {}", gguf.version());
     println!("architecture: {}", arch.as_deref().unwrap_or("(none)"));
     match &config_result {

@@ -12,9 +12,9 @@ use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct QuantizeArgs {
-    /// GGUF model to read.
-    #[arg(long, short = 'm')]
-    pub model: PathBuf,
+    /// The model to read.
+    #[command(flatten)]
+    pub model: super::hub::ModelSource,
     /// Type of the weight matrices in the output: q8_0, q6_k, q5_k, q4_k, q5_0, q4_0,
     /// f16, bf16 or f32 (every matrix that type), or a llama.cpp mixture: q4_k_m, q4_k_s, q5_k_m,
     /// q5_k_s (q6_k is also that mixture: the same types).
@@ -36,16 +36,23 @@ pub fn cmd_quantize(a: QuantizeArgs) -> Result<()> {
             a.dtype
         );
     };
-    if a.out == a.model {
+    let input = a.model.resolve()?;
+    let gguf = super::open_gguf(&input)?;
+    let canon = |p: &std::path::Path| std::fs::canonicalize(p).ok();
+    let same = |p: &std::path::Path| {
+        p == a.out || matches!((canon(p), canon(&a.out)), (Some(x), Some(y)) if x == y)
+    };
+    if gguf.paths().into_iter().any(same) || input == a.out {
         bail!("--out must differ from --model (the input is memory-mapped while it is read)");
     }
-    let gguf = super::open_gguf(&a.model)?;
     let mut w = GgufWriter::new();
     w.set_alignment(gguf.alignment() as u32);
     for (key, value) in gguf.metadata() {
         match key.as_str() {
             // The writer sets the alignment; the file type changes with the weights.
             "general.alignment" => {}
+            // The output is one file, whatever the input was split into.
+            k if k.starts_with("split.") => {}
             "general.file_type" => {
                 w.add(key.clone(), Value::U32(ftype));
             }

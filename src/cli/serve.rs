@@ -3,6 +3,7 @@
 
 use crate::engine::loader::{file_assets, synthetic_assets};
 use crate::engine::EngineConfig;
+use crate::hub::ModelSpec;
 use crate::server::auth::read_token_file;
 use crate::server::{self, ServerConfig, TlsError, TlsPem};
 use anyhow::{anyhow, Context, Result};
@@ -15,10 +16,18 @@ use tracing::{info, warn};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// GGUF model to serve. Without it a small built-in demo model is generated in memory
-    /// (random weights: its text is meaningless).
-    #[arg(long, short = 'm')]
-    pub model: Option<PathBuf>,
+    /// The model to serve (without it, a small built-in demo model with random weights,
+    /// whose text is random). A Hub reference not yet cached is pulled before serving, while
+    /// health says NOT_SERVING.
+    #[arg(long, short = 'm', value_name = "PATH|USER/REPO[:QUANT]", help = format!(
+        "{} [without --model: a small built-in demo model with random weights, whose text \
+         is random; a Hub model not yet cached is pulled before serving, health NOT_SERVING \
+         meanwhile]",
+        super::hub::MODEL_HELP
+    ))]
+    pub model: Option<String>,
+    #[command(flatten)]
+    pub hub: super::hub::HubArgs,
     /// Built-in synthetic model served when no --model is given: demo, or 0.6b for a
     /// random-weight model of Qwen3-0.6B's shape.
     #[arg(long, default_value = "demo")]
@@ -213,21 +222,36 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         info!(adapter = %gpu.context().describe(), "gpu backend");
     }
     drop(checked);
-    let model = a.model.clone();
-    let synthetic = a.synthetic.clone();
-    let loader = move || match &model {
-        Some(path) => {
-            info!(model = %path.display(), "loading the model");
-            file_assets(path, &load)
-        }
+    // A typo in --model (or an unreadable token file) fails before anything starts; the
+    // pull itself runs on the engine thread, as loading does, while health is NOT_SERVING.
+    let model = match &a.model {
+        Some(text) => Some((
+            ModelSpec::parse(text).map_err(anyhow::Error::msg)?,
+            a.hub.options()?,
+        )),
         None => {
-            warn!(
-                preset = %synthetic,
-                "no --model given: serving a built-in synthetic model with random weights; \
-                 its text is meaningless (pass --model PATH to serve a real GGUF model)"
-            );
-            synthetic_assets(&synthetic, &load)
+            warn!(preset = %a.synthetic, "{}", crate::engine::DEMO_NOTE);
+            None
         }
+    };
+    let synthetic = a.synthetic.clone();
+    let loader = move || match model {
+        Some((ModelSpec::Local(path), _)) => {
+            info!(model = %path.display(), "loading the model");
+            file_assets(&path, &load)
+        }
+        Some((ModelSpec::Hub(r), hub)) => {
+            info!(model = %r, "pulling the model (if not cached) before serving");
+            let pulled = crate::hub::pull(&r, &hub).map_err(|e| e.to_string())?;
+            info!(
+                model = %r,
+                path = %pulled.path.display(),
+                downloaded_bytes = pulled.downloaded,
+                "loading the model"
+            );
+            file_assets(&pulled.path, &load)
+        }
+        None => synthetic_assets(&synthetic, &load),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(a.runtime_threads.max(1))

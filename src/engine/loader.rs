@@ -15,8 +15,9 @@ use std::sync::Arc;
 use tracing::{debug, info, warn};
 
 /// What `GetModelInfo` says of a built-in synthetic model.
-pub const DEMO_NOTE: &str = "a built-in demo model with random weights: its output is random \
-    text, not language (serve a real model with --model PATH)";
+pub const DEMO_NOTE: &str = "this is a built-in demo model with random weights, so its text \
+    is random: serve a real model by name with `inferno serve --model \
+    Qwen/Qwen3-0.6B-GGUF:Q8_0`";
 
 /// Token rows of a single-sequence [`crate::model::State`]: the most prompt tokens one of
 /// its forward calls runs.

@@ -151,6 +151,45 @@ pub enum GgufError {
 
     #[error("metadata key '{key}' cannot be written: {reason}")]
     InvalidValue { key: String, reason: String },
+
+    #[error(
+        "{} is part {no} of a model split into {count} files: open the first part{}",
+        path.display(),
+        first.as_ref().map(|f| format!(" ({})", f.display())).unwrap_or_default()
+    )]
+    NotFirstSplitPart {
+        path: PathBuf,
+        no: u64,
+        count: u64,
+        first: Option<PathBuf>,
+    },
+
+    #[error("part {no} of {count} of the split model is missing: cannot open {}: {error}", path.display())]
+    MissingSplitPart {
+        path: PathBuf,
+        no: u64,
+        count: u64,
+        error: std::io::Error,
+    },
+
+    #[error("split model part {}: {reason}", path.display())]
+    SplitPart { path: PathBuf, reason: String },
+
+    #[error("split model part {}: {error}", path.display())]
+    InPart {
+        path: PathBuf,
+        error: Box<GgufError>,
+    },
+}
+
+impl GgufError {
+    /// `error`, said of the split model part at `path`.
+    pub(crate) fn in_part(path: &std::path::Path, error: GgufError) -> Self {
+        GgufError::InPart {
+            path: path.to_path_buf(),
+            error: Box::new(error),
+        }
+    }
 }
 
 fn version_note(version: u32) -> &'static str {

@@ -1,6 +1,10 @@
 //! The GGUF file format: a validating reader that exposes metadata and zero-copy tensor bytes
 //! over a memory map or an owned buffer, and a writer for GGUF v3 files.
 //!
+//! A model split into several files by llama.cpp's `gguf-split` (`NAME-00001-of-00003.gguf`
+//! and so on) opens as one [`GgufFile`] from its first part: every part is memory-mapped
+//! and each tensor's bytes come from the part that holds them (see [`split`]).
+//!
 //! The reader accepts little-endian GGUF versions 2 and 3 (which share one layout) and refuses
 //! anything malformed with a [`GgufError`] naming the problem, the key or tensor and the byte
 //! offset. Strings (keys, names and string values) must be valid UTF-8; a file with invalid
@@ -9,6 +13,7 @@
 
 mod error;
 mod reader;
+pub mod split;
 mod value;
 mod writer;
 
@@ -16,7 +21,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::fs::File;
 use std::ops::Deref;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use crate::tensor::GgmlType;
@@ -230,51 +235,70 @@ impl TensorInfo {
     }
 }
 
-/// A parsed and validated GGUF file, holding its bytes.
+/// A parsed and validated GGUF model, holding its bytes: one file, or every part of a split
+/// model (the metadata from the first part, the tensors from all of them).
 pub struct GgufFile {
-    storage: Arc<Storage>,
+    parts: Vec<Part>,
     version: u32,
     alignment: u64,
     metadata: Vec<(String, Value)>,
     key_index: HashMap<String, usize>,
     tensors: Vec<TensorInfo>,
     tensor_index: HashMap<String, usize>,
+    /// The index in `parts` of the file holding each tensor, in the order of `tensors`.
+    tensor_part: Vec<usize>,
+}
+
+/// One file of a model: its bytes, where its data section starts and where it was read from.
+struct Part {
+    storage: Arc<Storage>,
     data_offset: u64,
+    path: Option<PathBuf>,
 }
 
 impl fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GgufFile")
             .field("version", &self.version)
+            .field("parts", &self.parts.len())
             .field("file_size", &self.file_size())
             .field("metadata_entries", &self.metadata.len())
             .field("tensors", &self.tensors.len())
-            .field("data_offset", &self.data_offset)
+            .field("data_offset", &self.data_offset())
             .finish()
     }
 }
 
+/// Memory-maps the file at `path` read-only (an empty file is held as an empty buffer).
+fn map_file(path: &Path) -> Result<Storage, std::io::Error> {
+    let file = File::open(path)?;
+    let len = file.metadata()?.len();
+    Ok(if len == 0 {
+        // Some platforms refuse to map an empty file; it is invalid GGUF either way.
+        Storage::Owned(Vec::new())
+    } else {
+        // SAFETY: the map is read-only and the file is treated as immutable while it is
+        // open, as model files are. Another process truncating or rewriting the file in
+        // the meantime is outside what this reader can defend against.
+        let map = unsafe { memmap2::Mmap::map(&file) }?;
+        Storage::Mmap(MappedFile::new(map))
+    })
+}
+
 impl GgufFile {
-    /// Memory-maps and parses the file at `path` (read-only).
+    /// Memory-maps and parses the file at `path` (read-only). When it is the first part of a
+    /// split model, every other part is opened beside it (see [`split`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
         let path = path.as_ref();
-        let io_err = |error| GgufError::Io {
+        let storage = map_file(path).map_err(|error| GgufError::Io {
             path: path.to_path_buf(),
             error,
-        };
-        let file = File::open(path).map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len();
-        let storage = if len == 0 {
-            // Some platforms refuse to map an empty file; it is invalid GGUF either way.
-            Storage::Owned(Vec::new())
-        } else {
-            // SAFETY: the map is read-only and the file is treated as immutable while it is
-            // open, as model files are. Another process truncating or rewriting the file in
-            // the meantime is outside what this reader can defend against.
-            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
-            Storage::Mmap(MappedFile::new(map))
-        };
-        Self::from_storage(storage)
+        })?;
+        let parsed = reader::parse(&storage)?;
+        match split::Split::of(&parsed)? {
+            Some(s) if s.count > 1 => split::open_parts(path, storage, parsed, s),
+            _ => Ok(Self::single(storage, parsed, Some(path.to_path_buf()))),
+        }
     }
 
     /// Parses a GGUF file image held in memory.
@@ -282,19 +306,47 @@ impl GgufFile {
         Self::from_storage(Storage::Owned(bytes))
     }
 
-    /// Parses a GGUF file image from either kind of storage.
+    /// Parses a GGUF file image from either kind of storage (one file: a split model's
+    /// other parts are not looked for).
     pub fn from_storage(storage: Storage) -> Result<Self, GgufError> {
         let p = reader::parse(&storage)?;
-        Ok(GgufFile {
-            storage: Arc::new(storage),
+        Ok(Self::single(storage, p, None))
+    }
+
+    /// Joins the parts of a split model held in memory, first part first, checked as
+    /// [`GgufFile::open`] checks files (the labels name the parts in errors).
+    pub fn from_split_bytes(parts: Vec<(String, Vec<u8>)>) -> Result<Self, GgufError> {
+        let mut parsed = Vec::with_capacity(parts.len());
+        for (label, bytes) in parts {
+            let storage = Storage::Owned(bytes);
+            let path = PathBuf::from(label);
+            let p = reader::parse(&storage).map_err(|e| GgufError::in_part(&path, e))?;
+            parsed.push((path, storage, p));
+        }
+        let mut joined = split::join(parsed)?;
+        // Labels, not files.
+        for part in &mut joined.parts {
+            part.path = None;
+        }
+        Ok(joined)
+    }
+
+    fn single(storage: Storage, p: reader::Parsed, path: Option<PathBuf>) -> Self {
+        let n = p.tensors.len();
+        GgufFile {
+            parts: vec![Part {
+                storage: Arc::new(storage),
+                data_offset: p.data_offset,
+                path,
+            }],
             version: p.version,
             alignment: p.alignment,
             metadata: p.metadata,
             key_index: p.key_index,
             tensors: p.tensors,
             tensor_index: p.tensor_index,
-            data_offset: p.data_offset,
-        })
+            tensor_part: vec![0; n],
+        }
     }
 
     pub fn version(&self) -> u32 {
@@ -376,30 +428,47 @@ impl GgufFile {
 
     /// The bytes of tensor `name`, without copying.
     pub fn tensor_data(&self, name: &str) -> Result<TensorBytes, GgufError> {
-        let info = self
-            .tensor_info(name)
+        let i = *self
+            .tensor_index
+            .get(name)
             .ok_or_else(|| GgufError::MissingTensor(name.to_owned()))?;
-        // Parsing checked that data_offset + offset + n_bytes lies within the storage, so
-        // these fit in usize and index in bounds.
+        let (info, part) = (&self.tensors[i], &self.parts[self.tensor_part[i]]);
+        // Parsing checked that data_offset + offset + n_bytes lies within the part's
+        // storage, so these fit in usize and index in bounds.
         Ok(TensorBytes {
-            storage: Arc::clone(&self.storage),
-            start: (self.data_offset + info.offset) as usize,
+            storage: Arc::clone(&part.storage),
+            start: (part.data_offset + info.offset) as usize,
             len: info.n_bytes as usize,
         })
     }
 
-    /// Start of the tensor data section, from the start of the file.
+    /// Start of the tensor data section, from the start of the (first) file.
     pub fn data_offset(&self) -> u64 {
-        self.data_offset
+        self.parts[0].data_offset
     }
 
+    /// Bytes of the file, or of all the parts of a split model together.
     pub fn file_size(&self) -> u64 {
-        self.storage.len() as u64
+        self.parts.iter().map(|p| p.storage.len() as u64).sum()
     }
 
-    /// The whole file image.
+    /// The whole image of the (first) file.
     pub fn bytes(&self) -> &[u8] {
-        &self.storage
+        &self.parts[0].storage
+    }
+
+    /// How many files the model was read from (more than one for a split model).
+    pub fn part_count(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// The files the model was read from, first part first (empty for an image held in
+    /// memory).
+    pub fn paths(&self) -> Vec<&Path> {
+        self.parts
+            .iter()
+            .filter_map(|p| p.path.as_deref())
+            .collect()
     }
 
     /// Releases once more every range released so far ([`TensorBytes::release_resident`]),
@@ -408,17 +477,20 @@ impl GgufFile {
     /// widened to f32, the next matrix to repack) can bring back pages of a neighbour
     /// released before it. Returns how many ranges were released again.
     pub fn release_again(&self) -> usize {
-        match &*self.storage {
-            #[cfg(unix)]
-            Storage::Mmap(map) => {
-                // Advising takes no lock, so the list is read under its own.
-                map.released()
-                    .iter()
-                    .filter(|&&(offset, len)| map.advise_dont_need(offset, len))
-                    .count()
-            }
-            _ => 0,
-        }
+        self.parts
+            .iter()
+            .map(|part| match &*part.storage {
+                #[cfg(unix)]
+                Storage::Mmap(map) => {
+                    // Advising takes no lock, so the list is read under its own.
+                    map.released()
+                        .iter()
+                        .filter(|&&(offset, len)| map.advise_dont_need(offset, len))
+                        .count()
+                }
+                _ => 0,
+            })
+            .sum()
     }
 }
 

@@ -324,8 +324,9 @@ fn write_to_and_open_match_to_bytes() {
         f.tensor_data("c.q8").unwrap().as_slice(),
         &(0..68).map(|i| i as u8).collect::<Vec<_>>()[..]
     );
-    let _: &Storage = &f.storage;
-    assert!(matches!(*f.storage, Storage::Mmap(_)));
+    let _: &Storage = &f.parts[0].storage;
+    assert!(matches!(*f.parts[0].storage, Storage::Mmap(_)));
+    assert_eq!(f.paths(), vec![path.as_path()]);
 }
 
 #[test]
