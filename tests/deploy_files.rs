@@ -1,7 +1,10 @@
 //! The deployment files hold together: the Kubernetes pod can read its token, its memory
 //! limit holds the model and the KV budget it is given, every volume it mounts is defined,
-//! and the launchd and systemd units run unprivileged with a system-call filter.
+//! it serves a Hugging Face reference pulled into a writable shared cache at `HF_HOME` (as
+//! does the image, with the cache as a volume), and the launchd and systemd units run
+//! unprivileged with a system-call filter.
 
+use inferno::hub::ModelRef;
 use inferno::model::synth::SynthSpec;
 use inferno::tensor::GgmlType;
 use serde_yaml::Value;
@@ -247,4 +250,91 @@ fn the_image_checks_its_own_health() {
         dockerfile.contains("libvulkan1"),
         "the gpu backend needs the Vulkan loader"
     );
+}
+
+/// The value of environment variable `name` in a container spec.
+fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
+    container["env"]
+        .as_sequence()?
+        .iter()
+        .find(|e| e["name"] == name)
+}
+
+#[test]
+fn the_pod_pulls_its_model_by_reference_into_a_shared_cache() {
+    let docs = kubernetes_documents();
+    let deployment = of_kind(&docs, "Deployment")[0];
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args = container["args"].as_sequence().unwrap();
+    let model = arg(args, "model").expect("--model");
+    assert!(!model.starts_with('/'), "a pre-copied file: {model}");
+    let r = ModelRef::parse(model).unwrap_or_else(|e| panic!("{e}"));
+    assert!(r.quant.is_some(), "the quantization is pinned: {model}");
+    // HF_HOME is a writable mount of a shared claim.
+    let home = env_value(container, "HF_HOME")
+        .and_then(|e| e["value"].as_str())
+        .expect("HF_HOME is set");
+    let mount = container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == home)
+        .expect("a volume is mounted at HF_HOME");
+    assert_ne!(
+        mount["readOnly"],
+        Value::Bool(true),
+        "the cache must be writable"
+    );
+    let volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert!(!volume["persistentVolumeClaim"]["readOnly"]
+        .as_bool()
+        .unwrap_or(false));
+    let claim_name = volume["persistentVolumeClaim"]["claimName"]
+        .as_str()
+        .expect("the cache is a PersistentVolumeClaim, kept across restarts");
+    let claim = of_kind(&docs, "PersistentVolumeClaim")
+        .into_iter()
+        .find(|c| c["metadata"]["name"] == claim_name)
+        .unwrap();
+    let replicas = deployment["spec"]["replicas"].as_u64().unwrap_or(1);
+    let modes = claim["spec"]["accessModes"].as_sequence().unwrap();
+    assert!(
+        replicas == 1 || modes.iter().any(|m| m == "ReadWriteMany"),
+        "{replicas} replicas share the cache: ReadWriteMany"
+    );
+    assert!(env_value(container, "HF_HUB_OFFLINE").is_none());
+    // A gated repository's token is optional.
+    let token = env_value(container, "HF_TOKEN").expect("HF_TOKEN from a Secret");
+    assert_eq!(
+        token["valueFrom"]["secretKeyRef"]["optional"],
+        Value::Bool(true)
+    );
+    // The first start pulls: the startup probe waits longer than loading alone takes.
+    let probe = &container["startupProbe"];
+    let secs =
+        probe["periodSeconds"].as_u64().unwrap() * probe["failureThreshold"].as_u64().unwrap();
+    assert!(secs >= 15 * 60, "{secs} s to pull and load");
+}
+
+#[test]
+fn the_image_keeps_the_hugging_face_cache_on_a_volume() {
+    let dockerfile = read("Dockerfile");
+    let home = dockerfile
+        .lines()
+        .find_map(|l| l.strip_prefix("ENV HF_HOME="))
+        .expect("the image sets HF_HOME");
+    assert!(
+        dockerfile.contains(&format!("VOLUME [\"{home}\"]")),
+        "HF_HOME is a volume"
+    );
+    // Made writable for the user the image runs as.
+    assert!(dockerfile.contains(&format!("-o 10001 -g 10001 {home}")));
+    assert!(dockerfile.contains("USER 10001"));
+    assert!(dockerfile.contains("serve --model Qwen/Qwen3-0.6B-GGUF:Q8_0"));
 }

@@ -239,7 +239,7 @@ fn pull_chooses_the_quantization_and_shares_the_cache_with_huggingface_hub() {
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
-    assert_eq!(blobs, [sha.clone()]);
+    assert_eq!(blobs, std::slice::from_ref(&sha));
 
     // Python's huggingface_hub finds it where it would have put it.
     let found = python_hub(

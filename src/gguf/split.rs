@@ -136,6 +136,9 @@ pub(crate) fn open_parts(
     join(parts)
 }
 
+/// What the first part alone gives a split model: version, alignment, metadata and its index.
+type FirstPart = (u32, u64, Vec<(String, Value)>, HashMap<String, usize>);
+
 /// Joins parsed parts, first part first: checks each part's place and the tensor count,
 /// and takes the metadata from the first part.
 pub(crate) fn join(parts: Vec<(PathBuf, Storage, Parsed)>) -> Result<GgufFile, GgufError> {
@@ -148,7 +151,7 @@ pub(crate) fn join(parts: Vec<(PathBuf, Storage, Parsed)>) -> Result<GgufFile, G
     // Which part each tensor came from, for the error naming a repeated one.
     let mut files: Vec<PathBuf> = Vec::with_capacity(parts.len());
     let mut out_parts = Vec::with_capacity(parts.len());
-    let mut first: Option<(u32, u64, Vec<(String, Value)>, HashMap<String, usize>)> = None;
+    let mut first: Option<FirstPart> = None;
     let mut expected_tensors = None;
     for (i, (path, storage, p)) in parts.into_iter().enumerate() {
         let bad = |reason: String| GgufError::SplitPart {

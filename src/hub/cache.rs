@@ -448,7 +448,7 @@ mod tests {
         let listed = cached_models(cache);
         assert_eq!(listed[1].reference, format!("u/r:Q8_0@{other}"));
         let r = remove(cache, "u/r", &commit, &listed[0].model).unwrap();
-        assert_eq!(r.files, [p.clone()]);
+        assert_eq!(r.files, std::slice::from_ref(&p));
         assert_eq!(r.bytes, 0);
         assert!(rc.blob(&sha).exists());
         assert!(!rc.snapshot_dir(&commit).exists());

@@ -396,8 +396,7 @@ impl hf_hub::api::Progress for Progress {
         self.done += size as u64;
         if let Some(bar) = &self.bar {
             bar.set_position(self.done);
-        } else if self.total > 0 {
-            let tenths = self.done * 10 / self.total;
+        } else if let Some(tenths) = (self.done * 10).checked_div(self.total) {
             if tenths > self.logged_tenths {
                 self.logged_tenths = tenths;
                 info!(file = %self.file, percent = tenths * 10, "downloading");

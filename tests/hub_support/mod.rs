@@ -242,7 +242,7 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response {
         .unwrap()
 }
 
-fn find_repo(s: &Shared, user: &str, repo: &str, rev: &str) -> Result<RepoSpec, Response> {
+fn find_repo(s: &Shared, user: &str, repo: &str, rev: &str) -> Result<RepoSpec, Box<Response>> {
     let id = format!("{user}/{repo}");
     let r = s
         .repos
@@ -257,11 +257,11 @@ fn find_repo(s: &Shared, user: &str, repo: &str, rev: &str) -> Result<RepoSpec, 
             )
         })?;
     if rev != "main" && rev != r.commit {
-        return Err(error(
+        return Err(Box::new(error(
             StatusCode::NOT_FOUND,
             "RevisionNotFound",
             &format!("Invalid rev id: {rev}"),
-        ));
+        )));
     }
     Ok(r)
 }
@@ -278,7 +278,7 @@ async fn info(
     record(&s, "hub", &method, path, &headers);
     let r = match find_repo(&s.0.lock().unwrap(), &p["user"], &p["repo"], &rev) {
         Ok(r) => r,
-        Err(e) => return e,
+        Err(e) => return *e,
     };
     let blobs = uri
         .query()
@@ -332,7 +332,7 @@ async fn resolve(
         let shared = s.0.lock().unwrap();
         match find_repo(&shared, &p["user"], &p["repo"], rev) {
             Ok(r) => (r, shared.cdn.clone()),
-            Err(e) => return e,
+            Err(e) => return *e,
         }
     };
     if let Some(token) = &r.token {
