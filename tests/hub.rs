@@ -614,7 +614,6 @@ fn a_split_model_pulls_every_part_and_runs_as_the_unsplit_file() {
 async fn serve_pulls_the_model_while_health_says_not_serving() {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
-    use tonic_health::pb::HealthCheckRequest;
 
     let env = Env::new();
     env.hub.set_fault(
@@ -641,15 +640,10 @@ async fn serve_pulls_the_model_while_health_says_not_serving() {
     });
     // Mid-pull: not serving, on gRPC and on /healthz.
     let mut health = HealthClient::new(service_support::channel(p.addr).await);
-    let status = health
-        .check(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status();
-    assert_eq!(status, ServingStatus::NotServing);
+    assert_eq!(
+        service_support::health_status(&mut health).await,
+        ServingStatus::NotServing
+    );
     let healthz = service_support::http_get(p.metrics, "/healthz");
     assert!(healthz.starts_with("HTTP/1.1 503"), "{healthz}");
     hub.release();

@@ -158,14 +158,15 @@ impl ModelSpec {
     /// missing, so the error says so; anything else must be a Hub reference.
     pub fn parse(text: &str) -> Result<Self, String> {
         let path = Path::new(text);
-        if path.exists() {
-            return Ok(ModelSpec::Local(path.to_path_buf()));
-        }
+        let missing = match std::fs::metadata(path) {
+            Ok(_) => return Ok(ModelSpec::Local(path.to_path_buf())),
+            Err(e) => e,
+        };
         let looks_local = text.starts_with(['/', '.', '~', '\\'])
             || text.contains('\\')
             || (text.split('/').count() <= 2 && text.to_ascii_lowercase().ends_with(".gguf"));
         if looks_local {
-            return Err(format!("no such model file: {text}"));
+            return Err(format!("cannot read GGUF file {text}: {missing}"));
         }
         ModelRef::parse(text).map(ModelSpec::Hub).map_err(|e| {
             if text.contains('/') {
@@ -260,9 +261,15 @@ mod tests {
         let text = file.to_str().unwrap();
         assert_eq!(ModelSpec::parse(text), Ok(ModelSpec::Local(file.clone())));
         let err = ModelSpec::parse("./missing.gguf").unwrap_err();
-        assert!(err.contains("no such model file"), "{err}");
+        assert!(
+            err.contains("cannot read GGUF file ./missing.gguf: "),
+            "{err}"
+        );
         let err = ModelSpec::parse("models/missing.gguf").unwrap_err();
-        assert!(err.contains("no such model file"), "{err}");
+        assert!(
+            err.contains("models/missing.gguf") && err.contains("os error"),
+            "{err}"
+        );
         assert_eq!(
             ModelSpec::parse("Qwen/Qwen3-0.6B-GGUF:Q8_0"),
             Ok(ModelSpec::Hub(r(

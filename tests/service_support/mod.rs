@@ -248,18 +248,22 @@ pub fn spawn_serve_command(mut cmd: Command) -> ServeProcess {
     }
 }
 
+/// What grpc health says of the whole server (service "").
+pub async fn health_status(health: &mut HealthClient<Channel>) -> ServingStatus {
+    health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status()
+}
+
 pub async fn wait_serving(addr: SocketAddr) {
     let mut health = HealthClient::new(channel(addr).await);
     for _ in 0..1200 {
-        let s = health
-            .check(HealthCheckRequest {
-                service: String::new(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .status();
-        if s == ServingStatus::Serving {
+        if health_status(&mut health).await == ServingStatus::Serving {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
