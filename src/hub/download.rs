@@ -413,7 +413,7 @@ impl hf_hub::api::Progress for Progress {
                 file = %self.file,
                 received = self.done,
                 expected = self.total,
-                "the download stopped early; resuming"
+                "the download ended short of the file's size"
             );
         }
     }
