@@ -418,6 +418,29 @@ fn a_gated_repository_says_how_to_pass_a_token() {
     }));
 }
 
+/// A token set for gated repositories does not travel with a public repository's
+/// downloads, so the host the Hub redirects file bodies to never sees it.
+#[test]
+fn a_public_repository_is_downloaded_without_the_token() {
+    let env = Env::new();
+    let out = env
+        .command(&["pull", TINY])
+        .env("HF_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = env.hub.seen();
+    assert!(seen.iter().any(|s| s.host == "cdn"), "{seen:?}");
+    assert!(
+        seen.iter().all(|s| s.host != "cdn" || s.auth.is_none()),
+        "{seen:?}"
+    );
+}
+
 impl Env {
     fn pull_with_token(&self, file: &Path) -> PathBuf {
         PathBuf::from(

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use hf_hub::api::sync::{Api, ApiBuilder, ApiError};
 use hf_hub::{Cache, Repo, RepoType};
 use serde::Deserialize;
+use serde_json::Value;
 use tracing::{info, warn};
 
 use super::cache::RepoCache;
@@ -32,6 +33,8 @@ pub struct RepoFile {
 pub struct Listing {
     pub commit: String,
     pub files: Vec<RepoFile>,
+    /// The repository is private or gated: its files are only served with a token.
+    pub needs_token: bool,
 }
 
 #[derive(Deserialize)]
@@ -39,6 +42,11 @@ struct InfoJson {
     sha: Option<String>,
     #[serde(default)]
     siblings: Vec<SiblingJson>,
+    #[serde(default)]
+    private: bool,
+    /// `false`, or the kind of gating (`"auto"`, `"manual"`).
+    #[serde(default)]
+    gated: Value,
 }
 
 #[derive(Deserialize)]
@@ -54,11 +62,17 @@ struct LfsJson {
     size: Option<u64>,
 }
 
-/// The `hf-hub` client for these options (its own progress bar off: ours reports).
-pub(super) fn api(opts: &HubOptions) -> Result<Api, HubError> {
+/// The `hf-hub` client for these options (its own progress bar off: ours reports), sending
+/// the token only `with_token`.
+///
+/// hf-hub sends its headers, the token among them, on the one-byte size probe it makes at
+/// the host the Hub redirects a file to; huggingface_hub drops the token there. So files of
+/// a public repository are downloaded without it, and only a private or gated repository's
+/// downloads carry it.
+pub(super) fn api(opts: &HubOptions, with_token: bool) -> Result<Api, HubError> {
     ApiBuilder::from_cache(Cache::new(opts.cache.clone()))
         .with_endpoint(opts.endpoint.clone())
-        .with_token(opts.token.clone())
+        .with_token(opts.token.clone().filter(|_| with_token))
         .with_progress(false)
         // A dropped connection resumes from the bytes already written.
         .with_retries(3)
@@ -108,7 +122,12 @@ pub(super) fn listing(
             path: s.rfilename,
         })
         .collect();
-    Ok(Listing { commit, files })
+    let needs_token = info.private || !matches!(info.gated, Value::Null | Value::Bool(false));
+    Ok(Listing {
+        commit,
+        files,
+        needs_token,
+    })
 }
 
 /// An HTTP failure, said as the Hub means it (`X-Error-Code`, as `huggingface_hub` reads).

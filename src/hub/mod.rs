@@ -198,8 +198,8 @@ pub fn pull(r: &ModelRef, opts: &HubOptions) -> Result<Pulled, HubError> {
     if opts.offline {
         return cached(r, opts, "(HF_HUB_OFFLINE is set, so nothing is downloaded)");
     }
-    let api = download::api(opts)?;
-    let listing = match download::listing(&api, opts, &r.repo, r.revision()) {
+    let listing = match download::listing(&download::api(opts, true)?, opts, &r.repo, r.revision())
+    {
         Ok(l) => l,
         Err(e @ HubError::Network { .. }) => {
             // As huggingface_hub does: what the cache has for this revision still runs.
@@ -241,6 +241,7 @@ pub fn pull(r: &ModelRef, opts: &HubOptions) -> Result<Pulled, HubError> {
         commit = %listing.commit,
         "pulling"
     );
+    let api = download::api(opts, listing.needs_token)?;
     let mut parts = Vec::with_capacity(model.parts.len());
     let mut downloaded = 0;
     for part in &model.parts {
