@@ -81,7 +81,7 @@ async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
     let m = http_get(p.metrics, "/metrics");
     assert!(m.starts_with("HTTP/1.1 200 OK"), "{m}");
     assert!(
-        m.contains("inferno_requests_total{method=\"Generate\",code=\"OK\"} 4"),
+        m.contains("inferno_requests_total{method=\"Generate\",code=\"OK\",protocol=\"grpc\"} 4"),
         "{m}"
     );
     assert!(m.contains("inferno_generated_tokens_total 16"), "{m}");

@@ -45,7 +45,8 @@ pub use generate::{
 #[cfg(feature = "fault-injection")]
 pub use job::FAULT_PANIC_REQUEST_ID;
 pub use job::{
-    Done, Event, Job, JobError, Logprobs, Outcome, Timings, TokenLogprob, TokenOut, MAX_LOGPROBS,
+    Done, Event, Job, JobError, Logprobs, Outcome, Protocol, Timings, TokenLogprob, TokenOut,
+    MAX_LOGPROBS,
 };
 pub use kv_pool::KvUsage;
 pub use limits::{EngineConfig, Limits};

@@ -3,7 +3,7 @@
 //! Linux, the standard `process_*` metrics, rendered in the text exposition format; and a
 //! minimal HTTP endpoint that serves them and a `/healthz` probe.
 
-use crate::engine::{KvUsage, Observer, Outcome};
+use crate::engine::{KvUsage, Observer, Outcome, Protocol};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -142,8 +142,8 @@ impl Histogram {
 
 /// Everything the service counts.
 pub struct Metrics {
-    /// Finished requests by (method, gRPC status code name).
-    requests: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// Finished requests by (method, gRPC status code name, protocol).
+    requests: Mutex<BTreeMap<(&'static str, &'static str, &'static str), u64>>,
     /// Tokens streamed so far, counted one by one as they are sampled.
     tokens: AtomicU64,
     prompt_tokens: AtomicU64,
@@ -203,23 +203,31 @@ impl Metrics {
         self.prompt_tokens_reused.load(Ordering::Relaxed)
     }
 
-    /// Counts one finished request.
-    pub fn request(&self, method: &'static str, code: &'static str) {
+    /// Counts one finished request that came through `protocol`.
+    pub fn request(&self, protocol: Protocol, method: &'static str, code: &'static str) {
         let mut m = self
             .requests
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *m.entry((method, code)).or_insert(0) += 1;
+        *m.entry((method, code, protocol.as_str())).or_insert(0) += 1;
     }
 
-    /// Finished requests of `method` with status `code` so far.
+    /// Finished requests of `method` with status `code` so far, over both protocols.
     pub fn requests(&self, method: &str, code: &str) -> u64 {
+        self.requests_by(None, method, code)
+    }
+
+    /// Finished requests of `method` with status `code` so far through `protocol` (or
+    /// any, for `None`).
+    pub fn requests_by(&self, protocol: Option<Protocol>, method: &str, code: &str) -> u64 {
         let m = self
             .requests
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         m.iter()
-            .filter(|((me, c), _)| *me == method && *c == code)
+            .filter(|((me, c, p), _)| {
+                *me == method && *c == code && protocol.is_none_or(|want| want.as_str() == *p)
+            })
             .map(|(_, n)| *n)
             .sum()
     }
@@ -271,7 +279,8 @@ impl Metrics {
     pub fn render(&self, queue_depth: usize, queue_capacity: usize) -> String {
         let mut out = String::with_capacity(4096);
         out.push_str(
-            "# HELP inferno_requests_total Finished requests by method and gRPC status code.\n",
+            "# HELP inferno_requests_total Finished requests by method, gRPC status code \
+             (an HTTP response's equivalent) and protocol (grpc or http).\n",
         );
         out.push_str("# TYPE inferno_requests_total counter\n");
         {
@@ -279,10 +288,11 @@ impl Metrics {
                 .requests
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            for ((method, code), n) in m.iter() {
+            for ((method, code, protocol), n) in m.iter() {
                 let _ = writeln!(
                     out,
-                    "inferno_requests_total{{method=\"{method}\",code=\"{code}\"}} {n}"
+                    "inferno_requests_total{{method=\"{method}\",code=\"{code}\",\
+                     protocol=\"{protocol}\"}} {n}"
                 );
             }
         }
@@ -393,8 +403,8 @@ impl Observer for Metrics {
             .running
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
-    fn finished(&self, outcome: Outcome) {
-        self.request("Generate", outcome.code_name());
+    fn finished(&self, outcome: Outcome, protocol: Protocol) {
+        self.request(protocol, "Generate", outcome.code_name());
     }
     fn step(&self, batch_size: usize, _decode_rows: usize, _prefill_rows: usize) {
         self.batch_size.observe(batch_size as u64);
@@ -537,13 +547,26 @@ mod tests {
     #[test]
     fn render_lists_requests_by_method_and_code() {
         let m = Metrics::new();
-        m.request("Generate", "OK");
-        m.request("Generate", "OK");
-        m.finished(Outcome::Cancelled);
+        m.request(Protocol::Grpc, "Generate", "OK");
+        m.request(Protocol::Grpc, "Generate", "OK");
+        m.finished(Outcome::Cancelled, Protocol::Grpc);
+        m.finished(Outcome::Cancelled, Protocol::Http);
         m.tokens_generated(5);
         let text = m.render(3, 16);
-        assert!(text.contains("inferno_requests_total{method=\"Generate\",code=\"OK\"} 2\n"));
-        assert!(text.contains("inferno_requests_total{method=\"Generate\",code=\"CANCELLED\"} 1\n"));
+        assert!(text.contains(
+            "inferno_requests_total{method=\"Generate\",code=\"OK\",protocol=\"grpc\"} 2\n"
+        ));
+        assert!(text.contains(
+            "inferno_requests_total{method=\"Generate\",code=\"CANCELLED\",protocol=\"grpc\"} 1\n"
+        ));
+        assert!(text.contains(
+            "inferno_requests_total{method=\"Generate\",code=\"CANCELLED\",protocol=\"http\"} 1\n"
+        ));
+        assert_eq!(m.requests("Generate", "CANCELLED"), 2);
+        assert_eq!(
+            m.requests_by(Some(Protocol::Http), "Generate", "CANCELLED"),
+            1
+        );
         assert!(text.contains("inferno_queue_depth 3\n"));
         // Tokens count as they stream; a request's total at its end adds nothing more.
         assert!(

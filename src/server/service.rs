@@ -9,7 +9,8 @@ use crate::engine::plan::{
 };
 use crate::engine::reply::Reply;
 use crate::engine::{
-    Engine, EngineState, Event, FinishReason, Job, JobError, Served, SubmitError, TokenLogprob,
+    Engine, EngineState, Event, FinishReason, Job, JobError, Protocol, Served, SubmitError,
+    TokenLogprob,
 };
 use crate::sampling::constraint::ResponseFormat;
 use crate::sampling::SamplingParams;
@@ -91,6 +92,7 @@ impl InferenceService {
     /// Records the outcome of a unary call.
     fn count<T>(&self, method: &'static str, r: Result<T, Status>) -> Result<T, Status> {
         self.metrics.request(
+            Protocol::Grpc,
             method,
             match &r {
                 Ok(_) => "OK",
@@ -280,6 +282,8 @@ fn sampling_params(p: Option<&pb::SamplingParams>) -> SamplingParams {
         min_p: p.min_p.unwrap_or(d.min_p),
         repeat_penalty: p.repeat_penalty.unwrap_or(d.repeat_penalty),
         repeat_last_n: p.repeat_last_n.map_or(d.repeat_last_n, |n| n as usize),
+        frequency_penalty: p.frequency_penalty.unwrap_or(d.frequency_penalty),
+        presence_penalty: p.presence_penalty.unwrap_or(d.presence_penalty),
         seed: p.seed.or(d.seed),
     }
 }
