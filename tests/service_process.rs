@@ -211,7 +211,7 @@ fn serve_rejects_an_unknown_backend_at_once() {
 /// Runs `inferno serve` with `args` on a free port and waits for it to exit (hang guard).
 fn serve_exit(args: &[&str]) -> (std::process::ExitStatus, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "none"])
         .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -286,7 +286,8 @@ fn serve_names_the_bad_tls_file() {
 #[cfg(target_os = "linux")]
 fn spawn_serve_limited(ulimit: &str) -> ServeProcess {
     let script = format!(
-        "ulimit {ulimit} && exec \"$0\" serve --listen 127.0.0.1:0 --metrics-addr 127.0.0.1:0"
+        "ulimit {ulimit} && exec \"$0\" serve --listen 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
+         --http-listen 127.0.0.1:0"
     );
     let mut cmd = Command::new("sh");
     cmd.args(["-c", &script, env!("CARGO_BIN_EXE_inferno")]);

@@ -777,10 +777,12 @@ mod tests {
         spec
     }
 
+    type Change = Box<dyn Fn(&mut PromptSpec)>;
+
     /// Each refusal names the field it concerns.
     #[test]
     fn errors_know_their_field() {
-        let cases: Vec<(Box<dyn Fn(&mut PromptSpec)>, Field, &str)> = vec![
+        let cases: Vec<(Change, Field, &str)> = vec![
             (
                 Box::new(|s| s.tool_choice = ToolChoice::Function("nope".into())),
                 Field::ToolChoice,

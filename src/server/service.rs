@@ -2,15 +2,14 @@
 //! engine's events back as gRPC messages. Handlers never touch the model; they use the
 //! tokenizer side ([`Served`], which checks and builds each request) and the engine's queue.
 
-use super::metrics::Metrics;
+use super::core::{Core, CpuJobError};
 use super::pb;
 use crate::engine::plan::{
     self, GenerateSpec, Input, Message, PlanError, PromptSpec, Tool, ToolCall, ToolChoice,
 };
 use crate::engine::reply::Reply;
 use crate::engine::{
-    Engine, EngineState, Event, FinishReason, Job, JobError, Protocol, Served, SubmitError,
-    TokenLogprob,
+    Event, FinishReason, Job, JobError, Protocol, Served, SubmitError, TokenLogprob,
 };
 use crate::sampling::constraint::ResponseFormat;
 use crate::sampling::SamplingParams;
@@ -19,79 +18,45 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-/// Limits of the handlers, set by the server's configuration.
-#[derive(Clone, Debug)]
-pub struct HandlerLimits {
-    /// `max_tokens` of a Generate request that does not set it.
-    pub default_max_tokens: usize,
-    /// Largest text a call may ask to tokenize (a Tokenize text, a prompt, or the sum of a
-    /// chat's message contents).
-    pub max_text_bytes: usize,
-    /// Tokenize, Detokenize and prompt preparations that run at once; more wait their turn.
-    pub cpu_jobs: usize,
-}
-
 pub struct InferenceService {
-    engine: Arc<Engine>,
-    metrics: Arc<Metrics>,
-    default_max_tokens: usize,
-    max_text_bytes: usize,
-    /// Bounds the handlers' CPU work on the blocking threads.
-    cpu_jobs: Arc<Semaphore>,
+    core: Arc<Core>,
 }
 
 impl InferenceService {
-    pub fn new(engine: Arc<Engine>, metrics: Arc<Metrics>, limits: HandlerLimits) -> Self {
-        Self {
-            engine,
-            metrics,
-            default_max_tokens: limits.default_max_tokens.max(1),
-            max_text_bytes: limits.max_text_bytes,
-            cpu_jobs: Arc::new(Semaphore::new(limits.cpu_jobs.max(1))),
-        }
+    pub fn new(core: Arc<Core>) -> Self {
+        Self { core }
     }
 
-    /// Runs a handler's CPU work (tokenizing, detokenizing) on a blocking thread, at most
-    /// `cpu_jobs` at once: on the runtime's few threads it would stall every stream and
-    /// health check while it runs.
+    /// Runs a handler's CPU work on the shared pool ([`Core::cpu_job`]).
     async fn cpu_job<T: Send + 'static>(
         &self,
         work: impl FnOnce() -> Result<T, Status> + Send + 'static,
     ) -> Result<T, Status> {
-        let permit = Arc::clone(&self.cpu_jobs)
-            .acquire_owned()
-            .await
-            .map_err(|_| Status::unavailable("the server is shutting down"))?;
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            work()
-        })
-        .await
-        .unwrap_or_else(|e| Err(Status::internal(format!("the request's work failed: {e}"))))
+        match self.core.cpu_job(work).await {
+            Ok(r) => r,
+            Err(e @ CpuJobError::ShuttingDown) => Err(Status::unavailable(e.to_string())),
+            Err(e @ CpuJobError::Failed(_)) => Err(Status::internal(e.to_string())),
+        }
     }
 
     /// Refuses a text too large to tokenize.
     fn check_text_size(&self, what: &'static str, bytes: usize) -> Result<(), Status> {
-        plan::check_text_bytes(what, bytes, self.max_text_bytes).map_err(plan_status)
+        plan::check_text_bytes(what, bytes, self.core.max_text_bytes).map_err(plan_status)
     }
 
     fn served(&self) -> Result<Arc<Served>, Status> {
-        match self.engine.state() {
-            EngineState::Ready(s) => Ok(s),
-            EngineState::Loading => Err(Status::unavailable("the model is still loading")),
-            EngineState::Failed(e) => Err(Status::unavailable(format!(
-                "the model failed to load: {e}"
-            ))),
-        }
+        self.core
+            .served()
+            .map_err(|e| Status::unavailable(e.to_string()))
     }
 
     /// Records the outcome of a unary call.
     fn count<T>(&self, method: &'static str, r: Result<T, Status>) -> Result<T, Status> {
-        self.metrics.request(
+        self.core.metrics.request(
             Protocol::Grpc,
             method,
             match &r {
@@ -448,15 +413,15 @@ impl pb::inference_server::Inference for InferenceService {
             Ok(s) => s,
             Err(e) => return self.count("Generate", Err(e)),
         };
-        if self.engine.is_closed() {
+        if self.core.engine.is_closed() {
             return self.count(
                 "Generate",
                 Err(Status::unavailable("the server is shutting down")),
             );
         }
-        if self.engine.queue_full() {
+        if self.core.engine.queue_full() {
             // Refuse before tokenizing: under overload, refusals must stay cheap.
-            let capacity = self.engine.queue_capacity();
+            let capacity = self.core.engine.queue_capacity();
             return self.count(
                 "Generate",
                 Err(Status::resource_exhausted(
@@ -468,10 +433,10 @@ impl pb::inference_server::Inference for InferenceService {
             Ok(s) => s,
             Err(e) => return self.count("Generate", Err(e)),
         };
-        if let Err(e) = plan::check_text_size(&spec.prompt, self.max_text_bytes) {
+        if let Err(e) = plan::check_text_size(&spec.prompt, self.core.max_text_bytes) {
             return self.count("Generate", Err(plan_status(e)));
         }
-        let default_max = self.default_max_tokens;
+        let default_max = self.core.default_max_tokens;
         let served2 = Arc::clone(&served);
         let p = match self
             .cpu_job(move || plan::prepare(spec, &served2, default_max).map_err(plan_status))
@@ -485,7 +450,7 @@ impl pb::inference_server::Inference for InferenceService {
         let mut job = Job::new(p.request_id, p.prompt, p.options, tx);
         job.logprobs = p.logprobs;
         job.deadline = deadline;
-        if let Err(e) = self.engine.submit(job) {
+        if let Err(e) = self.core.engine.submit(job) {
             let status = match e {
                 SubmitError::QueueFull { .. } => Status::resource_exhausted(e.to_string()),
                 SubmitError::Loading | SubmitError::LoadFailed(_) | SubmitError::ShuttingDown => {
@@ -563,7 +528,7 @@ impl pb::inference_server::Inference for InferenceService {
                 quantization: s.quantization.clone(),
                 backend: d.backend.clone(),
                 threads: d.threads as u32,
-                queue_capacity: self.engine.queue_capacity() as u32,
+                queue_capacity: self.core.engine.queue_capacity() as u32,
                 n_layers: c.n_layers as u32,
                 hidden_size: c.hidden as u32,
                 demo: d.demo,
