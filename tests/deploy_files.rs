@@ -261,7 +261,11 @@ fn gateway_documents() -> Vec<Value> {
         for doc in serde_yaml::Deserializer::from_str(&text) {
             let v = <Value as serde::Deserialize>::deserialize(doc)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            assert!(v["kind"].is_string(), "{}: a document without kind", path.display());
+            assert!(
+                v["kind"].is_string(),
+                "{}: a document without kind",
+                path.display()
+            );
             docs.push(v);
         }
     }
@@ -301,17 +305,27 @@ fn the_inference_gateway_reaches_the_http_port_and_reads_metrics_the_server_expo
     // The pool selects the server's pods on the port its --http-listen gives.
     let pool = of_kind(&gw, "InferencePool")[0];
     assert_eq!(pool["apiVersion"], "inference.networking.k8s.io/v1");
-    let labels = pool["spec"]["selector"]["matchLabels"].as_mapping().unwrap();
+    let labels = pool["spec"]["selector"]["matchLabels"]
+        .as_mapping()
+        .unwrap();
     assert!(!labels.is_empty());
     for (k, v) in labels {
         assert_eq!(&pod["metadata"]["labels"][k], v, "pod label {k:?}");
     }
     let target = pool["spec"]["targetPorts"][0]["number"].as_u64().unwrap();
     let listen = arg(args, "http-listen").expect("--http-listen");
-    assert!(listen.starts_with("0.0.0.0:"), "{listen}: reachable from the gateway");
-    assert_eq!(listen.rsplit(':').next().unwrap().parse::<u64>().unwrap(), target);
+    assert!(
+        listen.starts_with("0.0.0.0:"),
+        "{listen}: reachable from the gateway"
+    );
+    assert_eq!(
+        listen.rsplit(':').next().unwrap().parse::<u64>().unwrap(),
+        target
+    );
     let ports = container["ports"].as_sequence().unwrap();
-    assert!(ports.iter().any(|p| p["containerPort"].as_u64() == Some(target)));
+    assert!(ports
+        .iter()
+        .any(|p| p["containerPort"].as_u64() == Some(target)));
     assert!(
         arg(args, "auth-token-file").is_some(),
         "a pod behind a gateway keeps its token"
@@ -338,7 +352,10 @@ fn the_inference_gateway_reaches_the_http_port_and_reads_metrics_the_server_expo
         .unwrap()
         .ends_with("/epp:v1.4.0"));
     let epp_args = epp_container["args"].as_sequence().unwrap();
-    assert_eq!(flag(epp_args, "pool-name"), pool["metadata"]["name"].as_str());
+    assert_eq!(
+        flag(epp_args, "pool-name"),
+        pool["metadata"]["name"].as_str()
+    );
     assert!(epp_container["ports"]
         .as_sequence()
         .unwrap()
@@ -358,7 +375,11 @@ fn the_inference_gateway_reaches_the_http_port_and_reads_metrics_the_server_expo
         .iter()
         .find(|v| v["name"] == mount["name"])
         .unwrap();
-    let cm = named(&gw, "ConfigMap", volume["configMap"]["name"].as_str().unwrap());
+    let cm = named(
+        &gw,
+        "ConfigMap",
+        volume["configMap"]["name"].as_str().unwrap(),
+    );
     let config: Value = serde_yaml::from_str(cm["data"][file].as_str().unwrap()).unwrap();
     assert_eq!(config["kind"], "EndpointPickerConfig");
     let plugins: Vec<&str> = config["plugins"]
@@ -399,10 +420,16 @@ fn the_inference_gateway_reaches_the_http_port_and_reads_metrics_the_server_expo
     for (flag_name, default) in [
         ("total-queued-requests-metric", "vllm:num_requests_waiting"),
         ("total-running-requests-metric", "vllm:num_requests_running"),
-        ("kv-cache-usage-percentage-metric", "vllm:kv_cache_usage_perc"),
+        (
+            "kv-cache-usage-percentage-metric",
+            "vllm:kv_cache_usage_perc",
+        ),
     ] {
         let name = flag(epp_args, flag_name).unwrap_or(default);
-        assert!(has(name), "the picker reads {name}, which the server does not export");
+        assert!(
+            has(name),
+            "the picker reads {name}, which the server does not export"
+        );
     }
     for off in ["lora-info-metric", "cache-info-metric"] {
         assert_eq!(flag(epp_args, off), Some(""), "{off} is switched off");

@@ -123,6 +123,29 @@ async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
         "{h}"
     );
 
+    // The same over the HTTP API (the OpenAI-compatible streamed completions).
+    let http = loadtest(
+        p.http,
+        &[
+            "--protocol",
+            "http",
+            "--concurrency",
+            "2",
+            "--requests",
+            "2",
+            "--max-tokens",
+            "4",
+        ],
+    );
+    assert_eq!(http["by_status"]["OK"], 2, "{http}");
+    assert_eq!(http["completion_tokens"], 8, "{http}");
+    assert_eq!(http["protocol"], "http", "{http}");
+    let m = http_get(p.metrics, "/metrics");
+    assert!(
+        m.contains("inferno_requests_total{method=\"Generate\",code=\"OK\",protocol=\"http\"} 2"),
+        "{m}"
+    );
+
     // --baseline: the overhead is never negative, and carries the raw difference and its
     // noise.
     let report = loadtest(

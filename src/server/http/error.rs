@@ -59,16 +59,7 @@ impl ApiError {
     /// The gRPC status code name the response stands for, as `inferno_requests_total`
     /// counts both front-ends' outcomes.
     pub fn code_name(&self) -> &'static str {
-        match self.status {
-            StatusCode::BAD_REQUEST => "INVALID_ARGUMENT",
-            StatusCode::UNAUTHORIZED => "UNAUTHENTICATED",
-            StatusCode::NOT_FOUND => "NOT_FOUND",
-            StatusCode::REQUEST_TIMEOUT | StatusCode::GATEWAY_TIMEOUT => "DEADLINE_EXCEEDED",
-            StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => "RESOURCE_EXHAUSTED",
-            StatusCode::SERVICE_UNAVAILABLE => "UNAVAILABLE",
-            StatusCode::METHOD_NOT_ALLOWED => "UNIMPLEMENTED",
-            _ => "INTERNAL",
-        }
+        code_name(self.status)
     }
 
     /// The body, as a stream's error event carries it too.
@@ -139,6 +130,22 @@ impl From<JobError> for ApiError {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
             }
         }
+    }
+}
+
+/// The gRPC status code name an HTTP status stands for (`inferno_requests_total` counts both
+/// front-ends' outcomes by it; `inferno loadtest` reports HTTP statuses by it).
+pub fn code_name(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST => "INVALID_ARGUMENT",
+        StatusCode::UNAUTHORIZED => "UNAUTHENTICATED",
+        StatusCode::NOT_FOUND => "NOT_FOUND",
+        StatusCode::REQUEST_TIMEOUT | StatusCode::GATEWAY_TIMEOUT => "DEADLINE_EXCEEDED",
+        StatusCode::PAYLOAD_TOO_LARGE | StatusCode::TOO_MANY_REQUESTS => "RESOURCE_EXHAUSTED",
+        StatusCode::SERVICE_UNAVAILABLE => "UNAVAILABLE",
+        StatusCode::METHOD_NOT_ALLOWED => "UNIMPLEMENTED",
+        s if s.is_success() => "OK",
+        _ => "INTERNAL",
     }
 }
 
