@@ -6,7 +6,7 @@
 //! `separate_reasoning: false` keeps it in the content.
 
 use super::error::{ApiError, Endpoint};
-use super::generate::{self, Merged, StreamFormat, Update};
+use super::generate::{self, Merged, Shape, StreamFormat, Update};
 use super::wire::{self, ChatRequest, Content, ToolChoiceIn};
 use super::{HttpState, JsonBody, RequestId};
 use crate::engine::plan::{
@@ -43,24 +43,7 @@ pub async fn handle(
         Ok(JsonBody(req)) => run(&state, request_id, req).await,
         Err(e) => Err(e),
     };
-    match r {
-        Ok(resp) => resp,
-        Err(e) => {
-            state.count_error("Generate", &e);
-            e.into_response()
-        }
-    }
-}
-
-/// How a request's reply is reported.
-struct Shape {
-    id: String,
-    model: String,
-    created: u64,
-    /// Logprobs asked for, and how many alternatives to show.
-    logprobs: Option<usize>,
-    include_usage: bool,
-    served: Arc<Served>,
+    r.unwrap_or_else(|e| generate::refused(&state, e))
 }
 
 async fn run(
@@ -518,13 +501,9 @@ impl StreamFormat for ChatStream {
     }
 
     fn finish(&mut self, m: &Merged, out: &mut Vec<SseEvent>) {
-        if !self.shape.include_usage {
+        let Some(usage) = generate::final_usage(&self.shape, m, &self.endings) else {
             return;
-        }
-        let done: Vec<_> = self.endings.iter().flatten().collect();
-        if done.len() != m.choices.len() {
-            return;
-        }
+        };
         let s = &self.shape;
         out.push(generate::json_event(&wire::ChatChunk {
             id: s.id.clone(),
@@ -532,7 +511,7 @@ impl StreamFormat for ChatStream {
             created: s.created,
             model: s.model.clone(),
             choices: Vec::new(),
-            usage: Some(generate::usage(&m.choices, &done)),
+            usage: Some(usage),
             system_fingerprint: fingerprint(),
         }));
     }

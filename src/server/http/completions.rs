@@ -6,7 +6,7 @@
 
 use super::chat::{common_spec, fingerprint, now, one_format};
 use super::error::{ApiError, Endpoint};
-use super::generate::{self, Merged, StreamFormat, Update};
+use super::generate::{self, Merged, Shape, StreamFormat, Update};
 use super::wire::{self, CompletionRequest, PromptIn};
 use super::{HttpState, JsonBody, RequestId};
 use crate::engine::plan::{Input, PromptSpec};
@@ -27,26 +27,7 @@ pub async fn handle(
         Ok(JsonBody(req)) => run(&state, request_id, req).await,
         Err(e) => Err(e),
     };
-    match r {
-        Ok(resp) => resp,
-        Err(e) => {
-            state.count_error("Generate", &e);
-            e.into_response()
-        }
-    }
-}
-
-/// How a request's reply is reported.
-struct Shape {
-    id: String,
-    model: String,
-    created: u64,
-    /// Logprobs asked for: how many alternatives to show.
-    logprobs: Option<usize>,
-    include_usage: bool,
-    /// Each prompt's text when echoed.
-    echo: Option<Vec<String>>,
-    served: Arc<Served>,
+    r.unwrap_or_else(|e| generate::refused(&state, e))
 }
 
 async fn run(
@@ -129,23 +110,27 @@ async fn run(
         created: now(),
         logprobs: req.logprobs.map(|k| k as usize),
         include_usage,
-        echo: echo.then_some(echoed),
         served,
     };
+    let echo = Echo(echo.then_some(echoed));
     if stream {
-        Ok(stream_reply(merged, shape))
+        Ok(stream_reply(merged, shape, echo))
     } else {
-        whole_reply(merged, shape).await
+        whole_reply(merged, shape, echo).await
     }
 }
 
-/// The echoed prompt of a choice (empty without echo).
-fn echoed(shape: &Shape, prompt: usize) -> &str {
-    shape
-        .echo
-        .as_ref()
-        .and_then(|e| e.get(prompt))
-        .map_or("", String::as_str)
+/// Each prompt's text, when echoed.
+struct Echo(Option<Vec<String>>);
+
+impl Echo {
+    /// The echoed prompt of a choice (empty without echo).
+    fn of(&self, prompt: usize) -> &str {
+        self.0
+            .as_ref()
+            .and_then(|e| e.get(prompt))
+            .map_or("", String::as_str)
+    }
 }
 
 /// Adds one token to the legacy logprobs shape, its text starting at `offset`.
@@ -174,7 +159,7 @@ fn push_logprob(
     out.text_offset.push(offset);
 }
 
-async fn whole_reply(merged: Merged, shape: Shape) -> Result<Response, ApiError> {
+async fn whole_reply(merged: Merged, shape: Shape, echo: Echo) -> Result<Response, ApiError> {
     let (choices, finished) = generate::collect(merged).await?;
     let endings: Vec<_> = finished.iter().map(|f| &f.ending).collect();
     let usage = generate::usage(&choices, &endings);
@@ -182,7 +167,7 @@ async fn whole_reply(merged: Merged, shape: Shape) -> Result<Response, ApiError>
         .iter()
         .zip(finished)
         .map(|(c, f)| {
-            let prefix = echoed(&shape, c.prompt);
+            let prefix = echo.of(c.prompt);
             let logprobs = shape.logprobs.map(|top| {
                 let mut lp = wire::CompletionLogprobs::default();
                 for (l, at) in &f.logprobs {
@@ -277,14 +262,9 @@ impl StreamFormat for CompletionStream {
     }
 
     fn finish(&mut self, m: &Merged, out: &mut Vec<SseEvent>) {
-        if !self.shape.include_usage {
+        let Some(usage) = generate::final_usage(&self.shape, m, &self.endings) else {
             return;
-        }
-        let done: Vec<_> = self.endings.iter().flatten().collect();
-        if done.len() != m.choices.len() {
-            return;
-        }
-        let usage = generate::usage(&m.choices, &done);
+        };
         let none = wire::CompletionChoice {
             index: 0,
             text: String::new(),
@@ -295,12 +275,12 @@ impl StreamFormat for CompletionStream {
     }
 }
 
-fn stream_reply(merged: Merged, shape: Shape) -> Response {
+fn stream_reply(merged: Merged, shape: Shape, echo: Echo) -> Response {
     let mut offsets = Vec::with_capacity(merged.choices.len());
     let mut opening = Vec::new();
     let format_shape = shape;
     for c in &merged.choices {
-        let prefix = echoed(&format_shape, c.prompt).to_string();
+        let prefix = echo.of(c.prompt).to_string();
         offsets.push(prefix.len());
         if !prefix.is_empty() {
             opening.push((c.index, prefix));

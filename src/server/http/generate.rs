@@ -21,6 +21,38 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tokio_stream::{StreamExt, StreamMap};
 
+/// How a request's reply is reported, on either endpoint.
+pub struct Shape {
+    /// The response's `id` (`chatcmpl-…` or `cmpl-…`, after the request id).
+    pub id: String,
+    pub model: String,
+    pub created: u64,
+    /// Logprobs asked for: how many alternatives to show per token.
+    pub logprobs: Option<usize>,
+    /// A streamed reply ends with a chunk of usage.
+    pub include_usage: bool,
+    pub served: Arc<Served>,
+}
+
+/// A generation refused before it was queued: counted, and answered.
+pub fn refused(state: &HttpState, e: ApiError) -> Response {
+    state.count_error("Generate", &e);
+    e.into_response()
+}
+
+/// The usage chunk of a stream that asked for one, once every choice has ended.
+pub fn final_usage(
+    shape: &Shape,
+    merged: &Merged,
+    endings: &[Option<Ending>],
+) -> Option<super::wire::Usage> {
+    if !shape.include_usage {
+        return None;
+    }
+    let done: Vec<&Ending> = endings.iter().flatten().collect();
+    (done.len() == merged.choices.len()).then(|| usage(&merged.choices, &done))
+}
+
 /// Most choices one request may ask for.
 pub const MAX_CHOICES: usize = 16;
 
