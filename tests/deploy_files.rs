@@ -338,3 +338,206 @@ fn the_image_keeps_the_hugging_face_cache_on_a_volume() {
     assert!(dockerfile.contains("USER 10001"));
     assert!(dockerfile.contains("serve --model Qwen/Qwen3-0.6B-GGUF:Q8_0"));
 }
+
+/// Every YAML document under deploy/kubernetes/inference-gateway.
+fn gateway_documents() -> Vec<Value> {
+    let mut docs = Vec::new();
+    for entry in std::fs::read_dir(deploy("kubernetes/inference-gateway")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = <Value as serde::Deserialize>::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(
+                v["kind"].is_string(),
+                "{}: a document without kind",
+                path.display()
+            );
+            docs.push(v);
+        }
+    }
+    docs
+}
+
+/// A flag's value in a container's args, as `--name=value` or `--name value`.
+fn flag<'a>(args: &'a [Value], name: &str) -> Option<&'a str> {
+    let long = format!("--{name}");
+    let strs: Vec<&str> = args.iter().filter_map(Value::as_str).collect();
+    strs.iter().enumerate().find_map(|(i, a)| {
+        if let Some(v) = a.strip_prefix(&format!("{long}=")) {
+            Some(v.split_whitespace().next().unwrap_or(v))
+        } else if *a == long {
+            strs.get(i + 1).copied()
+        } else {
+            None
+        }
+    })
+}
+
+fn named<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    of_kind(docs, kind)
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} named {name}"))
+}
+
+#[test]
+fn the_inference_gateway_reaches_the_http_port_and_reads_metrics_the_server_exports() {
+    let gw = gateway_documents();
+    let deployment = of_kind(&kubernetes_documents(), "Deployment")[0].clone();
+    let pod = &deployment["spec"]["template"];
+    let container = &pod["spec"]["containers"][0];
+    let args = container["args"].as_sequence().unwrap();
+
+    // The pool selects the server's pods on the port its --http-listen gives.
+    let pool = of_kind(&gw, "InferencePool")[0];
+    assert_eq!(pool["apiVersion"], "inference.networking.k8s.io/v1");
+    let labels = pool["spec"]["selector"]["matchLabels"]
+        .as_mapping()
+        .unwrap();
+    assert!(!labels.is_empty());
+    for (k, v) in labels {
+        assert_eq!(&pod["metadata"]["labels"][k], v, "pod label {k:?}");
+    }
+    let target = pool["spec"]["targetPorts"][0]["number"].as_u64().unwrap();
+    let listen = arg(args, "http-listen").expect("--http-listen");
+    assert!(
+        listen.starts_with("0.0.0.0:"),
+        "{listen}: reachable from the gateway"
+    );
+    assert_eq!(
+        listen.rsplit(':').next().unwrap().parse::<u64>().unwrap(),
+        target
+    );
+    let ports = container["ports"].as_sequence().unwrap();
+    assert!(ports
+        .iter()
+        .any(|p| p["containerPort"].as_u64() == Some(target)));
+    assert!(
+        arg(args, "auth-token-file").is_some(),
+        "a pod behind a gateway keeps its token"
+    );
+
+    // The picker: its Service, its pool, its configuration.
+    let epp_ref = &pool["spec"]["endpointPickerRef"];
+    let epp_name = epp_ref["name"].as_str().unwrap();
+    let epp_port = epp_ref["port"]["number"].as_u64().unwrap();
+    let service = named(&gw, "Service", epp_name);
+    assert!(service["spec"]["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|p| p["port"].as_u64() == Some(epp_port)));
+    let epp = of_kind(&gw, "Deployment")[0];
+    let epp_pod = &epp["spec"]["template"];
+    for (k, v) in service["spec"]["selector"].as_mapping().unwrap() {
+        assert_eq!(&epp_pod["metadata"]["labels"][k], v);
+    }
+    let epp_container = &epp_pod["spec"]["containers"][0];
+    assert!(epp_container["image"]
+        .as_str()
+        .unwrap()
+        .ends_with("/epp:v1.4.0"));
+    let epp_args = epp_container["args"].as_sequence().unwrap();
+    assert_eq!(
+        flag(epp_args, "pool-name"),
+        pool["metadata"]["name"].as_str()
+    );
+    assert!(epp_container["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|p| p["containerPort"].as_u64() == Some(epp_port)));
+    let config_path = flag(epp_args, "config-file").expect("--config-file");
+    let (dir, file) = config_path.rsplit_once('/').unwrap();
+    let mount = epp_container["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == dir)
+        .expect("the config directory is mounted");
+    let volume = epp_pod["spec"]["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    let cm = named(
+        &gw,
+        "ConfigMap",
+        volume["configMap"]["name"].as_str().unwrap(),
+    );
+    let config: Value = serde_yaml::from_str(cm["data"][file].as_str().unwrap()).unwrap();
+    assert_eq!(config["kind"], "EndpointPickerConfig");
+    let plugins: Vec<&str> = config["plugins"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().or(p["type"].as_str()).unwrap())
+        .collect();
+    for profile in config["schedulingProfiles"].as_sequence().unwrap() {
+        for r in profile["plugins"].as_sequence().unwrap() {
+            let name = r["pluginRef"].as_str().unwrap();
+            assert!(plugins.contains(&name), "{name} is defined nowhere");
+        }
+    }
+    // Its RBAC is its service account's.
+    let sa = epp_pod["spec"]["serviceAccountName"].as_str().unwrap();
+    named(&gw, "ServiceAccount", sa);
+    let binding = of_kind(&gw, "RoleBinding")[0];
+    assert_eq!(binding["subjects"][0]["name"], sa);
+    let role = named(&gw, "Role", binding["roleRef"]["name"].as_str().unwrap());
+    let resources: Vec<&str> = role["rules"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["resources"].as_sequence().unwrap())
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(resources.contains(&"pods") && resources.contains(&"inferencepools"));
+
+    // What the picker reads (its defaults unless a flag says otherwise) is what the server
+    // exports; the two it cannot have are switched off.
+    let exported = inferno::server::metrics::Metrics::new().render(0, 1);
+    let has = |name: &str| {
+        exported
+            .lines()
+            .any(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+    };
+    for (flag_name, default) in [
+        ("total-queued-requests-metric", "vllm:num_requests_waiting"),
+        ("total-running-requests-metric", "vllm:num_requests_running"),
+        (
+            "kv-cache-usage-percentage-metric",
+            "vllm:kv_cache_usage_perc",
+        ),
+    ] {
+        let name = flag(epp_args, flag_name).unwrap_or(default);
+        assert!(
+            has(name),
+            "the picker reads {name}, which the server does not export"
+        );
+    }
+    for off in ["lora-info-metric", "cache-info-metric"] {
+        assert_eq!(flag(epp_args, off), Some(""), "{off} is switched off");
+    }
+    // The README's alternative names exist too.
+    let readme = read("kubernetes/inference-gateway/README.md");
+    for name in [
+        "inferno_queue_depth",
+        "inferno_running_streams",
+        "inferno_kv_cache_usage_ratio",
+    ] {
+        assert!(readme.contains(name) && has(name), "{name}");
+    }
+
+    // The route sends the API to the pool.
+    let route = of_kind(&gw, "HTTPRoute")[0];
+    let backend = &route["spec"]["rules"][0]["backendRefs"][0];
+    assert_eq!(backend["kind"], "InferencePool");
+    assert_eq!(backend["group"], "inference.networking.k8s.io");
+    assert_eq!(backend["name"], pool["metadata"]["name"]);
+}

@@ -6,7 +6,7 @@
 //! and a `tool` message with its id and result, and must be answered. Run on the demo model
 //! and on the real checkpoint (Qwen2.5-Coder-0.5B-Instruct, found as tests/real_model.rs
 //! finds it). That the server renders such a conversation as transformers does is checked
-//! byte for byte by the unit tests of `server::service`.
+//! byte for byte by the unit tests of `engine::plan`.
 //!
 //! Python with grpcio and grpcio-tools is required: `scripts/test` installs them into
 //! `.venv/`; `INFERNO_PYTHON` may name another interpreter. Without one the test fails.

@@ -81,7 +81,7 @@ async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
     let m = http_get(p.metrics, "/metrics");
     assert!(m.starts_with("HTTP/1.1 200 OK"), "{m}");
     assert!(
-        m.contains("inferno_requests_total{method=\"Generate\",code=\"OK\"} 4"),
+        m.contains("inferno_requests_total{method=\"Generate\",code=\"OK\",protocol=\"grpc\"} 4"),
         "{m}"
     );
     assert!(m.contains("inferno_generated_tokens_total 16"), "{m}");
@@ -121,6 +121,29 @@ async fn serve_binary_metrics_loadtest_idle_cpu_and_sigterm_drain() {
     assert!(
         h.starts_with("HTTP/1.1 200 OK") && h.ends_with("ok\n"),
         "{h}"
+    );
+
+    // The same over the HTTP API (the OpenAI-compatible streamed completions).
+    let http = loadtest(
+        p.http,
+        &[
+            "--protocol",
+            "http",
+            "--concurrency",
+            "2",
+            "--requests",
+            "2",
+            "--max-tokens",
+            "4",
+        ],
+    );
+    assert_eq!(http["by_status"]["OK"], 2, "{http}");
+    assert_eq!(http["completion_tokens"], 8, "{http}");
+    assert_eq!(http["protocol"], "http", "{http}");
+    let m = http_get(p.metrics, "/metrics");
+    assert!(
+        m.contains("inferno_requests_total{method=\"Generate\",code=\"OK\",protocol=\"http\"} 2"),
+        "{m}"
     );
 
     // --baseline: the overhead is never negative, and carries the raw difference and its
@@ -211,7 +234,7 @@ fn serve_rejects_an_unknown_backend_at_once() {
 /// Runs `inferno serve` with `args` on a free port and waits for it to exit (hang guard).
 fn serve_exit(args: &[&str]) -> (std::process::ExitStatus, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--http-listen", "none"])
         .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -286,7 +309,8 @@ fn serve_names_the_bad_tls_file() {
 #[cfg(target_os = "linux")]
 fn spawn_serve_limited(ulimit: &str) -> ServeProcess {
     let script = format!(
-        "ulimit {ulimit} && exec \"$0\" serve --listen 127.0.0.1:0 --metrics-addr 127.0.0.1:0"
+        "ulimit {ulimit} && exec \"$0\" serve --listen 127.0.0.1:0 --metrics-addr 127.0.0.1:0 \
+         --http-listen 127.0.0.1:0"
     );
     let mut cmd = Command::new("sh");
     cmd.args(["-c", &script, env!("CARGO_BIN_EXE_inferno")]);

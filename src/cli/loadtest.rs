@@ -1,5 +1,6 @@
 //! `inferno loadtest`: a load generator for a running service. Sends a bounded number of
-//! Generate calls from concurrent clients (bounded in time too) and reports aggregate
+//! Generate calls (or, with `--protocol http`, streamed `/v1/completions` requests of the
+//! OpenAI-compatible API) from concurrent clients (bounded in time too) and reports aggregate
 //! throughput (tokens/s over all streams), time to first token and per-stream inter-token
 //! latency percentiles, prompt tokens the server reused from its prefix cache, and counts
 //! by status. With
@@ -24,11 +25,24 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint};
 
+/// The API a load test speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoadProtocol {
+    /// inferno.v1.Inference/Generate over gRPC.
+    Grpc,
+    /// The OpenAI-compatible HTTP API: streamed POST /v1/completions.
+    Http,
+}
+
 #[derive(Args, Debug)]
 pub struct LoadtestArgs {
-    /// The service's address.
+    /// The service's address (gRPC's, or with --protocol http the HTTP API's, e.g.
+    /// http://127.0.0.1:8080).
     #[arg(long, default_value = "http://127.0.0.1:50051")]
     pub addr: String,
+    /// The API to load: grpc, or http (each token is a server-sent event).
+    #[arg(long, value_enum, default_value_t = LoadProtocol::Grpc)]
+    pub protocol: LoadProtocol,
     /// Clients sending requests at the same time.
     #[arg(long, short = 'c', default_value_t = 1)]
     pub concurrency: usize,
@@ -194,6 +208,10 @@ pub fn cmd_loadtest(a: LoadtestArgs) -> Result<()> {
     let secs = wall.as_secs_f64().max(1e-9);
     let report = serde_json::json!({
         "addr": a.addr,
+        "protocol": match a.protocol {
+            LoadProtocol::Grpc => "grpc",
+            LoadProtocol::Http => "http",
+        },
         "concurrency": a.concurrency,
         "requests": samples.len(),
         "by_status": by_code,
@@ -331,23 +349,164 @@ fn authorized(
     r
 }
 
+/// Where a load test's requests go.
+#[derive(Clone)]
+enum Target {
+    Grpc {
+        client: InferenceClient<Channel>,
+        req: pb::GenerateRequest,
+        token: Option<String>,
+    },
+    Http(Arc<HttpTarget>),
+}
+
+impl Target {
+    async fn new(a: &LoadtestArgs, token: Option<String>) -> Result<Self> {
+        Ok(match a.protocol {
+            LoadProtocol::Grpc => Target::Grpc {
+                client: InferenceClient::new(connect(a).await?)
+                    .max_decoding_message_size(64 * 1024 * 1024),
+                req: request(a),
+                token,
+            },
+            LoadProtocol::Http => Target::Http(Arc::new(HttpTarget::new(a, token)?)),
+        })
+    }
+
+    /// Sends one request and reads its stream to the end.
+    async fn send(&mut self, timeout: Duration) -> Sample {
+        match self {
+            Target::Grpc { client, req, token } => {
+                let r = authorized(req.clone(), token, timeout);
+                one(client, r, timeout).await
+            }
+            Target::Http(h) => h.one(timeout).await,
+        }
+    }
+}
+
+/// The OpenAI-compatible API's streamed completions, over a pooled HTTP/1.1 client.
+struct HttpTarget {
+    client: hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        axum::body::Body,
+    >,
+    uri: http::Uri,
+    body: String,
+    token: Option<String>,
+}
+
+impl HttpTarget {
+    fn new(a: &LoadtestArgs, token: Option<String>) -> Result<Self> {
+        let uri: http::Uri = format!("{}/v1/completions", a.addr.trim_end_matches('/'))
+            .parse()
+            .context("invalid --addr")?;
+        let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        connector.set_nodelay(true);
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build(connector);
+        let body = serde_json::json!({
+            "prompt": a.prompt,
+            "max_tokens": a.max_tokens,
+            "temperature": a.temperature,
+            "seed": a.seed,
+            "ignore_eos": a.ignore_eos,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        })
+        .to_string();
+        Ok(Self {
+            client,
+            uri,
+            body,
+            token,
+        })
+    }
+
+    async fn one(&self, timeout: Duration) -> Sample {
+        let sent = Instant::now();
+        let mut s = Sample::default();
+        let run = async {
+            let mut req = http::Request::post(self.uri.clone())
+                .header(http::header::CONTENT_TYPE, "application/json");
+            if let Some(t) = &self.token {
+                req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+            }
+            let req = req
+                .body(axum::body::Body::from(self.body.clone()))
+                .map_err(|_| "INTERNAL")?;
+            let resp = self.client.request(req).await.map_err(|_| "UNAVAILABLE")?;
+            let status = resp.status();
+            if !status.is_success() {
+                return Err(crate::server::http::error::code_name(status));
+            }
+            let mut body = axum::body::Body::new(resp.into_body()).into_data_stream();
+            let mut pending = Vec::new();
+            let mut last = None;
+            use tokio_stream::StreamExt;
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|_| "UNAVAILABLE")?;
+                let now = Instant::now();
+                pending.extend_from_slice(&chunk);
+                // Whole events only: `data: {...}` lines ended by a blank line.
+                while let Some(end) = pending.windows(2).position(|w| w == b"\n\n") {
+                    let event: Vec<u8> = pending.drain(..end + 2).collect();
+                    let text = String::from_utf8_lossy(&event);
+                    let Some(data) = text.trim().strip_prefix("data:") else {
+                        continue;
+                    };
+                    let data = data.trim();
+                    if data == "[DONE]" {
+                        continue;
+                    }
+                    let v: serde_json::Value =
+                        serde_json::from_str(data).map_err(|_| "INTERNAL")?;
+                    if v.get("error").is_some() {
+                        return Err("INTERNAL");
+                    }
+                    if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+                        s.cached_prompt_tokens = u["prompt_tokens_details"]["cached_tokens"]
+                            .as_u64()
+                            .unwrap_or(0) as usize;
+                    }
+                    let token = v["choices"][0]["text"]
+                        .as_str()
+                        .is_some_and(|t| !t.is_empty());
+                    if token {
+                        match last {
+                            None => s.ttft = Some(now - sent),
+                            Some(prev) => s.gaps.push(now - prev),
+                        }
+                        last = Some(now);
+                        s.tokens += 1;
+                    }
+                }
+            }
+            Ok(())
+        };
+        s.code = match tokio::time::timeout(timeout, run).await {
+            Ok(Ok(())) => "OK",
+            Ok(Err(code)) => code,
+            Err(_) => "DEADLINE_EXCEEDED",
+        };
+        s
+    }
+}
+
 async fn run_load(a: &LoadtestArgs, token: Option<String>) -> Result<(Vec<Sample>, Duration)> {
-    let channel = connect(a).await?;
+    let target = Target::new(a, token).await?;
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..a.concurrency.min(a.requests) {
-        let mut client =
-            InferenceClient::new(channel.clone()).max_decoding_message_size(64 * 1024 * 1024);
+        let mut target = target.clone();
         let next = Arc::clone(&next);
-        let req = request(a);
         let (n, duration, timeout) = (a.requests, a.duration, a.timeout);
-        let token = token.clone();
         tasks.push(tokio::spawn(async move {
             let mut out = Vec::new();
             while next.fetch_add(1, Ordering::SeqCst) < n && start.elapsed() < duration {
-                let r = authorized(req.clone(), &token, timeout);
-                out.push(one(&mut client, r, timeout).await);
+                out.push(target.send(timeout).await);
             }
             out
         }));
@@ -486,8 +645,7 @@ async fn run_paired(
     token: Option<String>,
     base: &mut Baseline,
 ) -> Result<(Vec<Sample>, Duration, Vec<Vec<f64>>)> {
-    let channel = connect(a).await?;
-    let mut client = InferenceClient::new(channel).max_decoding_message_size(64 * 1024 * 1024);
+    let mut target = Target::new(a, token).await?;
     let start = Instant::now();
     let mut samples = Vec::new();
     let mut in_process = Vec::new();
@@ -497,14 +655,7 @@ async fn run_paired(
             break;
         }
         let t = Instant::now();
-        samples.push(
-            one(
-                &mut client,
-                authorized(request(a), &token, a.timeout),
-                a.timeout,
-            )
-            .await,
-        );
+        samples.push(target.send(a.timeout).await);
         service_time += t.elapsed();
         // Let the side that just ran go quiet first: idle pool workers spin a moment
         // before they park, and would compete with the other side for the cores.

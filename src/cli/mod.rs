@@ -12,6 +12,7 @@ pub mod synth;
 use crate::backend::KvType;
 use crate::engine::loader::{self, EngineAssets, ExpertLoad, LoadOptions};
 use crate::engine::memory::gib;
+use crate::engine::plan::{plan_prompt, Input, Message, PlanError, PromptSpec, Tool, ToolChoice};
 use crate::engine::request::{check_context, prompt_tokens, Prompt};
 use crate::engine::{generate, FinishReason, Flow, GenerateOptions};
 use crate::gguf::GgufFile;
@@ -476,67 +477,40 @@ fn chat_prompt(
     a: &GenerateArgs,
     format: Option<ResponseFormat>,
 ) -> Result<(Prompt, Option<ResponseFormat>, bool)> {
-    use crate::server::pb;
     let mut messages = Vec::new();
     if let Some(sys) = &a.system {
-        messages.push(pb::ChatMessage {
-            role: "system".into(),
-            content: sys.clone(),
-            ..Default::default()
-        });
+        messages.push(Message::new("system", sys.clone()));
     }
-    messages.push(pb::ChatMessage {
-        role: "user".into(),
-        content: a.prompt.clone(),
-        ..Default::default()
-    });
-    let tools = match &a.tools {
-        Some(path) => read_tools(path)?,
-        None => Vec::new(),
-    };
-    let tool_choice = a.tools.as_ref().map(|_| {
-        use pb::tool_choice::{Choice, Mode};
-        let choice = match a.tool_choice.as_str() {
-            "auto" => Choice::Mode(Mode::Auto as i32),
-            "none" => Choice::Mode(Mode::None as i32),
-            "required" => Choice::Mode(Mode::Required as i32),
-            name => Choice::Function(name.to_string()),
+    messages.push(Message::new("user", a.prompt.clone()));
+    let mut spec = PromptSpec::new(Input::Messages(messages));
+    if let Some(path) = &a.tools {
+        spec.tools = read_tools(path)?;
+        spec.tool_choice = match a.tool_choice.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            name => ToolChoice::Function(name.to_string()),
         };
-        pb::ToolChoice {
-            choice: Some(choice),
-        }
-    });
-    use pb::response_format::Format;
-    let response_format = format.map(|f| pb::ResponseFormat {
-        format: Some(match f {
-            ResponseFormat::JsonSchema(s) => Format::JsonSchema(s),
-            ResponseFormat::JsonObject => Format::JsonObject(Default::default()),
-            ResponseFormat::Regex(r) => Format::Regex(r),
-            ResponseFormat::Lark(g) => Format::Lark(g),
-        }),
-    });
-    let req = pb::GenerateRequest {
-        messages,
-        enable_thinking: a.no_think.then_some(false),
-        tools,
-        tool_choice,
-        response_format,
-        ..Default::default()
-    };
-    let plan = crate::server::service::plan_prompt(&req).map_err(|s| {
-        // The service's messages name request fields; here they are flags.
-        anyhow!(
-            "{}",
-            s.message()
-                .replace("tool_choice", "--tool-choice")
-                .replace("response_format", "the response format flag")
-        )
+    }
+    spec.response_format = format;
+    spec.enable_thinking = a.no_think.then_some(false);
+    // The planner names request fields; two of them are flags here, said in their terms.
+    let plan = plan_prompt(&spec).map_err(|e| match e {
+        PlanError::UnknownToolChoice(name) => anyhow!(
+            "--tool-choice names the function {name:?}, which is not among the tools of \
+             --tools"
+        ),
+        PlanError::FormatWithForcedTool => anyhow!(
+            "a response format flag (--json-schema, --json-object, --regex, --grammar) cannot \
+             be combined with --tool-choice required or a tool's name"
+        ),
+        e => e.into(),
     })?;
     Ok((plan.prompt, plan.response_format, plan.tools))
 }
 
 /// The tools of a `--tools` file, as the service takes them.
-fn read_tools(path: &Path) -> Result<Vec<crate::server::pb::Tool>> {
+fn read_tools(path: &Path) -> Result<Vec<Tool>> {
     let shown = path.display();
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the tools file {shown}"))?;
@@ -573,7 +547,7 @@ fn read_tools(path: &Path) -> Result<Vec<crate::server::pb::Tool>> {
             Some(p @ serde_json::Value::Object(_)) => p.to_string(),
             Some(_) => return Err(bad("has \"parameters\" that are not a JSON object")),
         };
-        tools.push(crate::server::pb::Tool {
+        tools.push(Tool {
             name,
             description,
             parameters,

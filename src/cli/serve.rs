@@ -1,5 +1,5 @@
-//! `inferno serve`: runs the gRPC service on a small tokio runtime, with the model on its
-//! own engine thread, until SIGINT or SIGTERM.
+//! `inferno serve`: runs the gRPC service and the OpenAI-compatible HTTP API on a small
+//! tokio runtime, with the model on its own engine thread, until SIGINT or SIGTERM.
 
 use crate::engine::loader::{file_assets, synthetic_assets};
 use crate::engine::EngineConfig;
@@ -34,9 +34,17 @@ pub struct ServeArgs {
     pub synthetic: String,
     #[command(flatten)]
     pub run: super::RunArgs,
-    /// Address to listen on (port 0 picks a free port).
+    /// Address gRPC listens on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
+    /// Address the OpenAI-compatible HTTP API listens on (port 0 picks a free port), or
+    /// `none` for no HTTP API. It also serves /metrics and /health.
+    #[arg(long, default_value = "127.0.0.1:8080", value_parser = parse_listen)]
+    pub http_listen: Listen,
+    /// The model's id in the HTTP API (the `model` of requests and of /v1/models).
+    /// Default: the file's general.name, else its file name without .gguf.
+    #[arg(long)]
+    pub served_model_name: Option<String>,
     /// Generate requests that may wait to be admitted into the batch; more are refused with
     /// RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = 16)]
@@ -93,12 +101,14 @@ pub struct ServeArgs {
     /// more wait their turn.
     #[arg(long, default_value_t = 2)]
     pub cpu_jobs: usize,
-    /// Open gRPC connections at most (lowered to fit the process's file-descriptor limit).
-    /// Past it a new connection closes an idle one, or is refused when none is idle.
+    /// Open client connections at most, gRPC and HTTP together (lowered to fit the
+    /// process's file-descriptor limit). Past it a new connection closes an idle one, or
+    /// is refused when none is idle.
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
     /// How long a new connection may take to send its first request (TLS and HTTP/2
-    /// handshakes included) before it is closed.
+    /// handshakes included) before it is closed; an HTTP request's headers and body must
+    /// arrive within it too.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub handshake_timeout: Duration,
     /// How long a connection with no open request is kept before it is closed.
@@ -133,6 +143,20 @@ fn fit_connections(asked: usize) -> usize {
         );
     }
     asked.min(fit)
+}
+
+/// A listening address, or none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Listen(pub Option<SocketAddr>);
+
+/// Parses `none` or an address.
+pub fn parse_listen(s: &str) -> Result<Listen, String> {
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(Listen(None));
+    }
+    s.parse()
+        .map(|a| Listen(Some(a)))
+        .map_err(|e| format!("{s:?} is neither an address (e.g. 127.0.0.1:8080) nor none: {e}"))
 }
 
 /// Parses "30s", "500ms", "2m" or a plain number of seconds.
@@ -189,12 +213,17 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         }
         _ => None,
     };
-    if !a.listen.ip().is_loopback() && auth_token.is_none() {
-        warn!(listen = %a.listen, "listening beyond loopback without --auth-token-file");
+    for addr in std::iter::once(a.listen).chain(a.http_listen.0) {
+        if !addr.ip().is_loopback() && auth_token.is_none() {
+            warn!(listen = %addr, "listening beyond loopback without --auth-token-file");
+        }
     }
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let config = ServerConfig {
         listen: a.listen,
         metrics_addr: a.metrics_addr,
+        http_listen: a.http_listen.0,
+        served_model_name: a.served_model_name.clone(),
         engine: EngineConfig {
             queue_capacity: a.queue_capacity.max(1),
             max_seqs: a.max_batch.max(1),
@@ -266,6 +295,9 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         writeln!(out, "inferno: gRPC listening on {}", server.addr())?;
         if let Some(m) = server.metrics_addr() {
             writeln!(out, "inferno: metrics listening on http://{m}/metrics")?;
+        }
+        if let Some(h) = server.http_addr() {
+            writeln!(out, "inferno: HTTP listening on {scheme}://{h}")?;
         }
         out.flush()?;
         drop(out);

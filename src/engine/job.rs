@@ -15,6 +15,24 @@ pub const MAX_LOGPROBS: usize = 20;
 #[cfg(feature = "fault-injection")]
 pub const FAULT_PANIC_REQUEST_ID: &str = "__inferno_fault_panic__";
 
+/// The front-end a request came through, for its metrics and logs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Protocol {
+    #[default]
+    Grpc,
+    Http,
+}
+
+impl Protocol {
+    /// The label value metrics and logs use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::Http => "http",
+        }
+    }
+}
+
 /// One generation request.
 pub struct Job {
     pub request_id: String,
@@ -26,6 +44,8 @@ pub struct Job {
     pub deadline: Option<Instant>,
     /// Where the engine sends this request's events.
     pub events: mpsc::UnboundedSender<Event>,
+    /// The front-end it came through.
+    pub protocol: Protocol,
     pub(super) enqueued_at: Instant,
 }
 
@@ -43,6 +63,7 @@ impl Job {
             logprobs: 0,
             deadline: None,
             events,
+            protocol: Protocol::default(),
             enqueued_at: Instant::now(),
         }
     }

@@ -130,6 +130,8 @@ impl Default for LoadOptions {
 #[derive(Clone, Debug, Default)]
 pub struct ModelDescription {
     pub name: String,
+    /// The file's `general.name`, where it has a non-empty one.
+    pub general_name: Option<String>,
     pub backend: String,
     pub threads: usize,
     pub demo: bool,
@@ -272,6 +274,12 @@ pub fn assets_from_gguf(
         state_rows: STATE_ROWS,
         description: ModelDescription {
             name: name.to_string(),
+            general_name: gguf
+                .get_str("general.name")
+                .ok()
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(str::to_string),
             backend: opts.backend.clone(),
             threads,
             demo,

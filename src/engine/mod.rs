@@ -4,6 +4,8 @@
 //! |---|---|
 //! | [`loader`] | loading a model (file or synthetic, backend, threads, context) for every command |
 //! | [`memory`] | the machine's memory, the KV memory and the default context window it allows |
+//! | [`plan`] | planning a request from what a client states (prompt, chat, tools, tool choice, response format, reasoning, sampling, limits) in plain types every front-end converts to, with errors that name their field |
+//! | [`reply`] | a sequence's events split into reasoning, answer text and tool calls, as front-ends report them |
 //! | [`request`] | building a request: chat template, BOS, tokenization, limits; what handlers see ([`Served`], [`EngineState`]) |
 //! | [`generate`](mod@generate) | one generation: sampling, stop strings, streamed text, metrics ([`Sequence`]), and [`generate()`] for a single sequence |
 //! | [`job`] | a request as the engine thread serves it and the events it sends back |
@@ -26,7 +28,9 @@ pub mod limits;
 pub mod loader;
 pub mod memory;
 pub mod observer;
+pub mod plan;
 pub mod queue;
+pub mod reply;
 pub mod request;
 mod runner;
 mod running;
@@ -41,7 +45,8 @@ pub use generate::{
 #[cfg(feature = "fault-injection")]
 pub use job::FAULT_PANIC_REQUEST_ID;
 pub use job::{
-    Done, Event, Job, JobError, Logprobs, Outcome, Timings, TokenLogprob, TokenOut, MAX_LOGPROBS,
+    Done, Event, Job, JobError, Logprobs, Outcome, Protocol, Timings, TokenLogprob, TokenOut,
+    MAX_LOGPROBS,
 };
 pub use kv_pool::KvUsage;
 pub use limits::{EngineConfig, Limits};

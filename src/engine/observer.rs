@@ -1,7 +1,7 @@
 //! What the engine thread measures, reported to an [`Observer`] (the service's metrics
 //! implement it; [`NoObserver`] ignores everything).
 
-use super::job::Outcome;
+use super::job::{Outcome, Protocol};
 use super::kv_pool::KvUsage;
 use std::time::Duration;
 
@@ -13,7 +13,8 @@ pub trait Observer: Send + Sync {
     /// Time between two consecutive tokens of one request (a decode step and its sampling).
     fn decode_step(&self, _step: Duration) {}
     fn tokens_generated(&self, _n: usize) {}
-    fn finished(&self, _outcome: Outcome) {}
+    /// A request ended (or was refused after it was queued), through `protocol`.
+    fn finished(&self, _outcome: Outcome, _protocol: Protocol) {}
     /// One engine step: sequences in the forward pass, and its decode and prompt rows.
     fn step(&self, _batch_size: usize, _decode_rows: usize, _prefill_rows: usize) {}
     /// The KV cache's occupancy after a change.

@@ -79,6 +79,33 @@ impl<T> BoundedQueue<T> {
         Ok(())
     }
 
+    /// Queues all of `items` together (adjacent, in order) or none of them: the queue
+    /// must have room for them all, after dropping dead items when it lacks it. The items
+    /// come back in the error.
+    pub fn try_push_all(
+        &self,
+        items: Vec<T>,
+        is_dead: impl Fn(&T) -> bool,
+    ) -> Result<(), PushError<Vec<T>>> {
+        let mut g = self.lock();
+        if g.closed {
+            return Err(PushError::Closed(items));
+        }
+        if g.items.len() + items.len() > self.capacity {
+            g.items.retain(|t| !is_dead(t));
+        }
+        if g.items.len() + items.len() > self.capacity {
+            return Err(PushError::Full {
+                item: items,
+                capacity: self.capacity,
+            });
+        }
+        g.items.extend(items);
+        drop(g);
+        self.ready.notify_all();
+        Ok(())
+    }
+
     /// Whether a push would now fail for lack of room, after dropping items for which
     /// `is_dead` holds when the queue is full.
     pub fn is_full(&self, is_dead: impl Fn(&T) -> bool) -> bool {
@@ -191,6 +218,31 @@ mod tests {
         // Full: the dead item is dropped to make room.
         q.try_push(3, |t: &i32| *t < 0).unwrap();
         assert_eq!(q.drain(), vec![2, 3]);
+    }
+
+    #[test]
+    fn a_group_is_queued_whole_or_not_at_all() {
+        let q = BoundedQueue::new(3);
+        q.try_push(-1, |_| false).unwrap();
+        q.try_push_all(vec![1, 2], |_| false).unwrap();
+        assert_eq!(
+            q.try_push_all(vec![3, 4], |_| false),
+            Err(PushError::Full {
+                item: vec![3, 4],
+                capacity: 3
+            })
+        );
+        assert_eq!(q.len(), 3, "nothing of a refused group is queued");
+        // Room made by dropping a dead item is not enough for two.
+        assert!(q.try_push_all(vec![3, 4], |t: &i32| *t < 0).is_err());
+        assert_eq!(q.drain(), vec![1, 2]);
+        q.try_push_all(vec![5, 6, 7], |_| false).unwrap();
+        q.close();
+        assert_eq!(
+            q.try_push_all(vec![8], |_| false),
+            Err(PushError::Closed(vec![8]))
+        );
+        assert_eq!(q.drain(), vec![5, 6, 7]);
     }
 
     #[test]

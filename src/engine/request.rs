@@ -53,6 +53,8 @@ pub enum Prompt {
         /// For templates that honour it (Qwen3): `Some(false)` asks for no thinking section.
         enable_thinking: Option<bool>,
     },
+    /// Token ids, used as given (no BOS is added); each must be in the model's vocabulary.
+    Tokens(Vec<u32>),
     /// Chat messages as JSON (in the shape `transformers` passes templates: assistant
     /// `tool_calls`, tool `tool_call_id`), with the tools (a JSON array) the model may
     /// call; roles are the caller's to check.
@@ -86,6 +88,8 @@ pub enum RequestError {
     Tokenize(String),
     #[error("the prompt is empty after tokenization")]
     Empty,
+    #[error("prompt token {index} is {id}, outside the model's vocabulary of {vocab} tokens")]
+    TokenOutOfRange { index: usize, id: u32, vocab: usize },
     #[error(
         "the prompt has {prompt} tokens but the context window holds {ctx}, leaving no room \
          for {}", room_wanted(*.max_tokens)
@@ -129,6 +133,8 @@ pub fn prompt_tokens(
 ) -> Result<Vec<u32>, RequestError> {
     let rendered;
     let (text, parse_special) = match prompt {
+        Prompt::Tokens(ids) if ids.is_empty() => return Err(RequestError::Empty),
+        Prompt::Tokens(ids) => return Ok(ids.clone()),
         Prompt::Text {
             text,
             parse_special,
@@ -273,6 +279,14 @@ impl Served {
             ),
         };
         let tokens = prompt_tokens(&self.tokenizer, &self.chat_template, &req.prompt)?;
+        let vocab = self.config.vocab;
+        if let Some((index, &id)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= vocab)
+        {
+            return Err(RequestError::TokenOutOfRange { index, id, vocab });
+        }
         let max_tokens = resolve_max_tokens(
             &self.limits,
             tokens.len(),

@@ -109,14 +109,14 @@ fn admit<'t>(
         match verdict {
             Verdict::Gone => {
                 info!(request_id = %job.request_id, "client gone while queued; dropped before prefill");
-                obs.finished(Outcome::Cancelled);
+                obs.finished(Outcome::Cancelled, job.protocol);
             }
             Verdict::Shutdown => {
-                obs.finished(Outcome::Unavailable);
+                obs.finished(Outcome::Unavailable, job.protocol);
                 let _ = job.events.send(Event::Failed(JobError::ShuttingDown));
             }
             Verdict::Expired => {
-                obs.finished(Outcome::DeadlineExceeded);
+                obs.finished(Outcome::DeadlineExceeded, job.protocol);
                 let _ = job.events.send(Event::Failed(JobError::DeadlineExceeded));
             }
             Verdict::Never => {
@@ -129,7 +129,7 @@ fn admit<'t>(
                     limits.kv_budget
                 );
                 warn!(request_id = %job.request_id, "{msg}");
-                obs.finished(Outcome::InvalidArgument);
+                obs.finished(Outcome::InvalidArgument, job.protocol);
                 let _ = job
                     .events
                     .send(Event::Failed(JobError::InvalidArgument(msg)));
@@ -275,7 +275,7 @@ fn conclude(shared: &Shared, pool: &mut KvPool, r: Running<'_>, end: End) {
     // Recorded before the client hears the outcome, so one that saw its stream end sees its
     // cache released too.
     shared.publish_kv(pool.usage());
-    obs.finished(ending.outcome);
+    obs.finished(ending.outcome, ending.job.protocol);
     for ev in ending.events {
         let _ = ending.job.events.send(ev);
     }

@@ -86,6 +86,7 @@ impl<'t> Running<'t> {
         let span = info_span!(
             "request",
             request_id = %job.request_id,
+            protocol = job.protocol.as_str(),
             prompt_tokens = job.prompt.len(),
             cached_prompt_tokens = tracing::field::Empty,
         );
@@ -93,7 +94,7 @@ impl<'t> Running<'t> {
         let fail = |job: &Job, err: JobError, outcome: Outcome| {
             let _e = span.enter();
             warn!(error = %err, "generation failed");
-            obs.finished(outcome);
+            obs.finished(outcome, job.protocol);
             let _ = job
                 .events
                 .send(Event::Done(failed_done(job, 0, 0, queue_wait, started)));

@@ -119,12 +119,33 @@ impl Engine {
         }
     }
 
+    /// Queues several jobs together, adjacent in the queue so that they are admitted into
+    /// the same batch when there is room (a request's `n` choices), or refuses them all.
+    pub fn submit_all(&self, jobs: Vec<Job>) -> Result<(), SubmitError> {
+        match &*self.shared.state().borrow() {
+            EngineState::Loading => return Err(SubmitError::Loading),
+            EngineState::Failed(e) => return Err(SubmitError::LoadFailed(Arc::clone(e))),
+            EngineState::Ready(_) => {}
+        }
+        match self
+            .shared
+            .queue()
+            .try_push_all(jobs, |j| self.shed_if_gone(j))
+        {
+            Ok(()) => Ok(()),
+            Err(PushError::Full { capacity, .. }) => Err(SubmitError::QueueFull { capacity }),
+            Err(PushError::Closed(_)) => Err(SubmitError::ShuttingDown),
+        }
+    }
+
     /// Whether a queued job's client has gone; such a job is counted as cancelled, since
     /// the queue is about to drop it.
     fn shed_if_gone(&self, job: &Job) -> bool {
         let gone = job.client_gone();
         if gone {
-            self.shared.observer().finished(Outcome::Cancelled);
+            self.shared
+                .observer()
+                .finished(Outcome::Cancelled, job.protocol);
         }
         gone
     }

@@ -1,5 +1,6 @@
 //! Choosing the next token from logits: greedy, or temperature sampling filtered by
-//! top-k, top-p and min-p, after a repetition penalty; reproducible from a seed.
+//! top-k, top-p and min-p, after repetition, frequency and presence penalties;
+//! reproducible from a seed.
 //!
 //! The filter order is llama.cpp's: penalties → top-k → top-p → min-p → temperature → draw.
 //! A [`constraint`] (JSON schema, regex, grammar) masks the logits before all of them.
@@ -22,8 +23,17 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// Divide positive (multiply negative) logits of recently seen tokens (1 = off).
     pub repeat_penalty: f32,
-    /// How many of the most recent tokens the penalty looks at.
+    /// How many of the most recent tokens the penalties look at.
     pub repeat_last_n: usize,
+    /// Subtracted from a token's logit once per time it occurs in those recent tokens
+    /// (OpenAI's `frequency_penalty`, counted as llama.cpp counts it: over the last
+    /// `repeat_last_n` tokens, prompt included). 0 = off.
+    #[serde(default)]
+    pub frequency_penalty: f32,
+    /// Subtracted once from the logit of every token that occurs in those recent tokens
+    /// (OpenAI's `presence_penalty`). 0 = off.
+    #[serde(default)]
+    pub presence_penalty: f32,
     /// Seed for the draw; `None` picks one at random (reported by [`Sampler::seed`]).
     pub seed: Option<u64>,
 }
@@ -37,6 +47,8 @@ impl Default for SamplingParams {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             seed: None,
         }
     }
@@ -65,6 +77,14 @@ impl SamplingParams {
         }
         if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
             return bad("repeat_penalty", self.repeat_penalty, "a finite number > 0");
+        }
+        for (field, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(field, v, "in [-2, 2]");
+            }
         }
         Ok(())
     }
@@ -130,30 +150,44 @@ impl Sampler {
         &self.params
     }
 
-    /// Picks the next token. `history` is the sequence so far (prompt and output), used by
-    /// the repetition penalty.
-    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+    /// Whether any penalty changes the logits.
+    fn penalizes(&self) -> bool {
         let p = &self.params;
-        if p.temperature == 0.0 && p.repeat_penalty == 1.0 {
+        p.repeat_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
+    }
+
+    /// Picks the next token. `history` is the sequence so far (prompt and output), used by
+    /// the penalties.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let penalizes = self.penalizes();
+        let p = &self.params;
+        if p.temperature == 0.0 && !penalizes {
             // Plain greedy reads the logits in place: no candidate list to fill.
             return argmax(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
         }
         self.cand.clear();
         self.cand
             .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-        if p.repeat_penalty != 1.0 {
+        if penalizes {
             let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
             for (i, &tok) in window.iter().enumerate() {
-                // Each distinct token is penalised once.
+                // Each distinct token is penalised once, at its first occurrence.
                 if window[..i].contains(&tok) {
                     continue;
                 }
-                if let Some(c) = self.cand.get_mut(tok as usize) {
+                let Some(c) = self.cand.get_mut(tok as usize) else {
+                    continue;
+                };
+                if p.repeat_penalty != 1.0 {
                     c.1 = if c.1 > 0.0 {
                         c.1 / p.repeat_penalty
                     } else {
                         c.1 * p.repeat_penalty
                     };
+                }
+                if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+                    let count = window[i..].iter().filter(|&&t| t == tok).count();
+                    c.1 -= count as f32 * p.frequency_penalty + p.presence_penalty;
                 }
             }
         }
@@ -280,6 +314,37 @@ mod tests {
         let mut s = Sampler::new(params, 6).unwrap();
         // 3.0 / 1.5 = 2.0 < 2.9
         assert_eq!(s.sample(&logits(), &[1, 1, 1]), 4);
+    }
+
+    #[test]
+    fn frequency_and_presence_penalties_subtract_per_count_and_once() {
+        // Token 1 (3.0) seen twice, token 4 (2.9) once.
+        let history = [1, 4, 1];
+        let greedy_with = |frequency_penalty, presence_penalty| {
+            let params = SamplingParams {
+                frequency_penalty,
+                presence_penalty,
+                ..SamplingParams::greedy()
+            };
+            Sampler::new(params, 6).unwrap().sample(&logits(), &history)
+        };
+        assert_eq!(greedy_with(0.0, 0.0), 1);
+        // Token 1: 3.0 - 2 * 0.3 = 2.4; token 4: 2.9 - 0.3 = 2.6; token 2 stays at 2.0.
+        assert_eq!(greedy_with(0.3, 0.0), 4);
+        // Presence alone moves both by the same amount: the order stays.
+        assert_eq!(greedy_with(0.0, 0.5), 1);
+        // Enough of both puts the unseen token 2 first.
+        assert_eq!(greedy_with(0.5, 0.5), 2);
+        // A negative penalty favours what was seen.
+        assert_eq!(greedy_with(-0.5, 0.0), 1);
+        assert!(Sampler::new(
+            SamplingParams {
+                presence_penalty: 2.5,
+                ..SamplingParams::default()
+            },
+            6
+        )
+        .is_err());
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The optional bearer-token check: an interceptor in front of every service except health,
-//! so probes need no secret.
+//! The optional bearer-token check, for both front-ends: a gRPC interceptor in front of
+//! every service except health, and the same check ([`BearerAuth::check`]) in front of
+//! the HTTP API's endpoints except the probes and metrics, so those need no secret.
 
 use super::metrics::Metrics;
 use std::sync::Arc;
@@ -23,28 +24,46 @@ impl BearerAuth {
     }
 }
 
-impl Interceptor for BearerAuth {
-    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+/// Why a request was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthError {
+    Missing,
+    Invalid,
+}
+
+impl BearerAuth {
+    /// Checks a request's `authorization` value (`None`: absent or not text); a refusal is
+    /// counted.
+    pub fn check(&self, authorization: Option<&str>) -> Result<(), AuthError> {
         let Some(want) = &self.token else {
-            return Ok(req);
+            return Ok(());
         };
-        let given = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer_credentials);
-        match given {
-            Some(t) if constant_time_eq(t.trim().as_bytes(), want) => Ok(req),
+        match authorization.and_then(bearer_credentials) {
+            Some(t) if constant_time_eq(t.trim().as_bytes(), want) => Ok(()),
             Some(_) => {
                 self.metrics.auth_failure();
-                Err(Status::unauthenticated("invalid bearer token"))
+                Err(AuthError::Invalid)
             }
             None => {
                 self.metrics.auth_failure();
-                Err(Status::unauthenticated(
-                    "missing bearer token: send metadata `authorization: Bearer <token>`",
-                ))
+                Err(AuthError::Missing)
             }
+        }
+    }
+}
+
+impl Interceptor for BearerAuth {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let given = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        match self.check(given) {
+            Ok(()) => Ok(req),
+            Err(AuthError::Invalid) => Err(Status::unauthenticated("invalid bearer token")),
+            Err(AuthError::Missing) => Err(Status::unauthenticated(
+                "missing bearer token: send metadata `authorization: Bearer <token>`",
+            )),
         }
     }
 }

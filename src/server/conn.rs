@@ -1,12 +1,14 @@
-//! Accepting gRPC connections with limits: at most `max_connections` open (past the cap, a
-//! new connection closes the idle one nearest its deadline, or is refused when none is
-//! idle), a deadline for a connection's first request (it covers the TLS and HTTP/2
-//! handshakes), an idle timeout once its requests have ended, and a back-off instead of a
-//! busy loop when accepting fails (out of file descriptors).
+//! Accepting connections with limits, for gRPC and HTTP alike: at most `max_connections`
+//! open over every listener that shares a [`Registry`] (past the cap, a new connection
+//! closes the idle one nearest its deadline, or is refused when none is idle), a deadline
+//! for a connection's first request (it covers the TLS and HTTP/2 handshakes), an idle
+//! timeout once its requests have ended, and a back-off instead of a busy loop when
+//! accepting fails (out of file descriptors).
 //!
 //! A connection counts as busy while any request on it is open, from its headers until its
-//! response body is finished or dropped ([`TrackRequests`] follows them), so a stream that
-//! sends nothing for minutes (a health Watch, a request waiting in the queue) is never idle.
+//! response body is finished or dropped ([`TrackRequests`] follows gRPC's, [`TrackedBody`]
+//! any body), so a stream that sends nothing for minutes (a health Watch, a request waiting
+//! in the queue) is never idle.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -75,13 +77,19 @@ impl ConnState {
     }
 }
 
-/// The open connections.
+/// The open connections of one or more listeners, which share the connection cap.
 #[derive(Default)]
-struct Registry {
+pub struct Registry {
     conns: Mutex<HashMap<u64, Arc<ConnState>>>,
+    next: AtomicU64,
 }
 
 impl Registry {
+    /// A new connection's id, unique among the listeners sharing the registry.
+    fn next_id(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<ConnState>>> {
         self.conns
             .lock()
@@ -220,6 +228,13 @@ pub struct ConnInfo {
     state: Arc<ConnState>,
 }
 
+impl ConnInfo {
+    /// Marks the connection busy until the returned guard is dropped.
+    pub(crate) fn open_request(&self) -> OpenRequest {
+        OpenRequest::new(&self.state)
+    }
+}
+
 impl Connected for Conn {
     type ConnectInfo = ConnInfo;
 
@@ -231,16 +246,16 @@ impl Connected for Conn {
     }
 }
 
-/// Accepts connections on `listener` within `limits` and hands them to the server through
-/// the returned channel. The listener closes when the receiver is dropped.
+/// Accepts connections on `listener` within `limits` (counted in `registry` with those of
+/// the listeners that share it) and hands them to the server through the returned
+/// channel. The listener closes when the receiver is dropped.
 pub fn accept_loop(
     listener: TcpListener,
     limits: ConnLimits,
+    registry: Arc<Registry>,
 ) -> mpsc::Receiver<Result<Conn, io::Error>> {
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
-        let registry = Arc::new(Registry::default());
-        let mut next_id = 0u64;
         let mut backoff = Duration::ZERO;
         let mut warned_full = false;
         loop {
@@ -289,9 +304,8 @@ pub fn accept_loop(
             }
             warned_full = false;
             let _ = io.set_nodelay(true);
-            next_id += 1;
             let state = Arc::new(ConnState {
-                id: next_id,
+                id: registry.next_id(),
                 accepted: Instant::now(),
                 open: AtomicUsize::new(0),
                 used: AtomicBool::new(false),
@@ -317,7 +331,7 @@ pub fn accept_loop(
 }
 
 /// Marks a connection busy while one of its requests is open.
-struct OpenRequest(Arc<ConnState>);
+pub(crate) struct OpenRequest(Arc<ConnState>);
 
 impl OpenRequest {
     fn new(state: &Arc<ConnState>) -> Self {
@@ -337,14 +351,14 @@ impl Drop for OpenRequest {
 }
 
 /// A response body that keeps its request counted as open until it is finished or dropped.
-struct TrackedBody {
-    inner: Body,
-    _open: OpenRequest,
+pub(crate) struct TrackedBody<B> {
+    pub inner: B,
+    pub _open: OpenRequest,
 }
 
-impl tonic::codegen::Body for TrackedBody {
-    type Data = tonic::codegen::Bytes;
-    type Error = tonic::Status;
+impl<B: http_body::Body + Unpin> http_body::Body for TrackedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,

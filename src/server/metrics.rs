@@ -1,16 +1,17 @@
 //! Prometheus metrics for the service: counters, gauges and histograms kept with atomics
 //! (requests, tokens, running streams, latencies, batch sizes, KV-cache occupancy) and, on
-//! Linux, the standard `process_*` metrics, rendered in the text exposition format; and a
-//! minimal HTTP endpoint that serves them and a `/healthz` probe.
+//! Linux, the standard `process_*` metrics, rendered in the text exposition format (the
+//! HTTP front-end serves it at `/metrics`). The queue, running and KV-cache gauges are also
+//! exported under the names vLLM gives them (`vllm:num_requests_waiting`,
+//! `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`), which the Kubernetes inference
+//! gateway's endpoint picker reads by default.
 
-use crate::engine::{KvUsage, Observer, Outcome};
+use crate::engine::{KvUsage, Observer, Outcome, Protocol};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -142,8 +143,8 @@ impl Histogram {
 
 /// Everything the service counts.
 pub struct Metrics {
-    /// Finished requests by (method, gRPC status code name).
-    requests: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// Finished requests by (method, gRPC status code name, protocol).
+    requests: Mutex<BTreeMap<(&'static str, &'static str, &'static str), u64>>,
     /// Tokens streamed so far, counted one by one as they are sampled.
     tokens: AtomicU64,
     prompt_tokens: AtomicU64,
@@ -164,6 +165,8 @@ pub struct Metrics {
     kv_reserved: AtomicU64,
     kv_cached: AtomicU64,
     kv_budget: AtomicU64,
+    /// The served model's name, the `model_name` label of the vLLM-named gauges.
+    model_name: OnceLock<String>,
     #[cfg(target_os = "linux")]
     process: prometheus::process_collector::ProcessCollector,
 }
@@ -193,9 +196,24 @@ impl Metrics {
             kv_reserved: AtomicU64::new(0),
             kv_cached: AtomicU64::new(0),
             kv_budget: AtomicU64::new(0),
+            model_name: OnceLock::new(),
             #[cfg(target_os = "linux")]
             process: prometheus::process_collector::ProcessCollector::for_self(),
         }
+    }
+
+    /// Names the served model in the vLLM-named gauges (once; later calls are ignored).
+    pub fn set_model_name(&self, name: &str) {
+        let _ = self.model_name.set(name.to_string());
+    }
+
+    /// Reserved KV-cache positions as a fraction of the budget (0 before the model loads).
+    pub fn kv_cache_usage(&self) -> f64 {
+        let budget = self.kv_budget.load(Ordering::Relaxed);
+        if budget == 0 {
+            return 0.0;
+        }
+        self.kv_reserved.load(Ordering::Relaxed) as f64 / budget as f64
     }
 
     /// Prompt tokens reused from the prefix cache so far.
@@ -203,23 +221,31 @@ impl Metrics {
         self.prompt_tokens_reused.load(Ordering::Relaxed)
     }
 
-    /// Counts one finished request.
-    pub fn request(&self, method: &'static str, code: &'static str) {
+    /// Counts one finished request that came through `protocol`.
+    pub fn request(&self, protocol: Protocol, method: &'static str, code: &'static str) {
         let mut m = self
             .requests
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *m.entry((method, code)).or_insert(0) += 1;
+        *m.entry((method, code, protocol.as_str())).or_insert(0) += 1;
     }
 
-    /// Finished requests of `method` with status `code` so far.
+    /// Finished requests of `method` with status `code` so far, over both protocols.
     pub fn requests(&self, method: &str, code: &str) -> u64 {
+        self.requests_by(None, method, code)
+    }
+
+    /// Finished requests of `method` with status `code` so far through `protocol` (or
+    /// any, for `None`).
+    pub fn requests_by(&self, protocol: Option<Protocol>, method: &str, code: &str) -> u64 {
         let m = self
             .requests
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         m.iter()
-            .filter(|((me, c), _)| *me == method && *c == code)
+            .filter(|((me, c, p), _)| {
+                *me == method && *c == code && protocol.is_none_or(|want| want.as_str() == *p)
+            })
             .map(|(_, n)| *n)
             .sum()
     }
@@ -267,11 +293,43 @@ impl Metrics {
     #[cfg(not(target_os = "linux"))]
     fn render_process(&self, _out: &mut String) {}
 
+    /// The gauges the inference gateway's endpoint picker reads, as vLLM names them: the
+    /// same values as `inferno_queue_depth`, `inferno_running_streams` and
+    /// `inferno_kv_cache_usage_ratio`.
+    fn render_vllm(&self, out: &mut String, queue_depth: usize) {
+        let labels = match self.model_name.get() {
+            Some(name) => format!("{{model_name=\"{}\"}}", label_value(name)),
+            None => String::new(),
+        };
+        for (name, help, value) in [
+            (
+                "vllm:num_requests_waiting",
+                "Requests waiting to be admitted into the batch (as inferno_queue_depth).",
+                queue_depth as f64,
+            ),
+            (
+                "vllm:num_requests_running",
+                "Requests running in the batch (as inferno_running_streams).",
+                self.running.load(Ordering::Relaxed) as f64,
+            ),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage, 1 = full (as inferno_kv_cache_usage_ratio).",
+                self.kv_cache_usage(),
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} gauge");
+            let _ = writeln!(out, "{name}{labels} {value}");
+        }
+    }
+
     /// The text exposition of every metric.
     pub fn render(&self, queue_depth: usize, queue_capacity: usize) -> String {
         let mut out = String::with_capacity(4096);
         out.push_str(
-            "# HELP inferno_requests_total Finished requests by method and gRPC status code.\n",
+            "# HELP inferno_requests_total Finished requests by method, gRPC status code \
+             (an HTTP response's equivalent) and protocol (grpc or http).\n",
         );
         out.push_str("# TYPE inferno_requests_total counter\n");
         {
@@ -279,10 +337,11 @@ impl Metrics {
                 .requests
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            for ((method, code), n) in m.iter() {
+            for ((method, code, protocol), n) in m.iter() {
                 let _ = writeln!(
                     out,
-                    "inferno_requests_total{{method=\"{method}\",code=\"{code}\"}} {n}"
+                    "inferno_requests_total{{method=\"{method}\",code=\"{code}\",\
+                     protocol=\"{protocol}\"}} {n}"
                 );
             }
         }
@@ -320,7 +379,10 @@ impl Metrics {
              inferno_kv_cache_capacity_tokens {}\n\
              # HELP inferno_constrained_requests_total Requests with a response format (JSON schema, regex, grammar) that started running.\n\
              # TYPE inferno_constrained_requests_total counter\n\
-             inferno_constrained_requests_total {}\n",
+             inferno_constrained_requests_total {}\n\
+             # HELP inferno_kv_cache_usage_ratio KV-cache positions reserved by running sequences, as a fraction of the budget (0 to 1).\n\
+             # TYPE inferno_kv_cache_usage_ratio gauge\n\
+             inferno_kv_cache_usage_ratio {}\n",
             self.tokens.load(Ordering::Relaxed),
             self.prompt_tokens.load(Ordering::Relaxed),
             self.running.load(Ordering::Relaxed),
@@ -330,7 +392,9 @@ impl Metrics {
             self.kv_cached.load(Ordering::Relaxed),
             self.kv_budget.load(Ordering::Relaxed),
             self.constrained_requests.load(Ordering::Relaxed),
+            self.kv_cache_usage(),
         );
+        self.render_vllm(&mut out, queue_depth);
         self.queue_wait.render(
             &mut out,
             "inferno_queue_wait_seconds",
@@ -367,6 +431,13 @@ impl Metrics {
     }
 }
 
+/// A label value escaped as the text exposition format wants it.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 /// Every streamed token is observed once as it is sampled: the first of a request by its
 /// time to first token, each later one by its decode step. Both count it, so the token
 /// counter moves while streams run (the request's total at its end is not added again).
@@ -393,8 +464,8 @@ impl Observer for Metrics {
             .running
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
-    fn finished(&self, outcome: Outcome) {
-        self.request("Generate", outcome.code_name());
+    fn finished(&self, outcome: Outcome, protocol: Protocol) {
+        self.request(protocol, "Generate", outcome.code_name());
     }
     fn step(&self, batch_size: usize, _decode_rows: usize, _prefill_rows: usize) {
         self.batch_size.observe(batch_size as u64);
@@ -417,101 +488,6 @@ impl Observer for Metrics {
     fn grammar_mask_wait(&self, took: Duration) {
         self.grammar_mask_wait.observe(took);
     }
-}
-
-/// What the metrics endpoint serves: the exposition text, and whether the service is
-/// ready (the model loaded, not draining) for `/healthz`.
-#[derive(Clone)]
-pub struct Endpoints {
-    pub render: Arc<dyn Fn() -> String + Send + Sync>,
-    pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
-}
-
-/// Serves `GET /metrics` and `GET /healthz` (200 when ready, else 503, for plain-HTTP
-/// probes) on `listener` until `shutdown` resolves. Each connection answers one request
-/// and closes.
-pub async fn serve_metrics(
-    listener: TcpListener,
-    endpoints: Endpoints,
-    shutdown: impl std::future::Future<Output = ()>,
-) {
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => return,
-            accepted = listener.accept() => {
-                let Ok((stream, peer)) = accepted else { continue };
-                let endpoints = endpoints.clone();
-                tokio::spawn(async move {
-                    // A slow or silent client must not hold a task forever.
-                    let r = tokio::time::timeout(
-                        Duration::from_secs(10),
-                        answer(stream, endpoints),
-                    )
-                    .await;
-                    if !matches!(r, Ok(Ok(()))) {
-                        tracing::debug!(%peer, "metrics request failed");
-                    }
-                });
-            }
-        }
-    }
-}
-
-async fn answer(mut stream: TcpStream, endpoints: Endpoints) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    // Read the request head only; a GET has no body we need.
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.len() > 16 * 1024 {
-            break;
-        }
-    }
-    let head = String::from_utf8_lossy(&buf);
-    let mut parts = head.lines().next().unwrap_or("").split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    let (status, ctype, body) = match (method, path) {
-        ("GET", "/metrics") => (
-            "200 OK",
-            "text/plain; version=0.0.4; charset=utf-8",
-            (endpoints.render)(),
-        ),
-        ("GET", "/healthz") if (endpoints.ready)() => {
-            ("200 OK", "text/plain; charset=utf-8", "ok\n".to_string())
-        }
-        ("GET", "/healthz") => (
-            "503 Service Unavailable",
-            "text/plain; charset=utf-8",
-            "not serving\n".to_string(),
-        ),
-        ("GET", "/") => (
-            "200 OK",
-            "text/plain; charset=utf-8",
-            "inferno metrics: see /metrics (and /healthz)\n".to_string(),
-        ),
-        ("GET", _) => (
-            "404 Not Found",
-            "text/plain; charset=utf-8",
-            "not found\n".to_string(),
-        ),
-        _ => (
-            "405 Method Not Allowed",
-            "text/plain; charset=utf-8",
-            "only GET\n".to_string(),
-        ),
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
 }
 
 #[cfg(test)]
@@ -537,13 +513,26 @@ mod tests {
     #[test]
     fn render_lists_requests_by_method_and_code() {
         let m = Metrics::new();
-        m.request("Generate", "OK");
-        m.request("Generate", "OK");
-        m.finished(Outcome::Cancelled);
+        m.request(Protocol::Grpc, "Generate", "OK");
+        m.request(Protocol::Grpc, "Generate", "OK");
+        m.finished(Outcome::Cancelled, Protocol::Grpc);
+        m.finished(Outcome::Cancelled, Protocol::Http);
         m.tokens_generated(5);
         let text = m.render(3, 16);
-        assert!(text.contains("inferno_requests_total{method=\"Generate\",code=\"OK\"} 2\n"));
-        assert!(text.contains("inferno_requests_total{method=\"Generate\",code=\"CANCELLED\"} 1\n"));
+        assert!(text.contains(
+            "inferno_requests_total{method=\"Generate\",code=\"OK\",protocol=\"grpc\"} 2\n"
+        ));
+        assert!(text.contains(
+            "inferno_requests_total{method=\"Generate\",code=\"CANCELLED\",protocol=\"grpc\"} 1\n"
+        ));
+        assert!(text.contains(
+            "inferno_requests_total{method=\"Generate\",code=\"CANCELLED\",protocol=\"http\"} 1\n"
+        ));
+        assert_eq!(m.requests("Generate", "CANCELLED"), 2);
+        assert_eq!(
+            m.requests_by(Some(Protocol::Http), "Generate", "CANCELLED"),
+            1
+        );
         assert!(text.contains("inferno_queue_depth 3\n"));
         // Tokens count as they stream; a request's total at its end adds nothing more.
         assert!(
@@ -606,5 +595,19 @@ mod tests {
             "{text}"
         );
         assert_eq!(m.batch_size.count_le(4), 1);
+        // The gateway's names carry the same values.
+        assert!(
+            text.contains("\ninferno_kv_cache_usage_ratio 0.4\n"),
+            "{text}"
+        );
+        assert!(text.contains("\nvllm:kv_cache_usage_perc 0.4\n"), "{text}");
+        assert!(text.contains("\nvllm:num_requests_waiting 0\n"), "{text}");
+        assert!(text.contains("\nvllm:num_requests_running 0\n"), "{text}");
+        m.set_model_name("qwen \"x\"");
+        let text = m.render(2, 16);
+        assert!(
+            text.contains("\nvllm:num_requests_waiting{model_name=\"qwen \\\"x\\\"\"} 2\n"),
+            "{text}"
+        );
     }
 }

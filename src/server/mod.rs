@@ -1,10 +1,14 @@
-//! The gRPC service: `inferno.v1.Inference` ([`service`]) in front of the engine thread,
-//! `grpc.health.v1` health, server reflection (v1 and v1alpha), the bearer-token check
-//! ([`auth`]), Prometheus metrics ([`metrics`]), optional TLS ([`tls`]), connection limits
-//! ([`conn`]) and graceful shutdown.
+//! The service: two front-ends over one engine thread ([`core`]): gRPC
+//! (`inferno.v1.Inference`, [`service`], with `grpc.health.v1` health and server reflection
+//! v1 and v1alpha) and the OpenAI-compatible HTTP API ([`http`]), which also serves
+//! `/metrics` and the probes (as does the optional separate metrics address). Both share
+//! the bearer-token check ([`auth`]), Prometheus metrics ([`metrics`]), optional TLS
+//! ([`tls`]), connection limits ([`conn`]) and graceful shutdown.
 
 pub mod auth;
 pub mod conn;
+pub mod core;
+pub mod http;
 pub mod metrics;
 pub mod service;
 pub mod tls;
@@ -21,10 +25,11 @@ pub mod pb {
 
 use crate::engine::{Engine, EngineAssets, EngineConfig, EngineState, Observer};
 use auth::BearerAuth;
-use conn::{ConnLimits, TrackRequests};
+use conn::{ConnLimits, Registry, TrackRequests};
+use core::{Core, HandlerLimits};
 use metrics::Metrics;
 use pb::inference_server::InferenceServer;
-use service::{HandlerLimits, InferenceService};
+use service::InferenceService;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -51,8 +56,13 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 pub struct ServerConfig {
     /// Where gRPC listens (port 0 picks a free one).
     pub listen: SocketAddr,
-    /// Where Prometheus metrics are served over HTTP, if anywhere.
+    /// Where Prometheus metrics are served over HTTP, if anywhere (they are also at
+    /// `/metrics` of the HTTP API).
     pub metrics_addr: Option<SocketAddr>,
+    /// Where the OpenAI-compatible HTTP API listens, if anywhere (port 0 picks a free one).
+    pub http_listen: Option<SocketAddr>,
+    /// The model's id in the HTTP API; `None`: the file's `general.name`, else its stem.
+    pub served_model_name: Option<String>,
     pub engine: EngineConfig,
     /// How long in-flight requests may run after shutdown begins before they are cancelled.
     pub drain_timeout: Duration,
@@ -67,10 +77,10 @@ pub struct ServerConfig {
     pub max_text_bytes: usize,
     /// Tokenize, Detokenize and prompt preparations run at once (off the network threads).
     pub cpu_jobs: usize,
-    /// Open gRPC connections at most.
+    /// Open client connections at most, gRPC and HTTP together.
     pub max_connections: usize,
     /// How long a new connection may take to send its first request (TLS and HTTP/2
-    /// handshakes included).
+    /// handshakes included), and an HTTP request its headers and body.
     pub handshake_timeout: Duration,
     /// How long a connection with no open request is kept.
     pub idle_timeout: Duration,
@@ -81,6 +91,8 @@ impl Default for ServerConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             metrics_addr: None,
+            http_listen: None,
+            served_model_name: None,
             engine: EngineConfig::default(),
             drain_timeout: Duration::from_secs(30),
             auth_token: None,
@@ -126,6 +138,7 @@ const DRAIN_POLL: Duration = Duration::from_millis(20);
 pub struct RunningServer {
     addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
+    http_addr: Option<SocketAddr>,
     engine: Arc<Engine>,
     metrics: Arc<Metrics>,
     shutdown: Option<oneshot::Sender<()>>,
@@ -141,6 +154,11 @@ impl RunningServer {
     /// The address metrics are served on.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
+    }
+
+    /// The address the HTTP API listens on.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -229,19 +247,12 @@ pub async fn start(
         addr: config.listen,
         source,
     })?;
-    let metrics_listener = match config.metrics_addr {
-        Some(a) => Some(
-            TcpListener::bind(a)
-                .await
-                .map_err(|source| ServerError::Bind { addr: a, source })?,
-        ),
-        None => None,
-    };
-    let metrics_addr = match &metrics_listener {
-        Some(l) => Some(l.local_addr().map_err(|source| ServerError::Bind {
-            addr: config.metrics_addr.unwrap_or(addr),
-            source,
-        })?),
+    let (metrics_listener, metrics_addr) = bind_optional(config.metrics_addr).await?;
+    let (http_listener, http_addr) = bind_optional(config.http_listen).await?;
+    let http_tls = match &config.tls {
+        Some(tls) => Some(tokio_rustls::TlsAcceptor::from(Arc::new(
+            tls.server_config()?,
+        ))),
         None => None,
     };
 
@@ -261,7 +272,7 @@ pub async fn start(
         .await;
 
     let auth = BearerAuth::new(config.auth_token.as_deref(), Arc::clone(&metrics));
-    let inference = InferenceServer::new(InferenceService::new(
+    let core = Arc::new(Core::new(
         Arc::clone(&engine),
         Arc::clone(&metrics),
         HandlerLimits {
@@ -269,9 +280,10 @@ pub async fn start(
             max_text_bytes: config.max_text_bytes,
             cpu_jobs: config.cpu_jobs,
         },
-    ))
-    .max_decoding_message_size(config.max_message_bytes)
-    .max_encoding_message_size(config.max_message_bytes);
+    ));
+    let inference = InferenceServer::new(InferenceService::new(Arc::clone(&core)))
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -297,17 +309,24 @@ pub async fn start(
     let routes = Routes::new(health_service)
         .add_service(InterceptedService::new(inference, auth.clone()))
         .add_service(InterceptedService::new(reflection_v1, auth.clone()))
-        .add_service(InterceptedService::new(reflection_v1alpha, auth))
+        .add_service(InterceptedService::new(reflection_v1alpha, auth.clone()))
         .prepare();
 
     // Health follows the engine: SERVING once the model is loaded.
     let mut state = engine.subscribe();
     let ready_health = health.clone();
     let (drain_tx, mut drain_rx) = watch::channel(false);
+    let (named_metrics, model_name) = (Arc::clone(&metrics), config.served_model_name.clone());
     tokio::spawn(async move {
         let mut draining = false;
         loop {
-            let ready = matches!(&*state.borrow_and_update(), EngineState::Ready(_));
+            let ready = match &*state.borrow_and_update() {
+                EngineState::Ready(served) => {
+                    named_metrics.set_model_name(&http::model_id(model_name.as_deref(), served));
+                    true
+                }
+                _ => false,
+            };
             draining = draining || *drain_rx.borrow_and_update();
             let status = if ready && !draining {
                 ServingStatus::Serving
@@ -332,23 +351,19 @@ pub async fn start(
     });
 
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    let (metrics_stop_tx, metrics_stop_rx) = oneshot::channel::<()>();
-    if let Some(l) = metrics_listener {
-        let m = Arc::clone(&metrics);
-        let e = Arc::clone(&engine);
-        let (ready_engine, draining) = (Arc::clone(&engine), drain_tx.subscribe());
-        let endpoints = metrics::Endpoints {
-            render: Arc::new(move || m.render(e.queue_depth(), e.queue_capacity())),
-            // As grpc health's "": the model loaded and not draining.
-            ready: Arc::new(move || {
-                matches!(ready_engine.state(), EngineState::Ready(_)) && !*draining.borrow()
-            }),
-        };
-        tokio::spawn(metrics::serve_metrics(l, endpoints, async move {
-            let _ = metrics_stop_rx.await;
-        }));
-    }
-
+    let http_state = Arc::new(http::HttpState {
+        core,
+        auth,
+        served_model_name: config.served_model_name.clone(),
+        max_body_bytes: config.max_message_bytes,
+        body_timeout: config.handshake_timeout,
+        draining: drain_tx.subscribe(),
+        started: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    });
+    // The listeners close once the drain is over (as gRPC's does).
+    let (close_tx, close_rx) = watch::channel(false);
     let drain_timeout = config.drain_timeout;
     let drain_engine = Arc::clone(&engine);
     let (begun_tx, begun_rx) = oneshot::channel::<()>();
@@ -372,16 +387,46 @@ pub async fn start(
             warn!("drain timeout passed: cancelling the remaining requests");
         }
         drain_engine.cancel_all();
+        let _ = close_tx.send(true);
     };
     let limits = ConnLimits {
         max_connections: config.max_connections.max(1),
         handshake_timeout: config.handshake_timeout,
         idle_timeout: config.idle_timeout,
     };
-    let incoming = tokio_stream::wrappers::ReceiverStream::new(conn::accept_loop(listener, limits));
+    // gRPC and HTTP clients share the connection cap; the metrics address has its own.
+    let registry = Arc::new(Registry::default());
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(conn::accept_loop(
+        listener,
+        limits,
+        Arc::clone(&registry),
+    ));
+    // What finishes its responses after the listeners close: a stream the drain timeout
+    // cut short has already ended.
+    let grace = Duration::from_secs(2);
+    let http_serve = http_listener.map(|l| {
+        http::serve(
+            conn::accept_loop(l, limits, Arc::clone(&registry)),
+            http::router(Arc::clone(&http_state)),
+            http_tls,
+            config.handshake_timeout,
+            close_rx.clone(),
+            grace,
+        )
+    });
+    let metrics_serve = metrics_listener.map(|l| {
+        http::serve(
+            conn::accept_loop(l, limits, Arc::new(Registry::default())),
+            http::metrics_router(Arc::clone(&http_state)),
+            None,
+            config.handshake_timeout,
+            close_rx,
+            grace,
+        )
+    });
     let max_message_bytes = config.max_message_bytes;
     let task = tokio::spawn(async move {
-        let serve = builder.serve_with_incoming_shutdown(
+        let grpc = builder.serve_with_incoming_shutdown(
             TrackRequests {
                 routes,
                 max_message_bytes,
@@ -389,6 +434,22 @@ pub async fn start(
             incoming,
             signal,
         );
+        let serve = async move {
+            let (r, _, _) = tokio::join!(
+                grpc,
+                async move {
+                    if let Some(h) = http_serve {
+                        h.await
+                    }
+                },
+                async move {
+                    if let Some(m) = metrics_serve {
+                        m.await
+                    }
+                },
+            );
+            r
+        };
         tokio::pin!(serve);
         // Graceful shutdown waits for every connection to close; a client holding one open
         // (e.g. a health Watch) must not keep the process alive past the drain timeout.
@@ -405,21 +466,37 @@ pub async fn start(
                 Ok(())
             }
         };
-        let _ = metrics_stop_tx.send(());
         r
     });
     info!(%addr, "gRPC listening");
+    if let Some(h) = http_addr {
+        info!(addr = %h, "HTTP listening");
+    }
     if let Some(m) = metrics_addr {
         info!(addr = %m, "metrics listening");
     }
     Ok(RunningServer {
         addr,
         metrics_addr,
+        http_addr,
         engine,
         metrics,
         shutdown: Some(shutdown_tx),
         task,
     })
+}
+
+/// Binds a listener where one is configured, with the address it got.
+async fn bind_optional(
+    addr: Option<SocketAddr>,
+) -> Result<(Option<TcpListener>, Option<SocketAddr>), ServerError> {
+    let Some(a) = addr else {
+        return Ok((None, None));
+    };
+    let bind_err = |source| ServerError::Bind { addr: a, source };
+    let l = TcpListener::bind(a).await.map_err(bind_err)?;
+    let got = l.local_addr().map_err(bind_err)?;
+    Ok((Some(l), Some(got)))
 }
 
 /// Waits for SIGINT or SIGTERM (Ctrl-C elsewhere).

@@ -1,9 +1,11 @@
 //! The service's TLS identity: a PEM certificate chain and private key, checked before the
 //! server starts so that a bad file is reported as such (which file, and whether the key
-//! belongs to the certificate) rather than as a bare transport error.
+//! belongs to the certificate) rather than as a bare transport error; and the same
+//! identity as the HTTP listener's rustls configuration (HTTP/2 and HTTP/1.1 by ALPN).
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use std::sync::Arc;
 
 /// A PEM certificate chain and private key for TLS.
 #[derive(Clone)]
@@ -42,6 +44,25 @@ impl TlsPem {
             Err(rustls::Error::InconsistentKeys(_)) => Err(TlsError::KeyMismatch),
             Err(e) => Err(TlsError::Certificate(e.to_string())),
         }
+    }
+
+    /// A rustls server configuration for this identity that offers HTTP/2 and HTTP/1.1.
+    pub fn server_config(&self) -> Result<rustls::ServerConfig, TlsError> {
+        self.check()?;
+        let certs = CertificateDer::pem_slice_iter(&self.cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| TlsError::Certificate(e.to_string()))?;
+        let key =
+            PrivateKeyDer::from_pem_slice(&self.key).map_err(|e| TlsError::Key(e.to_string()))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Certificate(e.to_string()))?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .map_err(|e| TlsError::Key(e.to_string()))?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(config)
     }
 }
 

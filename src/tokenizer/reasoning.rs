@@ -38,7 +38,7 @@ pub struct Split {
 }
 
 /// Separates the reasoning section from the answer in text that arrives in pieces.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ReasoningParser {
     state: State,
     /// Text not yet final: a possible `<think>` and the whitespace before it, or a possible
@@ -194,7 +194,7 @@ pub struct ReplyPiece {
 
 /// Splits a reply as it streams: the reasoning section (when asked to separate it), then
 /// the answer, in which tool calls are found (when the request has tools).
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ReplyParser {
     reasoning: Option<ReasoningParser>,
     tools: Option<ToolCallParser>,

@@ -38,7 +38,7 @@ pub enum Parsed {
 }
 
 /// Finds tool-call blocks in text that arrives in pieces.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct ToolCallParser {
     /// Text not yet reported: a possible start of `<tool_call>` outside a block, or the
     /// whole block so far (from its opening tag) inside one.

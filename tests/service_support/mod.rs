@@ -2,6 +2,8 @@
 //! demo model, a generated tonic client, and stream collection.
 #![allow(dead_code)]
 
+pub mod http;
+
 use inferno::engine::loader::{synthetic_assets, LoadOptions};
 use inferno::engine::{generate, Flow, GenerateOptions};
 use inferno::engine::{EngineConfig, EngineState};
@@ -193,6 +195,8 @@ pub struct ServeProcess {
     pub child: Child,
     pub addr: SocketAddr,
     pub metrics: SocketAddr,
+    /// The HTTP API's address.
+    pub http: SocketAddr,
 }
 
 impl Drop for ServeProcess {
@@ -213,12 +217,15 @@ pub fn spawn_serve(extra: &[&str]) -> ServeProcess {
         "127.0.0.1:0",
         "--metrics-addr",
         "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
     ])
     .args(extra);
     spawn_serve_command(cmd)
 }
 
-/// Runs `cmd`, which must start `inferno serve` printing its addresses, and reads them.
+/// Runs `cmd`, which must start `inferno serve` with a metrics address and the HTTP API
+/// printing their addresses, and reads them.
 pub fn spawn_serve_command(mut cmd: Command) -> ServeProcess {
     let mut child = cmd
         .env("RUST_LOG", "warn")
@@ -241,10 +248,16 @@ pub fn spawn_serve_command(mut cmd: Command) -> ServeProcess {
         .trim_end_matches("/metrics")
         .parse()
         .unwrap();
+    let http = find("inferno: HTTP listening on ")
+        .trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .parse()
+        .unwrap();
     ServeProcess {
         child,
         addr,
         metrics,
+        http,
     }
 }
 

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# The OpenAI-compatible HTTP API under load: `inferno serve` against llama.cpp's
+# `llama-server` on the same GGUF file, driven by the same external load generator
+# (guidellm, from PyPI) at each concurrency; then the HTTP API's overhead per token beside
+# gRPC's (`inferno loadtest --baseline`, which interleaves each request with the same one run
+# in-process). Prints one Markdown table of each; the raw JSON stays in $OUT_DIR.
+#
+#   LLAMA_SERVER=/path/to/llama-server scripts/bench-http.sh [MODEL]
+#
+# MODEL defaults to the real test checkpoint (scripts/fetch-test-model.sh). Both servers get
+# THREADS threads (default 2) and MAX_BATCH concurrent sequences (default 8: inferno's
+# --max-batch, llama-server's -np) with a CTX-token context each; every request is a
+# synthetic prompt of PROMPT_TOKENS tokens answered with exactly OUTPUT_TOKENS tokens
+# (ignore_eos). Each concurrency level (CONCURRENCY, default "1 4 8") runs REQUESTS_PER_STREAM
+# requests per stream (at least 8 in all), ROUNDS times, the servers alternating which goes
+# first; the table shows the median over rounds. guidellm 0.8.1 lives in .venv-bench/ (it
+# pulls torch: about 6 GB, once); it tokenizes with the model's own tokenizer, converted
+# from the GGUF file by transformers once and cached beside it. Nothing here needs the
+# Hugging Face Hub.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+model=${1:-$(scripts/fetch-test-model.sh | tail -n 1)}
+llama_server=${LLAMA_SERVER:-$HOME/.cache/llama-cpp-ref/llama.cpp/build/bin/llama-server}
+threads=${THREADS:-2}
+max_batch=${MAX_BATCH:-8}
+ctx=${CTX:-1024}
+prompt_tokens=${PROMPT_TOKENS:-128}
+output_tokens=${OUTPUT_TOKENS:-128}
+concurrency=${CONCURRENCY:-"1 4 8"}
+per_stream=${REQUESTS_PER_STREAM:-4}
+rounds=${ROUNDS:-2}
+overhead_requests=${OVERHEAD_REQUESTS:-12}
+out=${OUT_DIR:-$(mktemp -d)}
+mkdir -p "$out"
+[ -x "$llama_server" ] || { echo "set LLAMA_SERVER to a llama-server binary" >&2; exit 1; }
+
+bench_tools="guidellm==0.8.1 gguf==0.19.0"
+if [ "$(cat .venv-bench/.inferno-bench-tools 2>/dev/null)" != "$bench_tools" ]; then
+    python3 -m venv .venv-bench
+    # shellcheck disable=SC2086 # the list is split on purpose
+    .venv-bench/bin/python -m pip install --quiet $bench_tools
+    echo "$bench_tools" > .venv-bench/.inferno-bench-tools
+fi
+tokenizer="${model%.gguf}-tokenizer"
+if [ ! -f "$tokenizer/tokenizer.json" ]; then
+    echo "converting the model's tokenizer for guidellm into $tokenizer" >&2
+    .venv-bench/bin/python - "$model" "$tokenizer" <<'EOF'
+import os, sys
+from transformers import AutoTokenizer
+model, dest = sys.argv[1], sys.argv[2]
+tok = AutoTokenizer.from_pretrained(os.path.dirname(model), gguf_file=os.path.basename(model))
+tok.save_pretrained(dest)
+EOF
+fi
+
+cargo build --release --quiet --bin inferno
+inferno=target/release/inferno
+port=${PORT:-18431}
+grpc_port=$((port + 1))
+
+server_pid=""
+stop_server() {
+    if [ -n "$server_pid" ]; then
+        kill "$server_pid" 2>/dev/null || true
+        wait "$server_pid" 2>/dev/null || true
+        server_pid=""
+    fi
+}
+trap stop_server EXIT
+
+wait_ready() { # url
+    for _ in $(seq 1 600); do
+        if curl -sf "$1" >/dev/null 2>&1; then return 0; fi
+        sleep 0.5
+    done
+    echo "the server at $1 never became ready" >&2
+    exit 1
+}
+
+start_inferno() {
+    "$inferno" serve --model "$model" --threads "$threads" --max-batch "$max_batch" \
+        --ctx-size "$ctx" --queue-capacity 64 --listen "127.0.0.1:$grpc_port" \
+        --http-listen "127.0.0.1:$port" >"$out/inferno-serve.log" 2>&1 &
+    server_pid=$!
+    wait_ready "http://127.0.0.1:$port/health"
+}
+
+start_llama() {
+    # -c is shared by the slots: each gets CTX.
+    "$llama_server" -m "$model" -t "$threads" -tb "$threads" -np "$max_batch" \
+        -c $((ctx * max_batch)) --host 127.0.0.1 --port "$port" --no-webui \
+        >"$out/llama-server.log" 2>&1 &
+    server_pid=$!
+    wait_ready "http://127.0.0.1:$port/health"
+}
+
+run_guidellm() { # who round concurrency
+    local n=$((per_stream * $3))
+    [ "$n" -ge 8 ] || n=8
+    .venv-bench/bin/guidellm run \
+        --backend "kind=openai_http,target=http://127.0.0.1:$port,request_format=/v1/completions" \
+        --profile "kind=concurrent,streams=$3" \
+        --data "kind=synthetic_text,prompt_tokens=$prompt_tokens,output_tokens=$output_tokens" \
+        --tokenizer "kind=hf_auto,model=$tokenizer" \
+        --constraint "kind=max_requests,count=$n" \
+        --output "kind=json,path=$out/$1-r$2-c$3.json" \
+        --disable-console >/dev/null 2>"$out/$1-r$2-c$3.log"
+}
+
+load() { uptime | sed 's/.*load average: //'; }
+echo "load before: $(load)" | tee "$out/load.txt" >&2
+for round in $(seq 1 "$rounds"); do
+    if ((round % 2)); then order="inferno llama"; else order="llama inferno"; fi
+    for who in $order; do
+        "start_$who"
+        for c in $concurrency; do
+            run_guidellm "$who" "$round" "$c"
+            echo "round $round: $who at concurrency $c done (load $(load))" >&2
+        done
+        stop_server
+    done
+done
+
+# HTTP against gRPC, one stream at a time, each request interleaved with the same one run
+# in-process on the same model and threads.
+start_inferno
+for round in $(seq 1 "$rounds"); do
+    for proto in grpc http; do
+        addr="http://127.0.0.1:$grpc_port"
+        [ "$proto" = http ] && addr="http://127.0.0.1:$port"
+        "$inferno" loadtest --protocol "$proto" --addr "$addr" --baseline --model "$model" \
+            --threads "$threads" --ctx-size "$ctx" --requests "$overhead_requests" \
+            --max-tokens 64 --ignore-eos --output json \
+            >"$out/overhead-$proto-r$round.json" 2>/dev/null
+        echo "round $round: $proto overhead done (load $(load))" >&2
+    done
+done
+stop_server
+echo "load after: $(load)" | tee -a "$out/load.txt" >&2
+
+python3 - "$out" "$concurrency" "$rounds" <<'EOF'
+import glob, json, statistics, sys
+out, levels, rounds = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
+
+def summary(path):
+    b = json.load(open(path))["benchmarks"][0]
+    m = b["metrics"]
+    ok = lambda k: m[k]["successful"]
+    tokens = ok("output_token_count")["total_sum"]
+    return {
+        "tps": tokens / b["duration"],
+        "ttft50": ok("time_to_first_token_ms")["percentiles"]["p50"],
+        "ttft99": ok("time_to_first_token_ms")["percentiles"]["p99"],
+        "itl50": ok("inter_token_latency_ms")["percentiles"]["p50"],
+        "itl99": ok("inter_token_latency_ms")["percentiles"]["p99"],
+        "errors": m["request_totals"]["errored"],
+    }
+
+def median(who, c, key):
+    vals = [summary(p)[key] for p in sorted(glob.glob(f"{out}/{who}-r*-c{c}.json"))]
+    return statistics.median(vals), len(vals)
+
+print("| concurrency | server | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | errors |")
+print("|---:|---|---:|---:|---:|---:|---:|---:|")
+for c in levels:
+    row = {}
+    for who, name in (("inferno", "inferno serve"), ("llama", "llama-server")):
+        vals = {k: median(who, c, k)[0] for k in ("tps", "ttft50", "ttft99", "itl50", "itl99", "errors")}
+        row[who] = vals
+        print(f"| {c} | {name} | {vals['tps']:.1f} | {vals['ttft50']:.0f} | {vals['ttft99']:.0f} "
+              f"| {vals['itl50']:.1f} | {vals['itl99']:.1f} | {vals['errors']:.0f} |")
+    print(f"| {c} | ratio | {row['inferno']['tps'] / row['llama']['tps']:.2f}x | | | | "
+          f"{row['inferno']['itl99'] / row['llama']['itl99']:.2f}x | |")
+print()
+print("| protocol | service ms/token | in-process ms/token | overhead ms/token | ± noise |")
+print("|---|---:|---:|---:|---:|")
+per_token = {}
+for proto in ("grpc", "http"):
+    runs = [json.load(open(p))["baseline"] for p in sorted(glob.glob(f"{out}/overhead-{proto}-r*.json"))]
+    med = lambda k: statistics.median(r[k] for r in runs)
+    per_token[proto] = med("service_stream_mean_inter_token_ms_p50")
+    print(f"| {proto} | {per_token[proto]:.3f} | {med('in_process_run_mean_inter_token_ms_p50'):.3f} "
+          f"| {med('overhead_raw_ms_per_token'):.3f} | {med('overhead_noise_ms_per_token'):.3f} |")
+print(f"\nHTTP's time per token is {100 * (per_token['http'] / per_token['grpc'] - 1):+.1f}% of gRPC's "
+      f"({rounds} rounds; raw JSON in {out})")
+print("load average (1, 5, 15 min):", " / ".join(open(f"{out}/load.txt").read().split("\n")[:2]))
+EOF

@@ -1,0 +1,549 @@
+//! `POST /v1/chat/completions`: OpenAI's chat request converted to the planner's
+//! ([`GenerateSpec`]), and the reply as a `chat.completion` or as `chat.completion.chunk`
+//! events. A thinking model's reasoning (a `<think>` section) is reported as
+//! `reasoning_content` when the model's chat template handles `<think>` (Qwen3, the
+//! DeepSeek-R1 distills) or the request sets `separate_reasoning: true`;
+//! `separate_reasoning: false` keeps it in the content.
+
+use super::error::{ApiError, Endpoint};
+use super::generate::{self, Merged, Shape, StreamFormat, Update};
+use super::wire::{self, ChatRequest, Content, ToolChoiceIn};
+use super::{HttpState, JsonBody, RequestId};
+use crate::engine::plan::{
+    self, GenerateSpec, Input, Message, PromptSpec, Tool, ToolCall, ToolChoice,
+};
+use crate::engine::reply::Ending;
+use crate::engine::{Logprobs, Served};
+use crate::sampling::constraint::ResponseFormat;
+use crate::sampling::SamplingParams;
+use axum::extract::State;
+use axum::response::sse::Event as SseEvent;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use std::sync::Arc;
+
+/// Seconds since the Unix epoch.
+pub(super) fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The `system_fingerprint` of every response: the server's version.
+pub(super) fn fingerprint() -> String {
+    concat!("inferno-", env!("CARGO_PKG_VERSION")).to_string()
+}
+
+pub async fn handle(
+    State(state): State<Arc<HttpState>>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    body: Result<JsonBody<ChatRequest>, ApiError>,
+) -> Response {
+    let r = match body {
+        Ok(JsonBody(req)) => run(&state, request_id, req).await,
+        Err(e) => Err(e),
+    };
+    r.unwrap_or_else(|e| generate::refused(&state, e))
+}
+
+async fn run(
+    state: &HttpState,
+    request_id: String,
+    req: ChatRequest,
+) -> Result<Response, ApiError> {
+    let served = state.serving()?;
+    let model = state.check_model(&served, req.sampling.model.as_deref())?;
+    let n = generate::choices(req.sampling.n, state.core.engine.queue_capacity())?;
+    generate::check_queue(state)?;
+    let stream = req.sampling.stream.unwrap_or(false);
+    let include_usage = req
+        .sampling
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false);
+    let (spec, top) = chat_spec(req, &served, request_id.clone())?;
+    let prepared = generate::prepare(state, &served, spec, Endpoint::Chat).await?;
+    let request_id = prepared.request_id.clone();
+    let (choices, receivers) = generate::enqueue(state, &request_id, &[prepared], n)?;
+    let merged = Merged::new(choices, receivers);
+    let shape = Shape {
+        id: format!("chatcmpl-{request_id}"),
+        model,
+        created: now(),
+        logprobs: top,
+        include_usage,
+        served,
+    };
+    if stream {
+        Ok(stream_reply(merged, shape))
+    } else {
+        whole_reply(merged, shape).await
+    }
+}
+
+/// Converts the request, returning the alternatives to show per token when logprobs are
+/// asked for.
+fn chat_spec(
+    req: ChatRequest,
+    served: &Served,
+    request_id: String,
+) -> Result<(GenerateSpec, Option<usize>), ApiError> {
+    let messages = req
+        .messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| message(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut prompt = PromptSpec::new(Input::Messages(messages));
+    if let Some(tools) = req.tools {
+        prompt.tools = tools
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| tool(i, t))
+            .collect::<Result<_, _>>()?;
+    }
+    prompt.tool_choice = match req.tool_choice {
+        None => ToolChoice::Auto,
+        Some(ToolChoiceIn::Mode(m)) => match m.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!(
+                        "tool_choice {other:?} is unknown (auto, none, required, or \
+                         {{\"type\": \"function\", \"function\": {{\"name\": ...}}}})"
+                    ),
+                ))
+            }
+        },
+        Some(ToolChoiceIn::Named { kind, function }) => {
+            if kind != "function" {
+                return Err(ApiError::invalid(
+                    "tool_choice.type",
+                    format!("tool_choice type {kind:?} is not supported (only \"function\")"),
+                ));
+            }
+            ToolChoice::Function(function.name)
+        }
+    };
+    let format = match req.response_format {
+        None => None,
+        Some(f) => match f.kind.as_str() {
+            "text" => None,
+            "json_object" => Some(ResponseFormat::JsonObject),
+            "json_schema" => {
+                let schema = f.json_schema.and_then(|s| s.schema).ok_or_else(|| {
+                    ApiError::invalid(
+                        "response_format.json_schema.schema",
+                        "response_format json_schema needs json_schema.schema",
+                    )
+                })?;
+                Some(ResponseFormat::JsonSchema(schema.to_string()))
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    "response_format.type",
+                    format!(
+                        "response_format type {other:?} is unknown (text, json_object, \
+                         json_schema)"
+                    ),
+                ))
+            }
+        },
+    };
+    prompt.response_format = one_format(format, &req.sampling)?;
+    prompt.enable_thinking = req.chat_template_kwargs.and_then(|k| k.enable_thinking);
+    let top = match (req.logprobs, req.top_logprobs) {
+        (Some(true), t) => Some(t.unwrap_or(0) as usize),
+        (_, Some(t)) if t > 0 => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ))
+        }
+        _ => None,
+    };
+    let mut spec = common_spec(prompt, req.sampling, request_id);
+    spec.max_tokens = req
+        .max_completion_tokens
+        .or(spec.max_tokens.map(|n| n as u32))
+        .map(|n| n as usize);
+    // The engine reports alternatives only when at least one is asked for.
+    spec.logprobs = top.map_or(0, |t| t.max(1));
+    spec.separate_reasoning = req
+        .separate_reasoning
+        .unwrap_or_else(|| plan::thinks(served));
+    Ok((spec, top))
+}
+
+/// The response format with the extensions' regex or grammar: at most one of them.
+pub(super) fn one_format(
+    format: Option<ResponseFormat>,
+    s: &wire::Sampling,
+) -> Result<Option<ResponseFormat>, ApiError> {
+    let mut formats: Vec<ResponseFormat> = format.into_iter().collect();
+    formats.extend(s.regex.clone().map(ResponseFormat::Regex));
+    formats.extend(s.grammar.clone().map(ResponseFormat::Lark));
+    if formats.len() > 1 {
+        return Err(ApiError::invalid(
+            "response_format",
+            "give at most one of response_format, regex and grammar",
+        ));
+    }
+    Ok(formats.pop())
+}
+
+/// The request fields both endpoints share: sampling, stop strings, limits.
+pub(super) fn common_spec(
+    prompt: PromptSpec,
+    s: wire::Sampling,
+    request_id: String,
+) -> GenerateSpec {
+    let d = SamplingParams::default();
+    let mut spec = GenerateSpec::new(prompt);
+    spec.sampling = SamplingParams {
+        temperature: s.temperature.unwrap_or(d.temperature),
+        top_k: s.top_k.map_or(d.top_k, |k| k.max(0) as usize),
+        top_p: s.top_p.unwrap_or(d.top_p),
+        min_p: s.min_p.unwrap_or(d.min_p),
+        repeat_penalty: s.repetition_penalty.unwrap_or(d.repeat_penalty),
+        repeat_last_n: d.repeat_last_n,
+        frequency_penalty: s.frequency_penalty.unwrap_or(d.frequency_penalty),
+        presence_penalty: s.presence_penalty.unwrap_or(d.presence_penalty),
+        seed: s.seed,
+    };
+    spec.max_tokens = s.max_tokens.map(|n| n as usize);
+    spec.stop = s.stop.map(wire::Stop::into_vec).unwrap_or_default();
+    spec.ignore_eos = s.ignore_eos.unwrap_or(false);
+    spec.request_id = request_id;
+    spec
+}
+
+fn message(i: usize, m: wire::MessageIn) -> Result<Message, ApiError> {
+    // OpenAI's newer name for the system role.
+    let role = if m.role == "developer" {
+        "system".to_string()
+    } else {
+        m.role
+    };
+    let content = match m.content {
+        None => String::new(),
+        Some(Content::Text(t)) => t,
+        Some(Content::Parts(parts)) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (j, p) in parts.into_iter().enumerate() {
+                match (p.kind.as_str(), p.text) {
+                    ("text", Some(t)) => texts.push(t),
+                    ("text", None) => {
+                        return Err(ApiError::invalid(
+                            format!("messages[{i}].content[{j}].text"),
+                            format!("messages[{i}].content[{j}] is a text part without text"),
+                        ))
+                    }
+                    (other, _) => {
+                        return Err(ApiError::invalid(
+                            format!("messages[{i}].content[{j}].type"),
+                            format!(
+                                "messages[{i}].content[{j}] is a {other:?} part; only text \
+                                 parts are supported"
+                            ),
+                        ))
+                    }
+                }
+            }
+            // Parts are joined by newlines, as vLLM joins them.
+            texts.join("\n")
+        }
+    };
+    let tool_calls = m
+        .tool_calls
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(j, c)| {
+            if c.kind.as_deref().is_some_and(|k| k != "function") {
+                return Err(ApiError::invalid(
+                    format!("messages[{i}].tool_calls[{j}].type"),
+                    "only function tool calls are supported",
+                ));
+            }
+            Ok(ToolCall {
+                id: c.id.unwrap_or_default(),
+                name: c.function.name,
+                arguments: c.function.arguments,
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Message {
+        role,
+        content,
+        tool_calls,
+        tool_call_id: m.tool_call_id.unwrap_or_default(),
+    })
+}
+
+fn tool(i: usize, t: wire::ToolIn) -> Result<Tool, ApiError> {
+    if t.kind != "function" {
+        return Err(ApiError::invalid(
+            format!("tools[{i}].type"),
+            format!(
+                "tools[{i}] is a {:?} tool; only function tools are supported",
+                t.kind
+            ),
+        ));
+    }
+    let f = t.function.ok_or_else(|| {
+        ApiError::invalid(
+            format!("tools[{i}].function"),
+            format!("tools[{i}] has no function"),
+        )
+    })?;
+    Ok(Tool {
+        name: f.name,
+        description: f.description.unwrap_or_default(),
+        parameters: match f.parameters {
+            None | Some(serde_json::Value::Null) => String::new(),
+            Some(p) => p.to_string(),
+        },
+    })
+}
+
+/// A token's logprobs in the chat shape, with `top` alternatives.
+pub(super) fn token_logprob(served: &Served, l: &Logprobs, top: usize) -> wire::TokenLogprob {
+    let (token, bytes) = generate::token_text(served, &l.chosen);
+    wire::TokenLogprob {
+        token,
+        logprob: l.chosen.logprob,
+        bytes,
+        top_logprobs: l
+            .top
+            .iter()
+            .take(top)
+            .map(|t| {
+                let (token, bytes) = generate::token_text(served, t);
+                wire::TopLogprob {
+                    token,
+                    logprob: t.logprob,
+                    bytes,
+                }
+            })
+            .collect(),
+    }
+}
+
+fn tool_call_out(c: ToolCall) -> wire::ToolCallOut {
+    wire::ToolCallOut {
+        id: c.id,
+        kind: "function",
+        function: wire::FunctionCallOut {
+            name: c.name,
+            arguments: c.arguments,
+        },
+    }
+}
+
+async fn whole_reply(merged: Merged, shape: Shape) -> Result<Response, ApiError> {
+    let (choices, finished) = generate::collect(merged).await?;
+    let endings: Vec<_> = finished.iter().map(|f| &f.ending).collect();
+    let usage = generate::usage(&choices, &endings);
+    let out = choices
+        .iter()
+        .zip(finished)
+        .map(|(c, f)| {
+            let calls: Vec<_> = f.ending.all_calls.clone();
+            // A turn that only called tools has no content, as OpenAI reports it.
+            let content = (!f.text.is_empty() || calls.is_empty()).then_some(f.text);
+            let reasoning = f.ending.reasoning_content.clone();
+            wire::ChatChoice {
+                index: c.index,
+                message: wire::MessageOut {
+                    role: "assistant",
+                    content,
+                    reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+                    tool_calls: calls.into_iter().map(tool_call_out).collect(),
+                },
+                logprobs: shape.logprobs.map(|top| wire::ChoiceLogprobs {
+                    content: f
+                        .logprobs
+                        .iter()
+                        .map(|(l, _)| token_logprob(&shape.served, l, top))
+                        .collect(),
+                }),
+                finish_reason: generate::finish_reason(f.ending.finish_reason),
+            }
+        })
+        .collect();
+    Ok(Json(wire::ChatCompletion {
+        id: shape.id,
+        object: "chat.completion",
+        created: shape.created,
+        model: shape.model,
+        choices: out,
+        usage,
+        system_fingerprint: fingerprint(),
+    })
+    .into_response())
+}
+
+/// The chunk of one choice's delta.
+fn chunk(shape: &Shape, choice: wire::ChunkChoice) -> SseEvent {
+    generate::json_event(&wire::ChatChunk {
+        id: shape.id.clone(),
+        object: "chat.completion.chunk",
+        created: shape.created,
+        model: shape.model.clone(),
+        choices: vec![choice],
+        usage: None,
+        system_fingerprint: fingerprint(),
+    })
+}
+
+/// A streamed chat reply's state: calls are numbered per choice, and the usage chunk
+/// needs every choice's end.
+struct ChatStream {
+    shape: Shape,
+    calls_sent: Vec<u32>,
+    endings: Vec<Option<Ending>>,
+}
+
+impl ChatStream {
+    fn delta(
+        &mut self,
+        i: usize,
+        text: String,
+        reasoning: String,
+        calls: Vec<ToolCall>,
+    ) -> wire::Delta {
+        let sent = &mut self.calls_sent[i];
+        wire::Delta {
+            role: None,
+            content: (!text.is_empty()).then_some(text),
+            reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+            tool_calls: calls
+                .into_iter()
+                .map(|c| {
+                    *sent += 1;
+                    wire::ToolCallDelta {
+                        index: *sent - 1,
+                        id: c.id,
+                        kind: "function",
+                        function: wire::FunctionDelta {
+                            name: c.name,
+                            arguments: c.arguments,
+                        },
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    fn choice(
+        &self,
+        index: u32,
+        delta: wire::Delta,
+        logprobs: Option<wire::ChoiceLogprobs>,
+        finish: Option<&'static str>,
+    ) -> SseEvent {
+        chunk(
+            &self.shape,
+            wire::ChunkChoice {
+                index,
+                delta,
+                logprobs,
+                finish_reason: finish,
+            },
+        )
+    }
+}
+
+impl StreamFormat for ChatStream {
+    fn update(&mut self, m: &Merged, i: usize, u: Update, out: &mut Vec<SseEvent>) -> bool {
+        let index = m.choices[i].index;
+        match u {
+            Update::Token(p) => {
+                let logprobs = match (self.shape.logprobs, &p.token.logprobs) {
+                    (Some(top), Some(l)) => Some(wire::ChoiceLogprobs {
+                        content: vec![token_logprob(&self.shape.served, l, top)],
+                    }),
+                    _ => None,
+                };
+                if p.text.is_empty()
+                    && p.reasoning.is_empty()
+                    && p.calls.is_empty()
+                    && logprobs.is_none()
+                {
+                    return true;
+                }
+                let delta = self.delta(i, p.text, p.reasoning, p.calls);
+                out.push(self.choice(index, delta, logprobs, None));
+            }
+            Update::End(mut e) => {
+                let text = std::mem::take(&mut e.text);
+                let reasoning = std::mem::take(&mut e.reasoning);
+                let calls = std::mem::take(&mut e.calls);
+                if !(text.is_empty() && reasoning.is_empty() && calls.is_empty()) {
+                    let delta = self.delta(i, text, reasoning, calls);
+                    out.push(self.choice(index, delta, None, None));
+                }
+                let finish = generate::finish_reason(e.finish_reason);
+                out.push(self.choice(index, wire::Delta::default(), None, Some(finish)));
+                self.endings[i] = Some(*e);
+            }
+            Update::Failed(e) => {
+                out.push(generate::json_event(&e.body()));
+                return false;
+            }
+        }
+        true
+    }
+
+    fn finish(&mut self, m: &Merged, out: &mut Vec<SseEvent>) {
+        let Some(usage) = generate::final_usage(&self.shape, m, &self.endings) else {
+            return;
+        };
+        let s = &self.shape;
+        out.push(generate::json_event(&wire::ChatChunk {
+            id: s.id.clone(),
+            object: "chat.completion.chunk",
+            created: s.created,
+            model: s.model.clone(),
+            choices: Vec::new(),
+            usage: Some(usage),
+            system_fingerprint: fingerprint(),
+        }));
+    }
+}
+
+fn stream_reply(merged: Merged, shape: Shape) -> Response {
+    // Each choice opens with its role.
+    let opening: Vec<SseEvent> = merged
+        .choices
+        .iter()
+        .map(|c| {
+            let role = wire::Delta {
+                role: Some("assistant"),
+                content: Some(String::new()),
+                ..Default::default()
+            };
+            chunk(
+                &shape,
+                wire::ChunkChoice {
+                    index: c.index,
+                    delta: role,
+                    logprobs: None,
+                    finish_reason: None,
+                },
+            )
+        })
+        .collect();
+    let n = merged.choices.len();
+    let format = ChatStream {
+        shape,
+        calls_sent: vec![0; n],
+        endings: (0..n).map(|_| None).collect(),
+    };
+    generate::stream(merged, opening, format)
+}

@@ -1,0 +1,447 @@
+//! The OpenAI API's request and response bodies, field for field as the official `openai`
+//! Python package types them (`openai/types/chat/completion_create_params.py`,
+//! `chat_completion.py`, `chat_completion_chunk.py`, `completion.py`, `model.py`), plus
+//! the extensions vLLM and llama-server accept (`top_k`, `min_p`, `repetition_penalty`,
+//! `ignore_eos`, `regex`, `grammar`, `chat_template_kwargs`, `separate_reasoning`) and
+//! llama-server's `/tokenize` and `/detokenize`. Fields a request may carry that are not
+//! listed here are ignored, as OpenAI's servers ignore them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `stop`: one string or a list.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Stop {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Stop::One(s) => vec![s],
+            Stop::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+/// What both generation endpoints take besides their prompt.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Sampling {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(default)]
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub frequency_penalty: Option<f32>,
+    #[serde(default)]
+    pub presence_penalty: Option<f32>,
+    #[serde(default)]
+    pub n: Option<u32>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    // Extensions (vLLM, llama-server).
+    /// Keep the k most likely tokens; 0 or negative: off.
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    #[serde(default)]
+    pub min_p: Option<f32>,
+    #[serde(default)]
+    pub repetition_penalty: Option<f32>,
+    #[serde(default)]
+    pub ignore_eos: Option<bool>,
+    /// The output matches this regular expression.
+    #[serde(default)]
+    pub regex: Option<String>,
+    /// The output is a sentence of this Lark grammar (llguidance's dialect).
+    #[serde(default)]
+    pub grammar: Option<String>,
+}
+
+/// A message's content: text, or a list of parts of which only text ones are supported.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionCallIn {
+    pub name: String,
+    /// JSON text, as the model wrote it (OpenAI sends it as a string).
+    pub arguments: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ToolCallIn {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    pub function: FunctionCallIn,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct MessageIn {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionIn {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub parameters: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ToolIn {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub function: Option<FunctionIn>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct NamedFunction {
+    pub name: String,
+}
+
+/// `tool_choice`: `"none"`, `"auto"`, `"required"` or a named function.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoiceIn {
+    Mode(String),
+    Named {
+        #[serde(rename = "type")]
+        kind: String,
+        function: NamedFunction,
+    },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct JsonSchemaIn {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub schema: Option<Value>,
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ResponseFormatIn {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub json_schema: Option<JsonSchemaIn>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ChatTemplateKwargs {
+    #[serde(default)]
+    pub enable_thinking: Option<bool>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<MessageIn>,
+    /// Read from the same body on its own (see [`Sampling`]'s users), so that a field of it
+    /// that does not fit is named.
+    #[serde(skip)]
+    pub sampling: Sampling,
+    #[serde(default)]
+    pub max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    #[serde(default)]
+    pub top_logprobs: Option<u32>,
+    #[serde(default)]
+    pub tools: Option<Vec<ToolIn>>,
+    #[serde(default)]
+    pub tool_choice: Option<ToolChoiceIn>,
+    #[serde(default)]
+    pub response_format: Option<ResponseFormatIn>,
+    #[serde(default)]
+    pub chat_template_kwargs: Option<ChatTemplateKwargs>,
+    /// Report a `<think>` section as `reasoning_content`; unset: when the model thinks.
+    #[serde(default)]
+    pub separate_reasoning: Option<bool>,
+}
+
+/// `prompt` of `/v1/completions`: a string, strings, token ids, or lists of token ids.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptIn {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: PromptIn,
+    /// Read from the same body on its own.
+    #[serde(skip)]
+    pub sampling: Sampling,
+    #[serde(default)]
+    pub echo: Option<bool>,
+    #[serde(default)]
+    pub logprobs: Option<u32>,
+    #[serde(default)]
+    pub suffix: Option<String>,
+    #[serde(default)]
+    pub best_of: Option<u32>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChoiceLogprobs {
+    pub content: Vec<TokenLogprob>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FunctionCallOut {
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ToolCallOut {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCallOut,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MessageOut {
+    pub role: &'static str,
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: MessageOut,
+    pub logprobs: Option<ChoiceLogprobs>,
+    pub finish_reason: &'static str,
+}
+
+/// A `chat.completion`.
+#[derive(Debug, Serialize)]
+pub struct ChatCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+    pub system_fingerprint: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct FunctionDelta {
+    pub name: String,
+    pub arguments: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ToolCallDelta {
+    pub index: u32,
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionDelta,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallDelta>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ChunkChoice {
+    pub index: u32,
+    pub delta: Delta,
+    pub logprobs: Option<ChoiceLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A `chat.completion.chunk`.
+#[derive(Debug, Serialize)]
+pub struct ChatChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    pub system_fingerprint: String,
+}
+
+/// The legacy completions' logprobs.
+#[derive(Debug, Default, Serialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<serde_json::Map<String, Value>>,
+    pub text_offset: Vec<usize>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CompletionChoice {
+    pub index: u32,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// A `text_completion` (whole, or one streamed chunk of it).
+#[derive(Debug, Serialize)]
+pub struct Completion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    pub system_fingerprint: String,
+}
+
+/// A `model` of `/v1/models`.
+#[derive(Debug, Serialize)]
+pub struct Model {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+    /// The context window served (vLLM's name for it).
+    pub max_model_len: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<Model>,
+}
+
+/// `POST /tokenize`, as llama-server takes it.
+#[derive(Debug, Deserialize)]
+pub struct TokenizeRequest {
+    pub content: String,
+    /// Add the model's BOS token where its tokenizer adds one.
+    #[serde(default)]
+    pub add_special: Option<bool>,
+    /// Treat special-token text such as `<|im_start|>` as the token (default true).
+    #[serde(default)]
+    pub parse_special: Option<bool>,
+    /// Return each token's text beside its id.
+    #[serde(default)]
+    pub with_pieces: Option<bool>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Piece {
+    pub id: u32,
+    pub piece: String,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum Tokens {
+    Ids(Vec<u32>),
+    Pieces(Vec<Piece>),
+}
+
+#[derive(Debug, Serialize)]
+pub struct TokenizeResponse {
+    pub tokens: Tokens,
+}
+
+/// `POST /detokenize`.
+#[derive(Debug, Deserialize)]
+pub struct DetokenizeRequest {
+    pub tokens: Vec<u32>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DetokenizeResponse {
+    pub content: String,
+}
