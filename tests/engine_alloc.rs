@@ -74,6 +74,7 @@ fn a_decoding_step_allocates_only_what_it_streams() {
             ignore_eos: true,
             time_limit: None,
             grammar: None,
+            speculate: true,
         };
         let prompt = vec![72 + s, 101, 108, 108, 111];
         engine

@@ -25,6 +25,8 @@ pub struct ServeArgs {
     pub synthetic: String,
     #[command(flatten)]
     pub run: super::RunArgs,
+    #[command(flatten)]
+    pub spec: super::SpecArgs,
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
@@ -180,6 +182,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         }
         _ => None,
     };
+    let speculation = a.spec.speculation()?;
     if !a.listen.ip().is_loopback() && auth_token.is_none() {
         warn!(listen = %a.listen, "listening beyond loopback without --auth-token-file");
     }
@@ -192,6 +195,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             prefill_chunk: a.prefill_chunk.max(1),
             prefill_chunk_running: a.prefill_chunk_running.max(1),
             kv_cache_tokens: a.kv_cache_tokens.map(|n| n.max(1)),
+            speculation,
             ..EngineConfig::default()
         },
         drain_timeout: a.drain_timeout,
@@ -205,7 +209,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         handshake_timeout: a.handshake_timeout,
         idle_timeout: a.idle_timeout,
     };
-    let load = a.run.load_options();
+    let load = a.spec.load_options(a.run.load_options());
     // Check the backend now, so a typo (or, for gpu, a missing adapter) fails before
     // anything starts.
     let checked = crate::backend::create_backend(&load.backend, &Default::default())?;
