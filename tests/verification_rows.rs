@@ -185,13 +185,14 @@ fn check_rows(name: &str, model: &Model, prompt: &[u32], drafts: &[u32], want: &
         );
     }
     // Batched, as the engine runs it: another sequence decoding one token before it and a
-    // prompt chunk after it, the logits of several sequences gathered into one product.
+    // prompt chunk after it, the logits of several sequences gathered into products.
     let other = tokens(vocab, 5, 3);
     let chunk = tokens(vocab, 6, 4);
     let mut kv = model.new_kv_cache(prompt.len() + k + 1);
     let mut kv_other = model.new_kv_cache(16);
     let mut kv_chunk = model.new_kv_cache(16);
-    let mut scratch = model.new_scratch(prompt.len() + other.len() + 64, 4 + k);
+    // Room for 3 rows of logits at a time: the gathered blocks split the sequences' rows.
+    let mut scratch = model.new_scratch(prompt.len() + other.len() + 64, 3);
     {
         let mut prefill = [
             SeqStep {

@@ -294,12 +294,13 @@ impl Acceptance {
 
 /// How a step's time grows with its rows, `t0 + t1 · rows`, fitted by least squares over
 /// recent decode steps (older ones weigh geometrically less, so it follows a change of load).
-/// Only the ratio `t1 / t0` matters for sharing rows; until the steps have varied enough to
-/// fit it, a prior ratio holds.
-#[derive(Clone, Debug)]
+/// Only the ratio `t1 / t0` matters for sharing rows. The fit is blended with a prior ratio
+/// by how much the steps' sizes have varied lately, so a few noisy steps of two rows do not
+/// settle it, and where steps stop varying (nobody drafts) it drifts back to the prior and
+/// drafting is tried again.
+#[derive(Clone, Debug, Default)]
 pub struct StepCost {
     sums: [f64; 5],
-    seeded: bool,
 }
 
 /// Weight each earlier step keeps per new one.
@@ -307,30 +308,12 @@ const COST_DECAY: f64 = 0.98;
 /// `t1 / t0` before measurements say otherwise: a CPU step of one row is bound by reading
 /// the weights, each further row costs a fraction of that in arithmetic.
 const PRIOR_RATIO: f64 = 0.3;
-/// Weight of the prior's two pseudo-steps.
-const PRIOR_WEIGHT: f64 = 4.0;
-
-impl Default for StepCost {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+/// The prior's weight, in units of the steps' spread (weight × variance of their rows).
+const PRIOR_INFO: f64 = 4.0;
 
 impl StepCost {
     pub fn new() -> Self {
-        Self {
-            sums: [0.0; 5],
-            seeded: false,
-        }
-    }
-
-    fn add(&mut self, x: f64, y: f64, w: f64) {
-        let s = &mut self.sums;
-        s[0] += w;
-        s[1] += w * x;
-        s[2] += w * y;
-        s[3] += w * x * x;
-        s[4] += w * x * y;
+        Self::default()
     }
 
     /// Records a decode step of `rows` rows that took `secs`.
@@ -338,39 +321,39 @@ impl StepCost {
         if rows == 0 || !secs.is_finite() || secs <= 0.0 {
             return;
         }
-        let x = rows as f64;
-        if !self.seeded {
-            // The prior, at this step's level: two pseudo-steps on the prior line.
-            let t0 = secs / (1.0 + PRIOR_RATIO * x);
-            self.add(1.0, t0 * (1.0 + PRIOR_RATIO), PRIOR_WEIGHT);
-            self.add(9.0, t0 * (1.0 + 9.0 * PRIOR_RATIO), PRIOR_WEIGHT);
-            self.seeded = true;
-        }
+        let (x, y) = (rows as f64, secs);
         for v in &mut self.sums {
             *v *= COST_DECAY;
         }
-        self.add(x, secs, 1.0);
+        let s = &mut self.sums;
+        s[0] += 1.0;
+        s[1] += x;
+        s[2] += y;
+        s[3] += x * x;
+        s[4] += x * y;
     }
 
     /// `t1 / t0`: what one more row costs relative to a step's fixed cost.
     pub fn ratio(&self) -> f64 {
-        self.fit()
-            .map_or(PRIOR_RATIO, |(t0, t1)| (t1 / t0).clamp(0.005, 2.0))
-    }
-
-    /// A step's fixed cost `t0` in seconds, once a step was seen.
-    pub fn fixed_secs(&self) -> Option<f64> {
-        let [w, _, sy, ..] = self.sums;
         match self.fit() {
-            Some((t0, _)) => Some(t0),
-            // No spread of sizes yet: the prior's split of the mean step.
-            None if w > 0.0 => Some(sy / w / (1.0 + PRIOR_RATIO)),
-            None => None,
+            Some((t0, t1, info)) => {
+                let fitted = (t1 / t0).clamp(0.005, 2.0);
+                (PRIOR_INFO * PRIOR_RATIO + info * fitted) / (PRIOR_INFO + info)
+            }
+            None => PRIOR_RATIO,
         }
     }
 
-    /// `(t0, t1)` by least squares, when the steps varied enough and the fit makes sense.
-    fn fit(&self) -> Option<(f64, f64)> {
+    /// A step's fixed cost `t0` in seconds, once a step was seen: the mean step split by
+    /// [`StepCost::ratio`].
+    pub fn fixed_secs(&self) -> Option<f64> {
+        let [w, sx, sy, ..] = self.sums;
+        (w > 0.0).then(|| sy / w / (1.0 + self.ratio() * sx / w))
+    }
+
+    /// `(t0, t1, spread)` by least squares, when the steps varied and the line makes sense
+    /// (a step of no rows cannot cost nothing, nor a row less than nothing).
+    fn fit(&self) -> Option<(f64, f64, f64)> {
         let [w, sx, sy, sxx, sxy] = self.sums;
         if w <= 0.0 {
             return None;
@@ -382,9 +365,7 @@ impl StepCost {
         }
         let t1 = (sxy / w - mx * my) / var;
         let t0 = my - t1 * mx;
-        // Noise can tilt the line: a step of no rows cannot cost nothing, nor a row less
-        // than nothing.
-        (t0 > 0.0 && t1.is_finite() && t1 >= 0.0).then_some((t0, t1))
+        (t0 > 0.0 && t1.is_finite() && t1 >= 0.0).then_some((t0, t1, w * var))
     }
 }
 
@@ -744,6 +725,11 @@ mod tests {
             c.observe(rows, 10.0 + 2.0 * rows as f64);
         }
         assert!((c.ratio() - 0.2).abs() < 0.01, "{}", c.ratio());
+        // Steps that stop varying (nobody drafts) let it drift back to the prior.
+        for _ in 0..400 {
+            c.observe(1, 12.0);
+        }
+        assert!((c.ratio() - PRIOR_RATIO).abs() < 0.01, "{}", c.ratio());
         assert_eq!(Method::parse("NGRAM"), Ok(Method::Ngram));
         assert!(Method::parse("eagle")
             .unwrap_err()
