@@ -8,6 +8,7 @@
 //! share is in tests/gpu_backend.rs, the real checkpoint's in tests/real_model.rs.)
 
 mod common;
+mod service_support;
 
 use inferno::backend::{create_backend, BackendOptions};
 use inferno::engine::loader::{synthetic_assets, LoadOptions};
@@ -637,4 +638,58 @@ fn a_draft_model_of_another_vocabulary_is_refused() {
         .err()
         .expect("refused");
     assert!(err.contains("tiny-llama3.q8_0.gguf cannot draft"), "{err}");
+}
+
+/// Over gRPC: the service says how it speculates, a `done` reports what was drafted and
+/// kept, a request can turn speculation off, and Prometheus counts it per method.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_reports_speculation_and_honours_the_switch() {
+    use inferno::server::pb;
+    use service_support::*;
+    let mut config = test_config();
+    config.engine.speculation = Speculation::new(Method::Ngram, Some(6)).with_costs(0.1, 0.0);
+    let server = start_demo(config).await;
+    let mut c = client(server.addr()).await;
+    let info = c
+        .get_model_info(pb::GetModelInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((info.speculative.as_str(), info.draft_max), ("ngram", 6));
+    assert!(info.draft_model.is_empty());
+    let on = run(&mut c, greedy("a b c a b c a b", 48)).await;
+    let off = run(
+        &mut c,
+        pb::GenerateRequest {
+            disable_speculation: true,
+            ..greedy("a b c a b c a b", 48)
+        },
+    )
+    .await;
+    assert_eq!(on.ids(), off.ids());
+    let (u_on, u_off) = (
+        on.done.unwrap().usage.unwrap(),
+        off.done.unwrap().usage.unwrap(),
+    );
+    assert!(
+        u_on.drafted_tokens > 0 && u_on.accepted_tokens <= u_on.drafted_tokens,
+        "{u_on:?}"
+    );
+    assert_eq!((u_off.drafted_tokens, u_off.accepted_tokens), (0, 0));
+    let (drafted, accepted) = server.metrics().speculated_tokens(Method::Ngram);
+    assert_eq!(
+        (drafted, accepted),
+        (
+            u64::from(u_on.drafted_tokens),
+            u64::from(u_on.accepted_tokens)
+        )
+    );
+    let text = server.metrics_text();
+    assert!(
+        text.contains(&format!(
+            "inferno_speculative_accepted_tokens_total{{method=\"ngram\"}} {accepted}\n"
+        )),
+        "{text}"
+    );
+    server.shutdown().await.unwrap();
 }
