@@ -10,89 +10,26 @@
 mod common;
 mod service_support;
 
+use common::spec::{oracle, solo};
 use inferno::backend::{create_backend, BackendOptions};
 use inferno::engine::loader::{synthetic_assets, LoadOptions};
 use inferno::engine::speculative::draft::DraftModel;
-use inferno::engine::speculative::{Method, Proposer, Solo, Speculation};
+use inferno::engine::speculative::{Method, Speculation};
 use inferno::engine::{
-    generate_speculative, Engine, EngineConfig, EngineState, Event, FinishReason, Flow,
-    GenerateOptions, Job, NoObserver,
+    Engine, EngineConfig, EngineState, Event, FinishReason, GenerateOptions, Job, NoObserver,
 };
 use inferno::gguf::{GgufFile, GgufWriter, Value};
 use inferno::model::synth::{self, SynthSpec};
 use inferno::model::Model;
 use inferno::sampling::constraint::{GrammarCompiler, ResponseFormat};
 use inferno::sampling::SamplingParams;
-use inferno::tensor::{self, mixture, GgmlType};
+use inferno::tensor::GgmlType;
 use inferno::tokenizer::Tokenizer;
 use std::sync::Arc;
-
-/// What a generation emitted: each token with its logits' bits (hashed) and its chosen
-/// logit, the finish reason and the speculation counts.
-#[derive(Clone, Debug, PartialEq)]
-struct Emitted {
-    tokens: Vec<(u32, u64, u32)>,
-    text: String,
-    finish: FinishReason,
-}
-
-#[derive(Debug)]
-struct Counts {
-    drafted: usize,
-    accepted: usize,
-}
-
-fn hash_bits(row: &[f32]) -> u64 {
-    // FNV-1a over the bits: equal rows hash equal, a one-bit change moves it.
-    row.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
-        (h ^ u64::from(x.to_bits())).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
 
 fn demo_gguf() -> GgufFile {
     let spec = SynthSpec::preset("demo", GgmlType::Q8_0).unwrap();
     GgufFile::from_bytes(synth::build(&spec).unwrap().to_bytes()).unwrap()
-}
-
-/// `g`'s matrices as `scheme` (as `inferno quantize` writes them).
-fn requantize(g: &GgufFile, scheme: &str) -> GgufFile {
-    let scheme = mixture::Scheme::from_name(scheme).expect("scheme");
-    let mut w = GgufWriter::new();
-    for (k, v) in g.metadata() {
-        if k != "general.alignment" {
-            w.add(k.clone(), v.clone());
-        }
-    }
-    let list: Vec<(&str, &[u64])> = g
-        .tensors()
-        .iter()
-        .map(|t| (t.name.as_str(), t.dims.as_slice()))
-        .collect();
-    let arch = g.architecture().unwrap().to_string();
-    let layers = g.get_u64(&format!("{arch}.block_count")).unwrap() as usize;
-    for (t, target) in g.tensors().iter().zip(mixture::plan(scheme, &list, layers)) {
-        let data = g.tensor_data(&t.name).expect("data");
-        let (dt, bytes) = match target.filter(|&dt| dt != t.dtype) {
-            Some(dt) => {
-                let cols = t.dims[0] as usize;
-                let row = t.dtype.row_size(cols as u64).unwrap() as usize;
-                let mut vals = vec![0f32; cols];
-                let mut out = Vec::new();
-                for r in data.as_slice().chunks(row) {
-                    tensor::dequantize_row(t.dtype, r, &mut vals).unwrap();
-                    out.extend(tensor::encode(&vals, dt).unwrap());
-                }
-                (dt, out)
-            }
-            None => (t.dtype, data.as_slice().to_vec()),
-        };
-        w.add_tensor(t.name.clone(), &t.dims, dt, bytes).unwrap();
-    }
-    w.add(
-        "general.file_type",
-        Value::U32(scheme.file_type().unwrap_or(0)),
-    );
-    GgufFile::from_bytes(w.to_bytes()).unwrap()
 }
 
 /// The first `layers` layers of `g` (a cheaper draft of the same vocabulary).
@@ -124,7 +61,7 @@ fn truncate_layers(g: &GgufFile, layers: usize) -> GgufFile {
 /// The demo model's draft: its first two layers of four, in Q4_0 (a draft as costly as
 /// the model itself would rarely be worth running, and the engine would rarely run it).
 fn small_draft(g: &GgufFile) -> GgufFile {
-    truncate_layers(&requantize(g, "q4_0"), 2)
+    truncate_layers(&common::requantize(g, "q4_0"), 2)
 }
 
 fn device(name: &str, threads: usize) -> inferno::backend::Device {
@@ -143,76 +80,6 @@ fn draft_of(main: &Model, main_tok: &Tokenizer, draft: &GgufFile) -> DraftModel 
     let model = Model::load(draft, main.device().clone()).unwrap();
     let tok = Tokenizer::from_gguf(draft).unwrap();
     DraftModel::new(model, "draft".into(), &tok, main_tok, main.config.vocab).unwrap()
-}
-
-/// Drafts from a known output: the reference continuation of each prompt it knows (right),
-/// or a different token at every place (wrong); `n` tokens a step.
-#[derive(Clone)]
-struct Oracle {
-    outputs: Arc<Vec<(Vec<u32>, Vec<u32>)>>,
-    n: usize,
-    wrong: bool,
-    vocab: u32,
-}
-
-impl Proposer for Oracle {
-    fn propose(&mut self, tokens: &[u32], out: &mut [u32]) -> usize {
-        let Some((prompt, output)) = self.outputs.iter().find(|(p, _)| tokens.starts_with(p))
-        else {
-            return 0;
-        };
-        let done = tokens.len() - prompt.len();
-        let next = output.get(done..).unwrap_or_default();
-        let k = next.len().min(self.n).min(out.len());
-        for (o, &t) in out.iter_mut().zip(&next[..k]) {
-            *o = if self.wrong { (t + 1) % self.vocab } else { t };
-        }
-        k
-    }
-}
-
-fn oracle(outputs: Vec<(Vec<u32>, Vec<u32>)>, n: usize, wrong: bool, vocab: usize) -> Speculation {
-    let o = Oracle {
-        outputs: Arc::new(outputs),
-        n,
-        wrong,
-        vocab: vocab as u32,
-    };
-    Speculation::custom(Arc::new(move || Box::new(o.clone())), n)
-}
-
-/// One generation on its own, speculating as `spec` says (off when `None`).
-fn solo(
-    model: &Model,
-    tok: &Tokenizer,
-    draft: Option<&DraftModel>,
-    spec: Option<&Speculation>,
-    prompt: &[u32],
-    opts: &GenerateOptions,
-) -> (Emitted, Counts) {
-    let cap = prompt.len() + opts.max_tokens + 1;
-    let mut st = model.new_state(cap, 64);
-    let mut sp = spec.map(|s| Solo::new(s, draft, cap).unwrap().expect("speculation on"));
-    let mut tokens = Vec::new();
-    let g = generate_speculative(model, tok, &mut st, prompt, opts, sp.as_mut(), |ev| {
-        if let Some(id) = ev.id {
-            tokens.push((id, hash_bits(ev.logits), ev.logits[id as usize].to_bits()));
-        }
-        Flow::Continue
-    })
-    .unwrap();
-    let counts = Counts {
-        drafted: g.metrics.drafted_tokens,
-        accepted: g.metrics.accepted_tokens,
-    };
-    (
-        Emitted {
-            tokens,
-            text: g.text,
-            finish: g.finish_reason,
-        },
-        counts,
-    )
 }
 
 fn prompts(tok: &Tokenizer) -> Vec<Vec<u32>> {
@@ -307,7 +174,7 @@ fn lookups_and_the_draft_model_draft_and_are_accepted() {
     let draft = draft_of(
         &model,
         &tok,
-        &truncate_layers(&requantize(&gguf, "q4_0"), 2),
+        &truncate_layers(&common::requantize(&gguf, "q4_0"), 2),
     );
     let opts = GenerateOptions {
         max_tokens: 96,
