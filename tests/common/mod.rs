@@ -167,15 +167,20 @@ pub fn requantize(g: &GgufFile, scheme: &str) -> GgufFile {
         let data = g.tensor_data(&t.name).expect("data");
         let (dt, bytes) = match target.filter(|&dt| dt != t.dtype) {
             Some(dt) => {
+                use rayon::prelude::*;
                 let cols = t.dims[0] as usize;
                 let row = t.dtype.row_size(cols as u64).unwrap() as usize;
-                let mut out = Vec::new();
-                let mut vals = vec![0f32; cols];
-                for r in data.as_slice().chunks(row) {
-                    tensor::dequantize_row(t.dtype, r, &mut vals).unwrap();
-                    out.extend(tensor::encode(&vals, dt).unwrap());
-                }
-                (dt, out)
+                // Rows on their own, in parallel (a real checkpoint has millions).
+                let rows: Vec<Vec<u8>> = data
+                    .as_slice()
+                    .par_chunks(row)
+                    .map(|r| {
+                        let mut vals = vec![0f32; cols];
+                        tensor::dequantize_row(t.dtype, r, &mut vals).unwrap();
+                        tensor::encode(&vals, dt).unwrap()
+                    })
+                    .collect();
+                (dt, rows.concat())
             }
             None => (t.dtype, data.as_slice().to_vec()),
         };
