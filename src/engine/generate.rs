@@ -745,6 +745,124 @@ pub fn generate_speculative(
 #[cfg(test)]
 mod tests {
     use super::StopScan;
+    use super::{FinishReason, Flow, GenerateOptions, Sequence, Step, Verified};
+    use crate::sampling::{SamplingError, SamplingParams};
+    use crate::tokenizer::test_vocab::{VocabBuilder, CONTROL};
+    use crate::tokenizer::Tokenizer;
+
+    fn vocab() -> (Tokenizer, u32) {
+        let mut v = VocabBuilder::new();
+        let end = v.token("<|im_end|>", CONTROL);
+        (v.build(), end)
+    }
+
+    /// Rows of logits whose greedy picks are `picks` (a NaN row where `None`: a row that
+    /// must never be looked at).
+    fn rows(vocab: usize, picks: &[Option<u32>]) -> Vec<f32> {
+        let mut out = vec![0.0f32; picks.len() * vocab];
+        for (r, p) in picks.iter().enumerate() {
+            let row = &mut out[r * vocab..(r + 1) * vocab];
+            match p {
+                Some(id) => row[*id as usize] = 5.0,
+                None => row.fill(f32::NAN),
+            }
+        }
+        out
+    }
+
+    /// Verifies `drafts` against rows picking `picks`; returns the outcome and the text.
+    fn verify(
+        opts: GenerateOptions,
+        drafts: &[u8],
+        picks: &[Option<u32>],
+        room: usize,
+    ) -> (Result<Verified, SamplingError>, String) {
+        let (tok, _) = vocab();
+        let n = tok.vocab_size();
+        let mut seq = Sequence::new(&tok, n, &[104, 105], opts, 64).unwrap();
+        let drafts: Vec<u32> = drafts.iter().map(|&b| u32::from(b)).collect();
+        let mut text = String::new();
+        let v = seq.verify(&rows(n, picks), &drafts, room, |ev| {
+            text.push_str(ev.text);
+            Flow::Continue
+        });
+        (v, text)
+    }
+
+    fn opts(max_tokens: usize) -> GenerateOptions {
+        GenerateOptions {
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            ..GenerateOptions::default()
+        }
+    }
+
+    fn p(b: u8) -> Option<u32> {
+        Some(u32::from(b))
+    }
+
+    #[test]
+    fn drafts_are_kept_while_they_equal_the_picks_and_later_rows_are_never_read() {
+        // Picks a, b, c against drafts a, b, x: two kept, c runs next; the last row (NaN)
+        // is never looked at.
+        let (v, text) = verify(opts(10), b"abx", &[p(b'a'), p(b'b'), p(b'c'), None], 10);
+        let want = Verified {
+            step: Step::Feed(u32::from(b'c')),
+            rows: 3,
+            accepted: 2,
+        };
+        assert_eq!(v.unwrap(), want);
+        assert_eq!(text, "abc");
+        // Every draft right: the row after the last draft picks the next token.
+        let (v, _) = verify(opts(10), b"ab", &[p(b'a'), p(b'b'), p(b'z')], 10);
+        let v = v.unwrap();
+        assert_eq!(
+            (v.step, v.rows, v.accepted),
+            (Step::Feed(u32::from(b'z')), 3, 2)
+        );
+        // Too few rows for the drafts is an error, not a guess.
+        let (v, _) = verify(opts(10), b"ab", &[p(b'a'), p(b'b')], 10);
+        assert!(matches!(
+            v,
+            Err(SamplingError::MissingRows { needed: 3, got: 2 })
+        ));
+    }
+
+    #[test]
+    fn the_sequence_ends_inside_a_verification_exactly_where_it_would_alone() {
+        // max_tokens 2: ends after the second token, a kept draft.
+        let (v, text) = verify(opts(2), b"abc", &[p(b'a'), p(b'b'), None, None], 10);
+        let v = v.unwrap();
+        assert_eq!(
+            (v.step, v.rows, v.accepted),
+            (Step::Finished(FinishReason::Length), 2, 2)
+        );
+        assert_eq!(text, "ab");
+        // A stop string completed by a kept draft: the text stops before it.
+        let stop = GenerateOptions {
+            stop: vec!["bc".into()],
+            ..opts(10)
+        };
+        let (v, text) = verify(stop, b"abcd", &[p(b'a'), p(b'b'), p(b'c'), None, None], 10);
+        let v = v.unwrap();
+        assert_eq!(
+            (v.step, v.rows, v.accepted),
+            (Step::Finished(FinishReason::StopSequence), 3, 3)
+        );
+        assert_eq!(text, "a");
+        // The cache fills up: a row sees the room it would have seen alone.
+        let (v, _) = verify(opts(10), b"ab", &[p(b'a'), p(b'b'), None], 1);
+        let v = v.unwrap();
+        assert_eq!((v.step, v.rows), (Step::Finished(FinishReason::Length), 2));
+        // End of generation picked where a draft stood: not a token, not kept.
+        let (_, end) = vocab();
+        let (v, _) = verify(opts(10), b"ab", &[p(b'a'), Some(end), None], 10);
+        let v = v.unwrap();
+        assert_eq!(
+            (v.step, v.rows, v.accepted),
+            (Step::Finished(FinishReason::Eos), 2, 1)
+        );
+    }
 
     fn run(stops: &[&str], pieces: &[&str]) -> (Vec<String>, bool, String) {
         let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
