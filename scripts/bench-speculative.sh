@@ -75,7 +75,8 @@ EOF
     wait "$pid" 2>/dev/null || true
 }
 
-echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) vCPU" \
+avx512=$(grep -qm1 avx512f /proc/cpuinfo && echo "AVX-512" || echo "AVX2, no AVX-512")
+echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) ($avx512), $(nproc) vCPU" \
     | tee "$out/machine.txt"
 for round in $(seq 1 "$rounds"); do
     echo "round $round start: load average $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/machine.txt"
@@ -114,7 +115,11 @@ for req in requests:
     base = med(r["metrics"]["decode_tokens_per_second"] for r in runs["off"])
     for m, rs in runs.items():
         tps = med(r["metrics"]["decode_tokens_per_second"] for r in rs)
-XX
+        mt = rs[0]["metrics"]
+        total = lambda k: sum(r["metrics"][k] for r in rs)
+        d, a, v = total("drafted_tokens"), total("accepted_tokens"), total("verify_steps")
+        acc = f"{a / d:.1%}" if d else "-"
+        per = f"{a / v:.2f}" if v else "-"
         name = {"off": "off", "ngram": "ngram", "draft": "draft (Q4_0 self-draft)"}[m]
         print(f"| {req} | Inferno | {name} | {tps:.1f} | {tps / base:.2f} | {acc} | {per} | {mt['completion_tokens']} |")
     if not llama:
