@@ -97,7 +97,7 @@ fn backends() -> Vec<(String, Device)> {
 /// The KV cache types this model's head size allows.
 fn kv_types(model: &Model) -> Vec<(KvType, KvType)> {
     let mut t = vec![(KvType::F32, KvType::F32), (KvType::F16, KvType::F16)];
-    if model.config.head_dim % 32 == 0 {
+    if model.config.head_dim.is_multiple_of(32) {
         t.push((KvType::Q8_0, KvType::F16));
         t.push((KvType::Q8_0, KvType::Q8_0));
     }

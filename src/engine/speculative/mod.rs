@@ -468,12 +468,15 @@ pub struct Solo<'d> {
 
 enum SoloSource<'d> {
     Propose(Box<dyn Proposer>),
-    Draft {
-        draft: &'d draft::DraftModel,
-        cache: draft::DraftCache,
-        scratch: crate::model::Scratch,
-        steps: Vec<crate::model::SeqStep<'static>>,
-    },
+    Draft(Box<SoloDraft<'d>>),
+}
+
+/// A draft model with one sequence's cache and buffers.
+struct SoloDraft<'d> {
+    draft: &'d draft::DraftModel,
+    cache: draft::DraftCache,
+    scratch: crate::model::Scratch,
+    steps: Vec<crate::model::SeqStep<'static>>,
 }
 
 /// The acceptance rate a fresh sequence is assumed to have: a draft model is trained on the
@@ -507,12 +510,12 @@ impl<'d> Solo<'d> {
                 let Some(draft) = draft else {
                     return Err("draft speculation needs a draft model (--draft-model)".into());
                 };
-                SoloSource::Draft {
+                SoloSource::Draft(Box::new(SoloDraft {
                     draft,
                     cache: draft.new_cache(capacity),
                     scratch: draft.new_scratch(crate::engine::loader::STATE_ROWS, 0),
                     steps: Vec::with_capacity(1),
-                }
+                }))
             }
         };
         Ok(Some(Self {
@@ -538,13 +541,13 @@ impl<'d> Solo<'d> {
 
     /// Runs what the draft model lacks of `tokens` (its prompt, once the prompt has run).
     pub fn catch_up(&mut self, tokens: &[u32]) {
-        if let SoloSource::Draft {
-            draft,
-            cache,
-            scratch,
-            steps,
-        } = &mut self.source
-        {
+        if let SoloSource::Draft(d) = &mut self.source {
+            let SoloDraft {
+                draft,
+                cache,
+                scratch,
+                steps,
+            } = &mut **d;
             while cache.behind(tokens.len()) > 0 && !cache.is_broken() {
                 let upto = (tokens.len() - cache.behind(tokens.len())) + scratch.rows();
                 let mut job = [draft::DraftJob {
@@ -593,12 +596,13 @@ impl<'d> Solo<'d> {
                 );
                 bid.k
             }
-            SoloSource::Draft {
-                draft,
-                cache,
-                scratch,
-                steps,
-            } => {
+            SoloSource::Draft(d) => {
+                let SoloDraft {
+                    draft,
+                    cache,
+                    scratch,
+                    steps,
+                } = &mut **d;
                 bid.cap = bid.cap.min(cache.room(tokens.len()));
                 if cache.behind(tokens.len()) > scratch.rows() {
                     bid.cap = 0;
@@ -643,8 +647,8 @@ impl<'d> Solo<'d> {
     pub fn observe(&mut self, rows: usize, secs: f64, drafted: usize, accepted: usize) {
         self.cost.observe(rows, secs);
         self.acc.record(drafted, accepted);
-        if let SoloSource::Draft { cache, .. } = &mut self.source {
-            cache.settle(accepted);
+        if let SoloSource::Draft(d) = &mut self.source {
+            d.cache.settle(accepted);
         }
     }
 }
