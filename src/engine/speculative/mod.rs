@@ -479,6 +479,30 @@ struct SoloDraft<'d> {
     steps: Vec<crate::model::SeqStep<'static>>,
 }
 
+impl SoloDraft<'_> {
+    /// Runs the cache up to `upto` of `tokens` and drafts `out.len()` tokens after them;
+    /// returns how many were drafted (none once the draft model failed).
+    fn run(&mut self, tokens: &[u32], upto: usize, out: &mut [u32]) -> usize {
+        let mut job = [draft::DraftJob {
+            cache: &mut self.cache,
+            tokens,
+            upto,
+            want: out.len(),
+            out,
+        }];
+        let steps = std::mem::take(&mut self.steps);
+        let (steps, r) = draft::draft_step(self.draft, &mut self.scratch, steps, &mut job);
+        self.steps = steps;
+        match r {
+            Ok(()) => job[0].want,
+            Err(e) => {
+                tracing::warn!(error = %e, "the draft model failed; drafting stops");
+                0
+            }
+        }
+    }
+}
+
 /// The acceptance rate a fresh sequence is assumed to have: a draft model is trained on the
 /// same text; a lookup often finds nothing to continue.
 pub(crate) fn prior_rate(method: Method) -> f64 {
@@ -542,26 +566,10 @@ impl<'d> Solo<'d> {
     /// Runs what the draft model lacks of `tokens` (its prompt, once the prompt has run).
     pub fn catch_up(&mut self, tokens: &[u32]) {
         if let SoloSource::Draft(d) = &mut self.source {
-            let SoloDraft {
-                draft,
-                cache,
-                scratch,
-                steps,
-            } = &mut **d;
-            while cache.behind(tokens.len()) > 0 && !cache.is_broken() {
-                let upto = (tokens.len() - cache.behind(tokens.len())) + scratch.rows();
-                let mut job = [draft::DraftJob {
-                    cache: &mut *cache,
-                    tokens,
-                    upto: upto.min(tokens.len()),
-                    want: 0,
-                    out: &mut [],
-                }];
-                let (s, r) = draft::draft_step(draft, scratch, std::mem::take(steps), &mut job);
-                *steps = s;
-                if let Err(e) = r {
-                    tracing::warn!(error = %e, "the draft model failed; drafting stops");
-                }
+            while d.cache.behind(tokens.len()) > 0 && !d.cache.is_broken() {
+                let synced = tokens.len() - d.cache.behind(tokens.len());
+                let upto = (synced + d.scratch.rows()).min(tokens.len());
+                d.run(tokens, upto, &mut []);
             }
         }
     }
@@ -597,14 +605,8 @@ impl<'d> Solo<'d> {
                 bid.k
             }
             SoloSource::Draft(d) => {
-                let SoloDraft {
-                    draft,
-                    cache,
-                    scratch,
-                    steps,
-                } = &mut **d;
-                bid.cap = bid.cap.min(cache.room(tokens.len()));
-                if cache.behind(tokens.len()) > scratch.rows() {
+                bid.cap = bid.cap.min(d.cache.room(tokens.len()));
+                if d.cache.behind(tokens.len()) > d.scratch.rows() {
                     bid.cap = 0;
                 }
                 share_rows(
@@ -615,25 +617,10 @@ impl<'d> Solo<'d> {
                     (ratio, extra),
                     cap,
                 );
-                let mut job = [draft::DraftJob {
-                    cache: &mut *cache,
-                    tokens,
-                    upto: tokens.len(),
-                    want: bid.k,
-                    out: &mut self.drafts[..bid.k],
-                }];
                 let t = std::time::Instant::now();
-                let (s, r) = draft::draft_step(draft, scratch, std::mem::take(steps), &mut job);
-                *steps = s;
-                let got = job[0].want;
+                let got = d.run(tokens, tokens.len(), &mut self.drafts[..bid.k]);
                 self.draft_cost.observe(got, t.elapsed().as_secs_f64());
-                match r {
-                    Ok(()) => got,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the draft model failed; drafting stops");
-                        0
-                    }
-                }
+                got
             }
         };
         if k == 0 && bid.cap > 0 {
