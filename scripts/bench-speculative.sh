@@ -14,8 +14,9 @@
 # speculation, and for speculation the acceptance rate (accepted / drafted tokens) and the
 # mean accepted drafts per verification step. It also checks that Inferno's tokens are the
 # same with and without speculation. THREADS (default 2), N (default 256). The load average
-# is printed before and after each round; raw JSON is kept in $OUT_DIR (default: a
-# temporary directory, printed at the end). Without LLAMA_SERVER the llama.cpp columns are
+# is printed before and after each round; raw JSON is kept in $RESULTS_DIR (default: a
+# temporary directory, printed at the end; not OUT_DIR, which cargo reads: ring's build
+# script reruns when it changes). Without LLAMA_SERVER the llama.cpp columns are
 # left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,7 @@ n=${N:-256}
 llama_server=${LLAMA_SERVER:-}
 llama_types=${LLAMA_TYPES:-"none ngram-simple ngram-map-k ngram-map-k4v ngram-mod ngram-cache"}
 port=${PORT:-18089}
-out=${OUT_DIR:-$(mktemp -d)}
+out=${RESULTS_DIR:-$(mktemp -d)}
 inferno=target/release/inferno
 mkdir -p "$out"
 cargo build --release --quiet
