@@ -96,3 +96,64 @@ fn decode_step_allocates_nothing() {
         }
     }
 }
+
+/// A speculative step allocates nothing either: the n-gram lookup of its drafts, the
+/// multi-row forward pass over the last token and its drafts (every row's logits), and
+/// dropping the rejected rows from the cache, with buffers sized when the sequence starts.
+/// (Not on `parallel`: from four rows on it hands the work to rayon, as it does a prompt's,
+/// and rayon's job queue allocates a block now and then.)
+#[test]
+fn a_verification_step_allocates_nothing() {
+    use inferno::engine::speculative::{Method, Solo, Speculation};
+    let spec = Speculation::new(Method::Ngram, Some(6)).with_costs(0.01, 0.0);
+    for file in ["tiny-gqa-tied.q8_0.gguf", "tiny-gqa-tied.f32.gguf"] {
+        for backend in ["scalar", "simd", "pool"] {
+            let gguf = inferno::gguf::GgufFile::open(common::models_dir().join(file)).unwrap();
+            let be = inferno::backend::create_backend(backend, &Default::default()).unwrap();
+            let model = inferno::model::Model::load(&gguf, be).expect("loads");
+            let vocab = model.config.vocab;
+            let mut st = model.new_state(256, 16);
+            let mut solo = Solo::new(&spec, None, 256).unwrap().unwrap();
+            let mut logits = vec![0.0f32; 7 * vocab];
+            // A repeating context: every lookup finds six drafts.
+            let mut tokens: Vec<u32> = (0..40u32).map(|i| (i % 5) * 3 % vocab as u32).collect();
+            model
+                .forward(&mut st, &tokens, Logits::Last(&mut logits[..vocab]))
+                .unwrap();
+            let mut run = [0u32; 7];
+            let mut step = |st: &mut inferno::model::State, tokens: &[u32]| {
+                let drafts = solo.propose(tokens, 6);
+                let k = drafts.len();
+                run[0] = tokens[tokens.len() - 1];
+                run[1..1 + k].copy_from_slice(drafts);
+                model
+                    .forward(
+                        st,
+                        &run[..1 + k],
+                        Logits::All(&mut logits[..(1 + k) * vocab]),
+                    )
+                    .unwrap();
+                // Keep the last token and two drafts, as a partial acceptance does.
+                st.truncate(st.position() - (1 + k) + 3.min(1 + k));
+                solo.observe(1 + k, 0.01, k, 2.min(k));
+                k
+            };
+            // One warm-up step sizes the kernels' per-thread scratch.
+            step(&mut st, &tokens);
+            let mut drafted = 0;
+            let per_step: Vec<usize> = (0..10)
+                .map(|i| {
+                    tokens.push((i % 5) * 3 % vocab as u32);
+                    let t = &tokens;
+                    alloc_counter::allocations_in(|| drafted += step(&mut st, t))
+                })
+                .collect();
+            assert!(drafted >= 30, "{backend} {file}: {drafted} drafts");
+            assert_eq!(
+                per_step.iter().sum::<usize>(),
+                0,
+                "{backend} {file}: {per_step:?}"
+            );
+        }
+    }
+}

@@ -6,7 +6,9 @@
 //! - a KV prefix copied on the device continues exactly like the original;
 //! - the service streams the same tokens on `gpu` as the in-process `generate`;
 //! - synthetic Qwen3-MoE models take the same comparisons (close to scalar, batched against
-//!   alone, split matrices), and every block type is checked in stacked experts too.
+//!   alone, split matrices), and every block type is checked in stacked experts too;
+//! - a sequence's rows of one step (its last token and drafts) give the one-row steps'
+//!   logits bit for bit, and speculative decoding changes no generation.
 //!
 //! These tests need a GPU adapter (in CI: Mesa's lavapipe, installed by `scripts/test`) and
 //! fail without one. Only where no GPU is expected, `INFERNO_TEST_GPU=0` skips them, and they
@@ -721,5 +723,89 @@ fn split_matrices_and_grouped_logits_give_the_same_bits() {
             bits(&a) == bits(&b),
             "{name}: split matrices changed the logits"
         );
+    }
+}
+
+/// What speculative decoding rests on, on the gpu too: a sequence's last token and its
+/// drafts run as rows of one step give each row the logits of its one-row step bit for bit,
+/// alone and batched (every row runs the same kernels in the same order: the products'
+/// token tiles and attention's workgroups per token are independent of each other), for
+/// every weight kind the shaders read, K-quants included.
+#[test]
+fn verification_rows_on_the_gpu_give_the_one_row_steps_logits_bit_for_bit() {
+    let Some(gpu) = gpu() else { return };
+    let mut models = synth_models();
+    models.extend(moe_models());
+    let mut spec = SynthSpec::preset("demo", GgmlType::F32).unwrap();
+    (
+        spec.n_layers,
+        spec.hidden,
+        spec.ffn,
+        spec.readable,
+        spec.tied,
+    ) = (2, 256, 512, false, true);
+    let base = GgufFile::from_bytes(synth::build(&spec).unwrap().to_bytes()).unwrap();
+    for scheme in ["q4_k_m", "q5_k_s", "q6_k", "q4_0"] {
+        models.push((
+            format!("synth-256-{scheme}"),
+            common::requantize(&base, scheme),
+        ));
+    }
+    for (name, g) in &models {
+        let model = Model::load(g, gpu.clone()).expect("loads on gpu");
+        let vocab = model.config.vocab;
+        let prompt = common::tokens(vocab, 7, 1);
+        for k in [3, 9] {
+            let drafts = common::tokens(vocab, k, 2);
+            let want = common::one_by_one(&model, &prompt, &drafts);
+            common::check_rows(&format!("{name} on gpu"), &model, &prompt, &drafts, &want);
+        }
+    }
+}
+
+/// Speculation on the gpu gives exactly the generation without it: n-gram drafts, drafts
+/// that are always right and always wrong, greedy and seeded sampling.
+#[test]
+fn speculation_on_the_gpu_changes_nothing() {
+    use common::spec::{oracle, solo};
+    use inferno::engine::speculative::{Method, Speculation};
+    use inferno::engine::GenerateOptions;
+    use inferno::sampling::SamplingParams;
+    use inferno::tokenizer::Tokenizer;
+    let Some(gpu) = gpu() else { return };
+    let spec = SynthSpec::preset("demo", GgmlType::Q8_0).unwrap();
+    let g = GgufFile::from_bytes(synth::build(&spec).unwrap().to_bytes()).unwrap();
+    let tok = Tokenizer::from_gguf(&g).unwrap();
+    let model = Model::load(&g, gpu).expect("loads on gpu");
+    let vocab = model.config.vocab;
+    let prompt = tok.encode("The sea, the sea, the sea", false).unwrap();
+    let seeded = SamplingParams {
+        temperature: 0.9,
+        repeat_penalty: 1.2,
+        seed: Some(3),
+        ..SamplingParams::default()
+    };
+    for sampling in [SamplingParams::greedy(), seeded] {
+        let opts = GenerateOptions {
+            max_tokens: 32,
+            sampling,
+            ignore_eos: true,
+            ..GenerateOptions::default()
+        };
+        let (want, _) = solo(&model, &tok, None, None, &prompt, &opts);
+        let ids: Vec<u32> = want.tokens.iter().map(|t| t.0).collect();
+        let reference = vec![(prompt.clone(), ids)];
+        for (name, s) in [
+            (
+                "ngram",
+                Speculation::new(Method::Ngram, None).with_costs(0.1, 0.0),
+            ),
+            ("right", oracle(reference.clone(), 5, false, vocab)),
+            ("wrong", oracle(reference, 3, true, vocab)),
+        ] {
+            let (got, c) = solo(&model, &tok, None, Some(&s), &prompt, &opts);
+            assert_eq!(got, want, "{name}");
+            assert!(c.drafted > 0, "{name}: {c:?}");
+        }
     }
 }

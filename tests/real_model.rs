@@ -9,9 +9,14 @@
 //! the queries and accumulates values in f16) the two may part only at a near tie, where
 //! both engines' two best logits are within [`NEAR_TIE`] of each other; the split is printed.
 //!
+//! Speculative decoding (lookups, and the checkpoint requantized to Q4_0 as its draft model)
+//! must give the same tokens and logits as decoding without it.
+//!
 //! The model (~490 MB) is found through `INFERNO_TEST_MODEL` or in the cache that
 //! `scripts/fetch-test-model.sh` fills. When it is absent the test passes with a notice,
 //! except under `CI=true`, where it fails: CI must run it.
+
+mod common;
 
 use inferno::backend::{create_backend, BackendOptions, KvType};
 use inferno::gguf::GgufFile;
@@ -240,4 +245,76 @@ fn check_real_model(backends: &[String], f32_caches: &[bool], max_cases: usize, 
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Speculative decoding on the real checkpoint changes nothing: with lookups (on a code edit
+/// that copies most of its input, where they are accepted) and with a draft model (the
+/// checkpoint requantized to Q4_0, a smaller quantization of the same model), greedy and
+/// seeded sampling give the tokens, logits and finish they give without speculation.
+#[test]
+fn speculation_on_the_real_checkpoint_changes_nothing() {
+    use common::spec::solo;
+    use inferno::engine::speculative::draft::DraftModel;
+    use inferno::engine::speculative::{Method, Speculation};
+    use inferno::engine::GenerateOptions;
+    use inferno::sampling::SamplingParams;
+    let Some(path) = model_path() else {
+        assert!(!in_ci(), "{FILE} not found");
+        eprintln!("skipping: {FILE} not found");
+        return;
+    };
+    let gguf = GgufFile::open(&path).expect("model file opens");
+    let model = Model::load(
+        &gguf,
+        create_backend("pool", &BackendOptions::default()).unwrap(),
+    )
+    .expect("model loads");
+    let tok = Tokenizer::from_gguf(&gguf).expect("tokenizer");
+    let draft_gguf = common::requantize(&gguf, "q4_0");
+    assert!(draft_gguf.file_size() < gguf.file_size());
+    let draft = DraftModel::new(
+        Model::load(&draft_gguf, model.device().clone()).unwrap(),
+        "q4_0".into(),
+        &Tokenizer::from_gguf(&draft_gguf).unwrap(),
+        &tok,
+        model.config.vocab,
+    )
+    .unwrap();
+    let template = ChatTemplate::from_gguf(&gguf).unwrap().unwrap();
+    let code = "Rename `xs` to `values`. Return the whole function only.\n\n```python\n\
+        def mean_and_spread(xs):\n    if not xs:\n        return 0.0, 0.0\n\
+        \x20   total = sum(xs)\n    mean = total / len(xs)\n\
+        \x20   spread = max(xs) - min(xs)\n    return mean, spread\n```\n";
+    let rendered = template
+        .render(&[ChatMessage::new("user", code)], true, None)
+        .unwrap();
+    let prompt = tok.encode(&rendered, true).unwrap();
+    let seeded = SamplingParams {
+        temperature: 0.7,
+        seed: Some(11),
+        ..SamplingParams::default()
+    };
+    let cases = [
+        (
+            "greedy",
+            SamplingParams::greedy(),
+            &[Method::Ngram, Method::Draft][..],
+        ),
+        ("seeded", seeded, &[Method::Ngram][..]),
+    ];
+    for (sname, sampling, methods) in cases {
+        let opts = GenerateOptions {
+            max_tokens: 24,
+            sampling,
+            ..GenerateOptions::default()
+        };
+        let (want, _) = solo(&model, &tok, None, None, &prompt, &opts);
+        for &method in methods {
+            // Fixed costs: both draft whatever the machine's load.
+            let spec = Speculation::new(method, None).with_costs(0.05, 0.05);
+            let (got, c) = solo(&model, &tok, Some(&draft), Some(&spec), &prompt, &opts);
+            assert_eq!(got, want, "{sname} {method:?}");
+            assert!(c.accepted > 8, "{sname} {method:?}: {c:?}");
+        }
+    }
 }

@@ -29,6 +29,7 @@ fn reference(prompt: &str, max_tokens: usize) -> (Vec<u32>, String) {
         ignore_eos: true,
         time_limit: None,
         grammar: None,
+        speculate: true,
     };
     let g = generate(&a.model, &a.tokenizer, &mut state, &ids, &opts, |_| {
         Flow::Continue

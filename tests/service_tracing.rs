@@ -75,6 +75,7 @@ fn request_span_holds_prefill_and_decode_steps_and_engine_steps_hold_kernels() {
         ignore_eos: true,
         time_limit: None,
         grammar: None,
+        speculate: true,
     };
     engine
         .submit(Job::new(

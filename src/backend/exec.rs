@@ -85,6 +85,15 @@ pub struct SeqStep<'a> {
     pub logits: Logits<'a>,
 }
 
+/// Empties a list of steps and gives its allocation back for steps of another lifetime, so
+/// a per-step list is not reallocated every step (the collect reuses the buffer in place).
+// The `filter_map` changes the item type (its lifetime), which `filter` cannot.
+#[allow(clippy::unnecessary_filter_map)]
+pub fn recycle<'b>(mut v: Vec<SeqStep<'_>>) -> Vec<SeqStep<'b>> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
+}
+
 /// The step's rows whose logits are wanted, in order: each sequence's last `rows` rows.
 pub(crate) fn wanted_rows<'s, 'a>(
     seqs: &'s [SeqStep<'a>],

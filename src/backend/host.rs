@@ -479,11 +479,13 @@ impl Executor for HostExec<'_, '_> {
             .iter()
             .filter(|s| s.logits.rows(s.tokens.len()) > 0)
             .count();
-        // Rows from several sequences share one product (the output matrix is the largest)
-        // when the scratch has room for them; otherwise each sequence's rows go straight to
-        // its buffer.
-        if wanting > 1 && total - first <= self.sc.spec.logit_rows {
-            let count = total - first;
+        // Rows from several sequences share one product (the output matrix is the largest),
+        // as many as the scratch holds at a time; with no room for gathering (a single
+        // sequence's scratch) or one sequence wanting logits, its rows go straight to its
+        // buffer.
+        let room = self.sc.spec.logit_rows;
+        if wanting > 1 && room > 0 {
+            let count = (total - first).min(room);
             self.target = Some(Target::Gathered { first, count });
             return Some(count);
         }

@@ -22,11 +22,20 @@
 //! wait. A stream whose grammar completes (or that picks end-of-generation where the
 //! grammar allows it) starts over at the grammar's start, so every test decodes all N
 //! tokens of every stream; the number of such restarts is reported.
+//!
+//! With `--speculative ngram|draft` each generation test (one stream) also runs twice,
+//! alternating: without and with speculative decoding, both decoding greedily as `generate`
+//! does (the single-sequence [`generate_speculative`]) from the test's context — random
+//! tokens, or the text of `--prompt-file` — and reporting the decode rate after the first
+//! token. The speculative row adds the ratio, the drafted and accepted tokens, the
+//! acceptance rate and the mean accepted drafts per verification.
 
 use crate::backend::simd::Isa;
-use crate::engine::generate::{Flow, GenerateOptions, Sequence, Step};
+use crate::engine::generate::{generate_speculative, Flow, GenerateOptions, Sequence, Step};
 use crate::engine::loader::{load_model, LoadOptions, LoadedModel};
 use crate::engine::memory::resident_bytes;
+use crate::engine::speculative::draft::DraftModel;
+use crate::engine::speculative::{Solo, Speculation};
 use crate::model::{KvCache, Logits, Model, ModelConfig, Scratch, SeqStep, State};
 use crate::sampling::constraint::{Grammar, GrammarCompiler, MaskWorker, ResponseFormat};
 use crate::sampling::SamplingParams;
@@ -119,6 +128,12 @@ pub struct BenchArgs {
     /// closes within a few tokens, so the run mostly measures restarts).
     #[arg(long, group = "bench_format")]
     pub json_object: bool,
+    #[command(flatten)]
+    pub spec: super::SpecArgs,
+    /// With --speculative: start each generation test from this text (tokenized as is, after
+    /// its --depth random tokens if any) instead of random tokens alone.
+    #[arg(long, value_name = "FILE", requires = "speculative")]
+    pub prompt_file: Option<PathBuf>,
 }
 
 impl BenchArgs {
@@ -187,6 +202,22 @@ pub struct ConstraintResult {
     pub restarts: usize,
 }
 
+/// What a speculative generation test measured besides its throughput (summed over its
+/// timed runs).
+#[derive(Debug, Serialize)]
+pub struct SpecResult {
+    pub method: String,
+    /// Decode tokens/s with speculation over without (means of the samples).
+    pub ratio: f64,
+    pub drafted: usize,
+    pub accepted: usize,
+    pub verify_steps: usize,
+    /// Accepted drafts over drafted ones.
+    pub acceptance: f64,
+    /// Accepted drafts per verification step.
+    pub mean_accepted: f64,
+}
+
 /// One row of results.
 #[derive(Debug, Serialize)]
 pub struct BenchResult {
@@ -210,6 +241,10 @@ pub struct BenchResult {
     /// test (whose unconstrained twin is the row before it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub constraint: Option<ConstraintResult>,
+    /// With `--speculative`: set on the speculative run of a generation test (whose plain
+    /// twin is the row before it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpecResult>,
 }
 
 /// Mean and sample standard deviation.
@@ -243,6 +278,11 @@ struct Runner<'a> {
     mask_times: Vec<Duration>,
     wait_times: Vec<Duration>,
     restarts: usize,
+    /// For speculative comparisons: the text the tests start from, the draft model, and
+    /// what the speculative runs drafted (drafted, accepted, verify steps).
+    prompt: Vec<u32>,
+    draft: Option<DraftModel>,
+    spec_counts: (usize, usize, usize),
 }
 
 impl Runner<'_> {
@@ -315,6 +355,54 @@ impl Runner<'_> {
             self.model.forward_batch(&mut batch, scratch)?;
         }
         Ok((s * n_gen) as f64 / start.elapsed().as_secs_f64())
+    }
+
+    /// `n_gen` tokens decoded greedily after `depth` random tokens and the prompt, as
+    /// `generate` decodes them, speculating as `spec` says (`None`: without); returns the
+    /// decode rate after the first token. With `record`, what was drafted is kept.
+    fn run_speculative(
+        &mut self,
+        depth: usize,
+        n_gen: usize,
+        spec: Option<&Speculation>,
+        record: bool,
+    ) -> Result<f64> {
+        let tokenizer = self.tokenizer.context("no tokenizer for decoding")?;
+        let mut prompt = self.tokens(depth);
+        prompt.extend_from_slice(&self.prompt);
+        if prompt.is_empty() {
+            prompt = self.tokens(1);
+        }
+        let opts = GenerateOptions {
+            max_tokens: n_gen,
+            sampling: SamplingParams::greedy(),
+            ignore_eos: true,
+            ..GenerateOptions::default()
+        };
+        let cap = self.state.capacity();
+        let mut solo = match spec {
+            Some(s) => Solo::new(s, self.draft.as_ref(), cap).map_err(anyhow::Error::msg)?,
+            None => None,
+        };
+        let g = generate_speculative(
+            self.model,
+            tokenizer,
+            &mut self.state,
+            &prompt,
+            &opts,
+            solo.as_mut(),
+            |_| Flow::Continue,
+        )?;
+        let m = &g.metrics;
+        if record && spec.is_some() {
+            let c = &mut self.spec_counts;
+            *c = (
+                c.0 + m.drafted_tokens,
+                c.1 + m.accepted_tokens,
+                c.2 + m.verify_steps,
+            );
+        }
+        Ok(m.decode_tokens_per_second)
     }
 
     /// `n_gen` engine-style steps over the first `s` caches' sequences (each first filled
@@ -488,18 +576,30 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         bail!("--streams must be at least 1");
     }
     let max_streams = a.streams.iter().copied().max().unwrap_or(1);
+    let speculation = a.spec.speculation()?;
+    let speculative = speculation.is_on();
+    if speculative && (max_streams > 1 || a.json_schema.is_some() || a.json_object) {
+        bail!("--speculative compares single-stream decoding: without --streams above 1 or a response format");
+    }
     // The constrained runs' grammar, compiled before any model is loaded so that a bad
     // schema fails at once.
     let format = a.response_format()?;
     let format_kind = format.as_ref().map_or("", ResponseFormat::kind);
-    let tokenizer = match format {
-        Some(_) => Some(Tokenizer::from_gguf(&gguf).with_context(|| {
-            format!(
-                "constrained decoding needs the tokenizer of {}",
-                path.display()
-            )
-        })?),
-        None => None,
+    let tokenizer = if format.is_some() || speculative {
+        Some(
+            Tokenizer::from_gguf(&gguf)
+                .with_context(|| format!("decoding needs the tokenizer of {}", path.display()))?,
+        )
+    } else {
+        None
+    };
+    let prompt_tokens = match (&a.prompt_file, &tokenizer) {
+        (Some(p), Some(tok)) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read {}", p.display()))?;
+            tok.encode(&text, true)?
+        }
+        _ => Vec::new(),
     };
     let grammar = match (&format, &tokenizer) {
         (Some(f), Some(tok)) => {
@@ -524,7 +624,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         .collect();
     let capacity = tests
         .iter()
-        .map(|&(d, p, n, _)| d + p.max(n) + 1)
+        .map(|&(d, p, n, _)| d + p.max(n) + 1 + prompt_tokens.len())
         .max()
         .unwrap_or(1);
     let text = a.output == super::OutputFormat::Text;
@@ -576,7 +676,13 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
     // with a response format).
     let per_load: usize = tests
         .iter()
-        .map(|&(_, _, n, _)| if n > 0 && grammar.is_some() { 2 } else { 1 })
+        .map(|&(_, _, n, _)| {
+            if n > 0 && (grammar.is_some() || speculative) {
+                2
+            } else {
+                1
+            }
+        })
         .sum();
     let runs = (a.backend.len() * a.threads.len() * per_load * (a.repetitions + 1)) as u64;
     let bar = super::progress_bar(runs, "loading");
@@ -644,7 +750,15 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 mask_times: Vec::new(),
                 wait_times: Vec::new(),
                 restarts: 0,
+                prompt: prompt_tokens.clone(),
+                draft: None,
+                spec_counts: (0, 0, 0),
             };
+            if let (Some(path), Some(tok)) = (&a.spec.draft_model, tokenizer.as_ref()) {
+                let draft = crate::engine::loader::load_draft(path, &model, tok, &opts)
+                    .map_err(anyhow::Error::msg)?;
+                runner.draft = Some(draft);
+            }
             if let Some(why) = experts {
                 notes.push(format!("{backend_name}: experts {why}"));
             }
@@ -693,11 +807,19 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 }
                 bar.set_message(format!("{backend_name} x{shown_threads} {test}"));
                 // With a response format, a generation test's runs alternate between the
-                // unconstrained (0) and the constrained (1) variant.
+                // unconstrained (0) and the constrained (1) variant; with speculation,
+                // between decoding without (0) and with (1) it.
                 let structured = grammar.as_ref().filter(|_| n_gen > 0);
-                let variants = if structured.is_some() { 2 } else { 1 };
+                let speculating = speculative && n_gen > 0;
+                let variants = if structured.is_some() || speculating {
+                    2
+                } else {
+                    1
+                };
                 let run = |r: &mut Runner<'_>, v: usize, record: bool| {
-                    let tps = if let Some(g) = structured {
+                    let tps = if speculating {
+                        r.run_speculative(depth, n_gen, (v == 1).then_some(&speculation), record)
+                    } else if let Some(g) = structured {
                         r.run_sequences(streams, depth, n_gen, (v == 1).then_some(g), record)
                     } else if streams > 1 {
                         r.run_streams(streams, depth, n_gen)
@@ -716,6 +838,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 runner.mask_times.clear();
                 runner.wait_times.clear();
                 runner.restarts = 0;
+                runner.spec_counts = (0, 0, 0);
                 let mut samples = vec![Vec::with_capacity(a.repetitions); variants];
                 for _ in 0..a.repetitions {
                     for (v, samples) in samples.iter_mut().enumerate() {
@@ -754,18 +877,43 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 let free_avg = mean_std(&samples[0]).0;
                 for (v, samples) in samples.into_iter().enumerate() {
                     let (avg, sd) = mean_std(&samples);
-                    let constraint = (v == 1).then(|| ConstraintResult {
+                    let spec_result = (v == 1 && speculating).then(|| {
+                        let (drafted, accepted, steps) = runner.spec_counts;
+                        SpecResult {
+                            method: speculation.method.name().to_string(),
+                            ratio: avg / free_avg,
+                            drafted,
+                            accepted,
+                            verify_steps: steps,
+                            acceptance: accepted as f64 / drafted.max(1) as f64,
+                            mean_accepted: accepted as f64 / steps.max(1) as f64,
+                        }
+                    });
+                    let constraint = (v == 1 && !speculating).then(|| ConstraintResult {
                         format: format_kind.to_string(),
                         ratio: avg / free_avg,
                         mask: TimeSummary::of(&mut runner.mask_times),
                         mask_wait: TimeSummary::of(&mut runner.wait_times),
                         restarts: runner.restarts,
                     });
-                    let test = if v == 1 {
-                        format!("{test} +{}", short_kind(format_kind))
-                    } else {
-                        test.clone()
+                    let test = match (v, &spec_result) {
+                        (1, Some(r)) => format!("{test} +{}", r.method),
+                        (1, None) => format!("{test} +{}", short_kind(format_kind)),
+                        _ => test.clone(),
                     };
+                    if let Some(r) = &spec_result {
+                        notes.push(format!(
+                            "{backend_name} x{shown_threads} {test}: {:.3} × without; drafted \
+                             {}, accepted {} ({:.1}%), {:.2} accepted per verification ({} \
+                             verifications)",
+                            r.ratio,
+                            r.drafted,
+                            r.accepted,
+                            r.acceptance * 100.0,
+                            r.mean_accepted,
+                            r.verify_steps
+                        ));
+                    }
                     if let Some(c) = &constraint {
                         notes.push(format!(
                             "{backend_name} x{shown_threads} {test}: {:.3} × unconstrained; \
@@ -817,6 +965,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                         samples_ts: samples,
                         roofline_ts: roofline,
                         constraint,
+                        speculative: spec_result,
                     });
                 }
             }

@@ -596,6 +596,7 @@ impl Baseline {
             ignore_eos: a.ignore_eos,
             time_limit: None,
             grammar: None,
+            speculate: true,
         };
         Ok(Self {
             assets,

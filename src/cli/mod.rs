@@ -14,7 +14,8 @@ use crate::engine::loader::{self, EngineAssets, ExpertLoad, LoadOptions};
 use crate::engine::memory::gib;
 use crate::engine::plan::{plan_prompt, Input, Message, PlanError, PromptSpec, Tool, ToolChoice};
 use crate::engine::request::{check_context, prompt_tokens, Prompt};
-use crate::engine::{generate, FinishReason, Flow, GenerateOptions};
+use crate::engine::speculative::{Method, Solo, Speculation};
+use crate::engine::{generate_speculative, FinishReason, Flow, GenerateOptions};
 use crate::gguf::GgufFile;
 use crate::model::Logits;
 use crate::sampling::constraint::{GrammarCompiler, ResponseFormat};
@@ -135,6 +136,55 @@ impl RunArgs {
     }
 }
 
+/// Speculative decoding, for the commands that generate (`generate`, `serve`, `bench`).
+#[derive(Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Speculative decoding: off; ngram (drafts are the tokens that followed the last few
+    /// tokens where they occurred before in the prompt or output: fast on edits, quotes,
+    /// code); or draft (drafts from --draft-model). It never changes the output (the same
+    /// tokens, logprobs and finish), only how many tokens a step yields.
+    #[arg(long, default_value = "off", value_parser = parse_speculative)]
+    pub speculative: Method,
+    /// The draft model of --speculative draft: a smaller GGUF of the same vocabulary (e.g.
+    /// a smaller quantization of the model, made with `inferno quantize`).
+    #[arg(long, value_name = "FILE")]
+    pub draft_model: Option<PathBuf>,
+    /// Most draft tokens a sequence verifies in one step (default: 16 for ngram, 8 for
+    /// draft); fewer are tried where drafts are seldom accepted or the batch is large.
+    #[arg(long)]
+    pub draft_max: Option<usize>,
+}
+
+impl SpecArgs {
+    /// The speculation the flags ask for, checked.
+    pub fn speculation(&self) -> Result<Speculation> {
+        match (self.speculative, &self.draft_model) {
+            (Method::Draft, None) => bail!("--speculative draft needs --draft-model FILE"),
+            (Method::Off | Method::Ngram, Some(_)) => {
+                bail!("--draft-model is used by --speculative draft only")
+            }
+            _ => {}
+        }
+        if self.draft_max == Some(0) {
+            bail!("--draft-max must be at least 1 (--speculative off turns speculation off)");
+        }
+        Ok(Speculation::new(self.speculative, self.draft_max))
+    }
+
+    /// `load` with the draft model to load, if any.
+    pub fn load_options(&self, load: LoadOptions) -> LoadOptions {
+        LoadOptions {
+            draft_model: self.draft_model.clone(),
+            ..load
+        }
+    }
+}
+
+/// A speculative method from its name, for the command line.
+pub fn parse_speculative(s: &str) -> Result<Method, String> {
+    Method::parse(s)
+}
+
 /// How to load experts, from its name, for the command line.
 pub fn parse_experts(s: &str) -> Result<ExpertLoad, String> {
     ExpertLoad::parse(s)
@@ -149,6 +199,8 @@ pub fn parse_kv_type(s: &str) -> Result<KvType, String> {
 pub struct GenerateArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// Most tokens to generate (fewer when an end token or a stop string comes first).
     #[arg(long, short = 'n', default_value_t = 128)]
     pub max_tokens: usize,
@@ -333,6 +385,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         ..SamplingParams::default()
     };
     sampling.validate()?;
+    let speculation = a.spec.speculation()?;
     let format = a.response_format()?;
     // Checked (files read, tools converted) before the model takes its time to load.
     let (input, format, with_tools) = if a.chat || a.tools.is_some() {
@@ -344,7 +397,9 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         };
         (text, format, false)
     };
-    let l = load(&a.model)?;
+    let path = a.model.source.resolve()?;
+    let l = loader::file_assets(&path, &a.spec.load_options(a.model.run.load_options()))
+        .map_err(anyhow::Error::msg)?;
     let grammar = match &format {
         None => None,
         Some(f) => Some(GrammarCompiler::new(&l.tokenizer, l.model.config.vocab)?.compile(f)?),
@@ -363,6 +418,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         ignore_eos: a.ignore_eos,
         time_limit: None,
         grammar,
+        speculate: true,
     };
     // Only the positions this run can fill: a whole long context of cache is gigabytes.
     let positions = (prompt.len() + a.max_tokens).min(l.ctx_size);
@@ -393,13 +449,23 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         at_line_start: true,
         calls: Vec::new(),
     };
-    let g = generate(&l.model, &l.tokenizer, &mut state, &prompt, &opts, |ev| {
-        if !ev.text.is_empty() {
-            let piece = out.parser.push(ev.text);
-            out.show(piece);
-        }
-        Flow::Continue
-    })?;
+    let mut solo =
+        Solo::new(&speculation, l.draft.as_ref(), positions).map_err(anyhow::Error::msg)?;
+    let g = generate_speculative(
+        &l.model,
+        &l.tokenizer,
+        &mut state,
+        &prompt,
+        &opts,
+        solo.as_mut(),
+        |ev| {
+            if !ev.text.is_empty() {
+                let piece = out.parser.push(ev.text);
+                out.show(piece);
+            }
+            Flow::Continue
+        },
+    )?;
     let piece = out.parser.finish();
     out.show(piece);
     out.end_reasoning();
@@ -447,6 +513,15 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
                 eprintln!(
                     "  grammar_mask_ms: mean {:.3}  p99 {:.3}  max {:.3}  (n={})",
                     m.mask_ms_mean, m.mask_ms_p99, m.mask_ms_max, m.masks
+                );
+            }
+            if speculation.is_on() {
+                eprintln!(
+                    "  speculative ({}): drafted {}  accepted {}  in {} verify steps",
+                    speculation.method.name(),
+                    m.drafted_tokens,
+                    m.accepted_tokens,
+                    m.verify_steps
                 );
             }
         }

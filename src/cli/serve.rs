@@ -34,6 +34,8 @@ pub struct ServeArgs {
     pub synthetic: String,
     #[command(flatten)]
     pub run: super::RunArgs,
+    #[command(flatten)]
+    pub spec: super::SpecArgs,
     /// Address gRPC listens on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
@@ -213,6 +215,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         }
         _ => None,
     };
+    let speculation = a.spec.speculation()?;
     for addr in std::iter::once(a.listen).chain(a.http_listen.0) {
         if !addr.ip().is_loopback() && auth_token.is_none() {
             warn!(listen = %addr, "listening beyond loopback without --auth-token-file");
@@ -230,6 +233,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             prefill_chunk: a.prefill_chunk.max(1),
             prefill_chunk_running: a.prefill_chunk_running.max(1),
             kv_cache_tokens: a.kv_cache_tokens.map(|n| n.max(1)),
+            speculation,
             ..EngineConfig::default()
         },
         drain_timeout: a.drain_timeout,
@@ -243,7 +247,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         handshake_timeout: a.handshake_timeout,
         idle_timeout: a.idle_timeout,
     };
-    let load = a.run.load_options();
+    let load = a.spec.load_options(a.run.load_options());
     // Check the backend now, so a typo (or, for gpu, a missing adapter) fails before
     // anything starts.
     let checked = crate::backend::create_backend(&load.backend, &Default::default())?;

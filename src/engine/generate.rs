@@ -6,6 +6,7 @@
 //! `prefill` span and one `decode_step` span (step, position) per decoded token, at DEBUG
 //! level, inside the caller's span when it has one.
 
+use super::speculative::{Solo, SpecCounts};
 use crate::model::{Logits, Model, ModelError, State};
 use crate::sampling::constraint::{Constraint, Grammar, MaskHandle, MaskWorker};
 use crate::sampling::{Sampler, SamplingError, SamplingParams};
@@ -43,6 +44,9 @@ pub struct GenerateOptions {
     /// when the grammar is complete and can take nothing more, and end-of-generation tokens
     /// are allowed exactly when it accepts (whatever `ignore_eos` says).
     pub grammar: Option<Grammar>,
+    /// Whether this generation may speculate when its engine does (it never changes the
+    /// output, only the speed; off, each step runs one token).
+    pub speculate: bool,
 }
 
 impl Default for GenerateOptions {
@@ -54,6 +58,7 @@ impl Default for GenerateOptions {
             ignore_eos: false,
             time_limit: None,
             grammar: None,
+            speculate: true,
         }
     }
 }
@@ -68,6 +73,9 @@ pub struct TokenEvent<'a> {
     /// The distribution the token was drawn from (raw logits), for logprobs.
     pub logits: &'a [f32],
     pub index: usize,
+    /// For a constrained sequence's token: how long its grammar mask took to compute, and
+    /// how long sampling waited for it and applied it.
+    pub mask: Option<(Duration, Duration)>,
 }
 
 /// The caller's answer to each token.
@@ -97,6 +105,11 @@ pub struct Metrics {
     pub mask_ms_mean: f64,
     pub mask_ms_p99: f64,
     pub mask_ms_max: f64,
+    /// Speculative decoding: draft tokens run through the model for verification, those
+    /// kept (each equal to the token the sequence picked), and the steps that verified any.
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
+    pub verify_steps: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -213,6 +226,22 @@ pub struct Sequence<'t> {
     /// Each mask's computation time, in ms.
     mask_ms: Vec<f64>,
     last_mask: Option<(Duration, Duration)>,
+    /// Logits per row.
+    vocab: usize,
+    /// Tokens picked after the first (the decode rate's numerator).
+    decode_picks: usize,
+    /// What speculation drafted and how much of it was kept.
+    spec: SpecCounts,
+}
+
+/// What one verification did: the step the sequence takes next, the rows whose input tokens
+/// stay in its cache (the last token and the accepted drafts), and how many drafts were
+/// accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verified {
+    pub step: Step,
+    pub rows: usize,
+    pub accepted: usize,
 }
 
 impl<'t> Sequence<'t> {
@@ -252,6 +281,9 @@ impl<'t> Sequence<'t> {
             masked,
             mask_ms,
             last_mask: None,
+            vocab,
+            decode_picks: 0,
+            spec: SpecCounts::default(),
             tokenizer,
             sampler,
             prompt_len: prompt.len(),
@@ -329,6 +361,88 @@ impl<'t> Sequence<'t> {
         room: bool,
         mut on_token: impl FnMut(TokenEvent<'_>) -> Flow,
     ) -> Step {
+        let step = self.pick(logits, room, &mut on_token);
+        if matches!(step, Step::Feed(_)) {
+            self.prefetch_mask();
+        }
+        step
+    }
+
+    /// Takes the logits of a step that ran the last token and then `drafts` (one row each,
+    /// `(1 + drafts.len()) × vocab` values) and picks, row by row, the token the sequence
+    /// would have picked after each one-row step: its sampler, penalties, grammar and stop
+    /// conditions see exactly the tokens kept. A draft is kept while it equals the pick
+    /// before it; the first pick that differs (or the pick after the last draft) is the
+    /// token to run next. Rows after that are never looked at, so the random draws are
+    /// those of the run without drafts. `room` is how many more positions the cache can
+    /// take after the first row. Each picked token is reported to `on_token`.
+    pub fn verify(
+        &mut self,
+        logits: &[f32],
+        drafts: &[u32],
+        room: usize,
+        mut on_token: impl FnMut(TokenEvent<'_>) -> Flow,
+    ) -> Result<Verified, SamplingError> {
+        let vocab = self.vocab;
+        let needed = drafts.len() + 1;
+        let got = logits.len() / vocab.max(1);
+        if got < needed {
+            return Err(SamplingError::MissingRows { needed, got });
+        }
+        let mut accepted = 0;
+        let done = |s: &mut Self, step, rows, accepted| {
+            if !drafts.is_empty() {
+                s.spec.drafted += drafts.len();
+                s.spec.accepted += accepted;
+                s.spec.verifications += 1;
+            }
+            Ok(Verified {
+                step,
+                rows,
+                accepted,
+            })
+        };
+        for (i, row) in logits.chunks_exact(vocab).take(needed).enumerate() {
+            crate::sampling::check_logits(row)?;
+            let before = self.out_tokens.len();
+            let step = self.pick(row, room > i, &mut on_token);
+            let draft = drafts.get(i).copied();
+            match step {
+                Step::Feed(id) if draft == Some(id) => accepted += 1,
+                Step::Feed(_) => {
+                    self.prefetch_mask();
+                    return done(self, step, i + 1, accepted);
+                }
+                Step::Finished(_) => {
+                    // A token that ended the sequence (a stop string) may still be a kept draft.
+                    let kept =
+                        self.out_tokens.len() > before && self.out_tokens.last() == draft.as_ref();
+                    return done(self, step, i + 1, accepted + usize::from(kept));
+                }
+            }
+        }
+        // Every row's pick was a draft: impossible, the last row has none.
+        Err(SamplingError::MissingRows {
+            needed: needed + 1,
+            got,
+        })
+    }
+
+    /// Starts computing the next step's grammar mask (constrained sequences), while the
+    /// forward pass of the token just picked runs.
+    fn prefetch_mask(&mut self) {
+        if let Some(c) = &mut self.constraint {
+            c.prefetch();
+        }
+    }
+
+    /// Picks the next token from one row of logits (see [`Self::advance`]).
+    fn pick(
+        &mut self,
+        logits: &[f32],
+        room: bool,
+        on_token: &mut impl FnMut(TokenEvent<'_>) -> Flow,
+    ) -> Step {
         if self.out_tokens.len() >= self.opts.max_tokens {
             return Step::Finished(FinishReason::Length);
         }
@@ -339,6 +453,7 @@ impl<'t> Sequence<'t> {
         {
             return Step::Finished(FinishReason::TimeLimit);
         }
+        self.last_mask = None;
         let logits = match &mut self.constraint {
             None => logits,
             Some(c) => {
@@ -365,6 +480,8 @@ impl<'t> Sequence<'t> {
         if self.first_token_at.is_none() {
             self.first_token_at = Some(self.start.elapsed());
             self.decode_start = Instant::now();
+        } else {
+            self.decode_picks += 1;
         }
         let constrained = self.constraint.is_some();
         if (constrained || !self.opts.ignore_eos) && self.tokenizer.is_eog(id) {
@@ -388,6 +505,7 @@ impl<'t> Sequence<'t> {
             text: &self.scan.text[range],
             logits,
             index: self.out_tokens.len() - 1,
+            mask: self.last_mask,
         });
         if stopped {
             return Step::Finished(FinishReason::StopSequence);
@@ -400,10 +518,6 @@ impl<'t> Sequence<'t> {
         }
         if self.out_tokens.len() >= self.opts.max_tokens || !room {
             return Step::Finished(FinishReason::Length);
-        }
-        if let Some(c) = &mut self.constraint {
-            // The next mask needs only the tokens so far: computed while the token runs.
-            c.prefetch();
         }
         Step::Feed(id)
     }
@@ -437,6 +551,8 @@ impl<'t> Sequence<'t> {
             prompt_len,
             cached_prompt,
             mut mask_ms,
+            decode_picks,
+            spec,
             ..
         } = self;
         let decode_time = decode_start.elapsed();
@@ -450,13 +566,13 @@ impl<'t> Sequence<'t> {
                     text: &scan.text[range],
                     logits,
                     index: out_tokens.len(),
+                    mask: None,
                 });
             }
         }
         let prefill_ms = prefill.as_secs_f64() * 1e3;
         let forward_ms = || std::iter::once(prefill_ms).chain(decode_ms.iter().copied());
         let n_fwd = 1 + decode_ms.len();
-        let decode_steps = decode_ms.len();
         let computed = prompt_len - cached_prompt;
         let metrics = Metrics {
             prompt_tokens: prompt_len,
@@ -464,8 +580,10 @@ impl<'t> Sequence<'t> {
             completion_tokens: out_tokens.len(),
             time_to_first_token_ms: first_token_at.unwrap_or(start.elapsed()).as_secs_f64() * 1e3,
             prefill_tokens_per_second: computed as f64 / prefill.as_secs_f64().max(1e-9),
-            decode_tokens_per_second: if decode_steps > 0 {
-                decode_steps as f64 / decode_time.as_secs_f64().max(1e-9)
+            // Tokens picked after the first, over the time since it: one per decode step
+            // without speculation, up to one per row with it.
+            decode_tokens_per_second: if decode_picks > 0 {
+                decode_picks as f64 / decode_time.as_secs_f64().max(1e-9)
             } else {
                 0.0
             },
@@ -477,6 +595,9 @@ impl<'t> Sequence<'t> {
             mask_ms_mean: mask_ms.iter().sum::<f64>() / mask_ms.len().max(1) as f64,
             mask_ms_p99: percentile(&mut mask_ms, 0.99),
             mask_ms_max: mask_ms.iter().copied().fold(0.0, f64::max),
+            drafted_tokens: spec.drafted,
+            accepted_tokens: spec.accepted,
+            verify_steps: spec.verifications,
         };
         Generation {
             text: scan.text,
@@ -506,6 +627,22 @@ pub fn generate(
     state: &mut State,
     prompt: &[u32],
     opts: &GenerateOptions,
+    on_token: impl FnMut(TokenEvent<'_>) -> Flow,
+) -> Result<Generation, GenerateError> {
+    generate_speculative(model, tokenizer, state, prompt, opts, None, on_token)
+}
+
+/// [`generate`], speculating as `spec` says (unless `opts.speculate` is off): each step runs
+/// the last token and the drafts `spec` proposes, and [`Sequence::verify`] keeps what the
+/// sequence would have picked anyway, so the output is [`generate`]'s exactly. Each step
+/// that verifies drafts is a `verify` span (DEBUG; method, drafted, accepted).
+pub fn generate_speculative(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    state: &mut State,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    mut spec: Option<&mut Solo<'_>>,
     mut on_token: impl FnMut(TokenEvent<'_>) -> Flow,
 ) -> Result<Generation, GenerateError> {
     let vocab = model.config.vocab;
@@ -518,42 +655,214 @@ pub fn generate(
     if let Some(w) = &masks {
         seq.use_mask_worker(w.handle());
     }
+    if !opts.speculate {
+        spec = None;
+    }
+    let max = spec.as_ref().map_or(0, |s| s.max_drafts());
     state.reset();
-    let mut logits = vec![0.0f32; vocab];
+    let mut logits = vec![0.0f32; (1 + max) * vocab];
+    // The token to run next and its drafts.
+    let mut run = vec![0u32; 1 + max];
 
     let t0 = Instant::now();
     {
         let _span = debug_span!("prefill", tokens = prompt.len()).entered();
-        model.forward(state, prompt, Logits::Last(&mut logits))?;
+        model.forward(state, prompt, Logits::Last(&mut logits[..vocab]))?;
     }
     seq.record_prefill(t0.elapsed());
+    if let Some(s) = spec.as_deref_mut() {
+        s.catch_up(prompt);
+    }
 
+    // Drafts run in the last step, and that step's time.
+    let mut k = 0;
+    let mut took = None;
     let finish = loop {
-        let room = state.position() < state.capacity();
-        crate::sampling::check_logits(&logits)?;
-        match seq.advance(&logits, room, &mut on_token) {
+        let room = state.capacity() - state.position() + k;
+        let verified = {
+            let span = match (&spec, k) {
+                (Some(s), 1..) => debug_span!(
+                    "verify",
+                    method = s.method().name(),
+                    drafted = k,
+                    accepted = tracing::field::Empty
+                ),
+                _ => tracing::Span::none(),
+            };
+            let _e = span.enter();
+            let v = seq.verify(
+                &logits[..(1 + k) * vocab],
+                &run[1..1 + k],
+                room,
+                &mut on_token,
+            )?;
+            span.record("accepted", v.accepted);
+            v
+        };
+        if let Some(s) = spec.as_deref_mut() {
+            if let Some(t) = took.take() {
+                s.observe(1 + k, t, k, verified.accepted);
+            }
+        }
+        // Rejected drafts leave the cache.
+        state.truncate(state.position() - (1 + k) + verified.rows);
+        match verified.step {
             Step::Finished(reason) => break reason,
             Step::Feed(id) => {
+                run[0] = id;
+                k = 0;
+                if let Some(s) = spec.as_deref_mut() {
+                    // Drafts past max_tokens or the cache would never be kept.
+                    let left = opts.max_tokens.saturating_sub(seq.completion_tokens() + 1);
+                    let room = state.capacity() - state.position() - 1;
+                    let drafts = s.propose(seq.tokens(), left.min(room));
+                    k = drafts.len();
+                    run[1..1 + k].copy_from_slice(drafts);
+                }
                 let t = Instant::now();
                 {
                     let _span = debug_span!(
                         "decode_step",
                         step = seq.completion_tokens(),
-                        position = state.position()
+                        position = state.position(),
+                        drafts = k
                     )
                     .entered();
-                    model.forward(state, &[id], Logits::Last(&mut logits))?;
+                    model.forward(
+                        state,
+                        &run[..1 + k],
+                        Logits::All(&mut logits[..(1 + k) * vocab]),
+                    )?;
                 }
                 seq.record_decode(t.elapsed());
+                took = Some(t.elapsed().as_secs_f64());
             }
         }
     };
-    Ok(seq.finish(finish, &logits, on_token))
+    Ok(seq.finish(finish, &logits[..vocab], on_token))
 }
 
 #[cfg(test)]
 mod tests {
     use super::StopScan;
+    use super::{FinishReason, Flow, GenerateOptions, Sequence, Step, Verified};
+    use crate::sampling::{SamplingError, SamplingParams};
+    use crate::tokenizer::test_vocab::{VocabBuilder, CONTROL};
+    use crate::tokenizer::Tokenizer;
+
+    fn vocab() -> (Tokenizer, u32) {
+        let mut v = VocabBuilder::new();
+        let end = v.token("<|im_end|>", CONTROL);
+        (v.build(), end)
+    }
+
+    /// Rows of logits whose greedy picks are `picks` (a NaN row where `None`: a row that
+    /// must never be looked at).
+    fn rows(vocab: usize, picks: &[Option<u32>]) -> Vec<f32> {
+        let mut out = vec![0.0f32; picks.len() * vocab];
+        for (r, p) in picks.iter().enumerate() {
+            let row = &mut out[r * vocab..(r + 1) * vocab];
+            match p {
+                Some(id) => row[*id as usize] = 5.0,
+                None => row.fill(f32::NAN),
+            }
+        }
+        out
+    }
+
+    /// Verifies `drafts` against rows picking `picks`; returns the outcome and the text.
+    fn verify(
+        opts: GenerateOptions,
+        drafts: &[u8],
+        picks: &[Option<u32>],
+        room: usize,
+    ) -> (Result<Verified, SamplingError>, String) {
+        let (tok, _) = vocab();
+        let n = tok.vocab_size();
+        let mut seq = Sequence::new(&tok, n, &[104, 105], opts, 64).unwrap();
+        let drafts: Vec<u32> = drafts.iter().map(|&b| u32::from(b)).collect();
+        let mut text = String::new();
+        let v = seq.verify(&rows(n, picks), &drafts, room, |ev| {
+            text.push_str(ev.text);
+            Flow::Continue
+        });
+        (v, text)
+    }
+
+    fn opts(max_tokens: usize) -> GenerateOptions {
+        GenerateOptions {
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            ..GenerateOptions::default()
+        }
+    }
+
+    fn p(b: u8) -> Option<u32> {
+        Some(u32::from(b))
+    }
+
+    #[test]
+    fn drafts_are_kept_while_they_equal_the_picks_and_later_rows_are_never_read() {
+        // Picks a, b, c against drafts a, b, x: two kept, c runs next; the last row (NaN)
+        // is never looked at.
+        let (v, text) = verify(opts(10), b"abx", &[p(b'a'), p(b'b'), p(b'c'), None], 10);
+        let want = Verified {
+            step: Step::Feed(u32::from(b'c')),
+            rows: 3,
+            accepted: 2,
+        };
+        assert_eq!(v.unwrap(), want);
+        assert_eq!(text, "abc");
+        // Every draft right: the row after the last draft picks the next token.
+        let (v, _) = verify(opts(10), b"ab", &[p(b'a'), p(b'b'), p(b'z')], 10);
+        let v = v.unwrap();
+        assert_eq!(
+            (v.step, v.rows, v.accepted),
+            (Step::Feed(u32::from(b'z')), 3, 2)
+        );
+        // Too few rows for the drafts is an error, not a guess.
+        let (v, _) = verify(opts(10), b"ab", &[p(b'a'), p(b'b')], 10);
+        assert!(matches!(
+            v,
+            Err(SamplingError::MissingRows { needed: 3, got: 2 })
+        ));
+    }
+
+    #[test]
+    fn the_sequence_ends_inside_a_verification_exactly_where_it_would_alone() {
+        // max_tokens 2: ends after the second token, a kept draft.
+        let (v, text) = verify(opts(2), b"abc", &[p(b'a'), p(b'b'), None, None], 10);
+        let v = v.unwrap();
+        assert_eq!(
+            (v.step, v.rows, v.accepted),
+            (Step::Finished(FinishReason::Length), 2, 2)
+        );
+        assert_eq!(text, "ab");
+        // A stop string completed by a kept draft: the text stops before it.
+        let stop = GenerateOptions {
+            stop: vec!["bc".into()],
+            ..opts(10)
+        };
+        let (v, text) = verify(stop, b"abcd", &[p(b'a'), p(b'b'), p(b'c'), None, None], 10);
+        let v = v.unwrap();
+        assert_eq!(
+            (v.step, v.rows, v.accepted),
+            (Step::Finished(FinishReason::StopSequence), 3, 3)
+        );
+        assert_eq!(text, "a");
+        // The cache fills up: a row sees the room it would have seen alone.
+        let (v, _) = verify(opts(10), b"ab", &[p(b'a'), p(b'b'), None], 1);
+        let v = v.unwrap();
+        assert_eq!((v.step, v.rows), (Step::Finished(FinishReason::Length), 2));
+        // End of generation picked where a draft stood: not a token, not kept.
+        let (_, end) = vocab();
+        let (v, _) = verify(opts(10), b"ab", &[p(b'a'), Some(end), None], 10);
+        let v = v.unwrap();
+        assert_eq!(
+            (v.step, v.rows, v.accepted),
+            (Step::Finished(FinishReason::Eos), 2, 1)
+        );
+    }
 
     fn run(stops: &[&str], pieces: &[&str]) -> (Vec<String>, bool, String) {
         let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();

@@ -121,6 +121,9 @@ pub struct Done {
     /// Prompt tokens whose KV was reused from an earlier sequence.
     pub cached_prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Speculative decoding: draft tokens verified, and those kept (0 and 0 without).
+    pub drafted_tokens: usize,
+    pub accepted_tokens: usize,
     pub seed: u64,
     pub timings: Timings,
 }

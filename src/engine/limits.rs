@@ -3,6 +3,8 @@
 //! (`max_seqs`), prompt tokens one step runs for waiting prompts (`prefill_chunk`), and the
 //! token rows of a whole step (`step_rows`, what the batch scratch is sized for).
 
+use super::speculative::Speculation;
+
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// Requests that may wait to be admitted into the batch.
@@ -19,6 +21,9 @@ pub struct EngineConfig {
     /// at what fits in the memory the KV cache may take (but at least one context; see
     /// [`super::memory`]).
     pub kv_cache_tokens: Option<usize>,
+    /// Speculative decoding (off by default; [`Method::Draft`] needs the assets' draft
+    /// model).
+    pub speculation: Speculation,
     /// Honour [`FAULT_PANIC_REQUEST_ID`](super::FAULT_PANIC_REQUEST_ID).
     #[cfg(feature = "fault-injection")]
     pub fault_injection: bool,
@@ -32,6 +37,7 @@ impl Default for EngineConfig {
             prefill_chunk: 256,
             prefill_chunk_running: 8,
             kv_cache_tokens: None,
+            speculation: Speculation::off(),
             #[cfg(feature = "fault-injection")]
             fault_injection: false,
         }
@@ -49,8 +55,11 @@ pub struct Limits {
     pub prefill_chunk_running: usize,
     /// Positions one sequence may hold (prompt plus completion).
     pub ctx: usize,
-    /// KV-cache positions for all sequences.
+    /// KV-cache positions for all sequences (with a draft model, each position of a
+    /// sequence holds its draft cache's too).
     pub kv_budget: usize,
+    /// Most draft tokens one sequence runs in a step (0 without speculation).
+    pub draft_max: usize,
 }
 
 impl Limits {
@@ -71,13 +80,20 @@ impl Limits {
                 .clamp(1, config.prefill_chunk.max(1)),
             ctx,
             kv_budget: config.kv_cache_tokens.unwrap_or_else(default_budget).max(1),
+            draft_max: config.speculation.max_drafts(),
         }
     }
 
-    /// Token rows one engine step runs at most: one decode token of every sequence plus a
-    /// prompt chunk.
+    /// Token rows one engine step runs at most: one decode token of every sequence and its
+    /// drafts, plus a prompt chunk.
     pub fn step_rows(&self) -> usize {
-        self.max_seqs + self.prefill_chunk
+        self.max_seqs * (1 + self.draft_max) + self.prefill_chunk
+    }
+
+    /// Rows of logits of several sequences one product gathers: one per sequence, and room
+    /// for the drafts of two sequences (beyond that, further blocks).
+    pub fn logit_rows(&self) -> usize {
+        self.max_seqs + 2 * self.draft_max
     }
 
     /// KV positions a request reserves while it runs: its prompt plus `max_tokens`, capped

@@ -4,6 +4,7 @@
 //! `loadtest`, so they share their defaults.
 
 use super::memory::{self, gib, KvMemory, SystemMemory};
+use super::speculative::draft::DraftModel;
 use crate::backend::{create_backend, BackendOptions, KvType};
 use crate::gguf::{GgufError, GgufFile};
 use crate::model::synth::{self, SynthSpec};
@@ -40,6 +41,9 @@ pub struct LoadOptions {
     pub cache_type_v: Option<KvType>,
     /// How a mixture-of-experts model's expert matrices are loaded.
     pub experts: ExpertLoad,
+    /// A draft model for speculative decoding: a smaller GGUF of the same vocabulary,
+    /// loaded on the same device with the same KV cache types.
+    pub draft_model: Option<std::path::PathBuf>,
 }
 
 /// How to load a mixture-of-experts model's experts (see [`ExpertWeights`]).
@@ -122,6 +126,7 @@ impl Default for LoadOptions {
             cache_type_k: None,
             cache_type_v: None,
             experts: ExpertLoad::Auto,
+            draft_model: None,
         }
     }
 }
@@ -150,6 +155,8 @@ pub struct EngineAssets {
     /// itself runs [`super::EngineConfig::prefill_chunk`] prompt tokens per step).
     pub state_rows: usize,
     pub description: ModelDescription,
+    /// The draft model for speculative decoding, when one was given.
+    pub draft: Option<DraftModel>,
 }
 
 /// A model loaded on a backend, with the threads that backend runs on.
@@ -228,6 +235,10 @@ pub fn assets_from_gguf(
     let LoadedModel { model, threads, .. } = load_model(gguf, name, opts)?;
     let tokenizer = Tokenizer::from_gguf(gguf)
         .map_err(|e| format!("cannot load the tokenizer of {name}: {e}"))?;
+    let draft = match &opts.draft_model {
+        Some(path) => Some(load_draft(path, &model, &tokenizer, opts)?),
+        None => None,
+    };
     let chat_template = ChatTemplate::for_model(gguf);
     let kv = KvMemory {
         types: model.kv_types(),
@@ -284,7 +295,36 @@ pub fn assets_from_gguf(
             threads,
             demo,
         },
+        draft,
     })
+}
+
+/// Loads the draft model at `path` for `main` (whose tokenizer is `tokenizer`): on the same
+/// device (the same thread pool), its KV caches of the same types; refused unless its
+/// vocabulary is the main model's.
+pub fn load_draft(
+    path: &Path,
+    main: &Model,
+    tokenizer: &Tokenizer,
+    opts: &LoadOptions,
+) -> Result<DraftModel, String> {
+    let gguf = open_file(path)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
+    let draft_tok = Tokenizer::from_gguf(&gguf)
+        .map_err(|e| format!("cannot load the tokenizer of the draft model {name}: {e}"))?;
+    // Checked before the weights load: a wrong file fails at once.
+    crate::engine::speculative::draft::same_vocabulary(tokenizer, &draft_tok)
+        .map_err(|e| format!("the draft model {name} cannot draft for this model: {e}"))?;
+    let mut model = Model::load(&gguf, main.device().clone())
+        .map_err(|e| format!("cannot load the draft model {name}: {e}"))?;
+    model
+        .set_kv_types(main.kv_types())
+        .map_err(|e| format!("cannot use that KV cache type for the draft model {name}: {e}"))?;
+    info!(draft_model = %name, backend = %opts.backend, "draft model loaded");
+    DraftModel::new(model, name, &draft_tok, tokenizer, main.config.vocab)
 }
 
 /// Opens a GGUF model file.

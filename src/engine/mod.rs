@@ -14,6 +14,7 @@
 //! | `scheduler` | each step's decisions: admission, stops, who decodes and who prefills how much |
 //! | `runner` | the loop that carries the plan out: the batched forward pass, sampling, ending requests |
 //! | `running` | one running request: its rows, its streamed tokens, its final events |
+//! | [`speculative`] | speculative decoding: the proposers (n-gram lookup, a draft model), acceptance, how many drafts a step tries |
 //! | [`kv_pool`] | the KV-cache budget and the prefix cache |
 //! | [`queue`] | the bounded queue of waiting requests |
 //! | [`observer`] | what the engine measures, for metrics |
@@ -36,11 +37,12 @@ mod runner;
 mod running;
 mod scheduler;
 mod shared;
+pub mod speculative;
 pub mod worker;
 
 pub use generate::{
-    generate, FinishReason, Flow, GenerateError, GenerateOptions, Generation, Metrics, Sequence,
-    Step, TokenEvent,
+    generate, generate_speculative, FinishReason, Flow, GenerateError, GenerateOptions, Generation,
+    Metrics, Sequence, Step, TokenEvent, Verified,
 };
 #[cfg(feature = "fault-injection")]
 pub use job::FAULT_PANIC_REQUEST_ID;

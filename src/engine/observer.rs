@@ -3,6 +3,7 @@
 
 use super::job::{Outcome, Protocol};
 use super::kv_pool::KvUsage;
+use super::speculative::Method;
 use std::time::Duration;
 
 /// Receives the engine's measurements. Called on the engine thread, so each call must be
@@ -32,6 +33,8 @@ pub trait Observer: Send + Sync {
     /// Sampling waited this long for that mask (computed ahead while the forward pass
     /// ran) and applied it.
     fn grammar_mask_wait(&self, _took: Duration) {}
+    /// A sequence verified `drafted` draft tokens proposed by `method`; `accepted` were kept.
+    fn speculated(&self, _method: Method, _drafted: usize, _accepted: usize) {}
 }
 
 /// An observer that ignores everything.

@@ -167,6 +167,8 @@ pub struct GenerateSpec {
     pub separate_reasoning: bool,
     /// The client's id for the request; empty: one is assigned.
     pub request_id: String,
+    /// Whether the request may speculate when the server does (never changes the tokens).
+    pub speculate: bool,
 }
 
 impl GenerateSpec {
@@ -181,6 +183,7 @@ impl GenerateSpec {
             logprobs: 0,
             separate_reasoning: false,
             request_id: String::new(),
+            speculate: true,
         }
     }
 }
@@ -319,7 +322,9 @@ fn request_field(e: &RequestError) -> Option<Field> {
         E::TooManyLogprobs(_) => Field::Logprobs,
         E::TooManyStops(_) | E::StopLength(_) => Field::Stop,
         E::Sampling(SamplingError::Invalid { field, .. }) => Field::Sampling(field),
-        E::Sampling(SamplingError::NonFiniteLogits { .. }) => return None,
+        E::Sampling(SamplingError::NonFiniteLogits { .. } | SamplingError::MissingRows { .. }) => {
+            return None
+        }
         E::ResponseFormat(_) => Field::ResponseFormat,
         E::UnknownRole { index, .. } => Field::MessageRole { message: *index },
         E::Template(_) => Field::Messages,
@@ -607,6 +612,7 @@ pub fn prepare(
             time_limit: spec.time_limit,
             logprobs: spec.logprobs,
             response_format: plan.response_format,
+            speculate: spec.speculate,
         },
         default_max_tokens,
     )?;

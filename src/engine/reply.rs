@@ -138,6 +138,8 @@ mod tests {
             prompt_tokens: 3,
             cached_prompt_tokens: 0,
             completion_tokens: 4,
+            drafted_tokens: 0,
+            accepted_tokens: 0,
             seed: 1,
             timings: Timings::default(),
         }

@@ -12,6 +12,7 @@ use super::job::MAX_LOGPROBS;
 use super::limits::Limits;
 use super::loader::ModelDescription;
 use super::memory::KvMemory;
+use super::speculative::SpecInfo;
 use crate::model::ModelConfig;
 use crate::sampling::constraint::{ConstraintError, GrammarCompiler, ResponseFormat};
 use crate::sampling::{SamplingError, SamplingParams};
@@ -39,6 +40,9 @@ pub struct Request {
     pub logprobs: usize,
     /// What the output must be (JSON schema, regex, grammar); `None`: free text.
     pub response_format: Option<ResponseFormat>,
+    /// Whether the request may speculate when the server does (see
+    /// [`GenerateOptions::speculate`]).
+    pub speculate: bool,
 }
 
 /// A request's prompt before tokenization.
@@ -235,6 +239,8 @@ pub struct Served {
     pub limits: Limits,
     /// The KV cache's types, size per position and the memory it may take.
     pub kv: KvMemory,
+    /// How the engine speculates.
+    pub speculative: SpecInfo,
     /// Compiles response formats; built by the first request that has one.
     pub grammars: GrammarCache,
 }
@@ -302,6 +308,7 @@ impl Served {
                 ignore_eos: req.ignore_eos,
                 time_limit: req.time_limit,
                 grammar,
+                speculate: req.speculate,
             },
             logprobs: req.logprobs,
         })
@@ -378,6 +385,7 @@ mod tests {
             prefill_chunk_running: 1,
             ctx,
             kv_budget,
+            draft_max: 0,
         }
     }
 
@@ -394,6 +402,7 @@ mod tests {
             time_limit: None,
             logprobs: MAX_LOGPROBS,
             response_format: None,
+            speculate: true,
         }
     }
 

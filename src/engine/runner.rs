@@ -8,10 +8,16 @@
 //! sequence that got logits ([`Running`]). A panic in the forward pass fails the sequences
 //! in it; one in sampling only its own.
 //!
-//! Tracing: each step is an `engine_step` span (batch size, decode rows, prefill rows) that
-//! holds the backend's kernel spans. Each request is a `request` span holding, per step it
-//! took part in, a `prefill` span (tokens, position) or a `decode_step` span (step,
-//! position), which follow from that step's `engine_step`.
+//! With speculative decoding on, each decoding sequence may add draft tokens to its row
+//! ([`draft`]): its proposer offers them, the step's draft rows are shared out by expected
+//! yield against cost ([`share_rows`]), a draft model drafts the rows its sequences won in
+//! batched passes of its own, and sampling then verifies them ([`Running::sample`]).
+//!
+//! Tracing: each step is an `engine_step` span (batch size, decode rows, draft rows, prefill
+//! rows) that holds the backend's kernel spans. Each request is a `request` span holding,
+//! per step it took part in, a `prefill` span (tokens, position) or a `decode_step` span
+//! (step, position, drafts), which follow from that step's `engine_step`, and a `verify`
+//! span for a step that verified drafts.
 
 use super::generate::{FinishReason, Step};
 use super::job::{Event, JobError, Outcome};
@@ -19,8 +25,11 @@ use super::kv_pool::KvPool;
 use super::limits::Limits;
 use super::loader::EngineAssets;
 use super::running::{End, Running};
-use super::scheduler::{self, Role, Verdict};
+use super::scheduler::{self, Role, StepPlan, Verdict};
 use super::shared::Shared;
+use super::speculative::draft::{self, DraftModel};
+use super::speculative::{share_rows, DraftCost, Method, Speculation, StepCost};
+use crate::backend::exec::recycle;
 use crate::model::{Model, Scratch, SeqStep};
 use crate::sampling::constraint::MaskWorker;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -28,9 +37,10 @@ use std::time::Instant;
 use tracing::{debug_span, info, warn, Span};
 
 /// Serves jobs until the queue is closed and every sequence has ended.
-pub(super) fn run(shared: &Shared, assets: &EngineAssets, limits: Limits) {
+pub(super) fn run(shared: &Shared, assets: &EngineAssets, limits: Limits, spec: &Speculation) {
     let model = &assets.model;
-    let mut scratch = model.new_scratch(limits.step_rows(), limits.max_seqs);
+    let mut scratch = model.new_scratch(limits.step_rows(), limits.logit_rows());
+    let mut drafting = Drafting::new(spec, assets.draft.as_ref(), &limits);
     let mut pool = KvPool::new(limits.kv_budget);
     // Computes constrained sequences' next masks while the forward pass runs; without it
     // (the thread could not start) they are computed in line.
@@ -58,6 +68,7 @@ pub(super) fn run(shared: &Shared, assets: &EngineAssets, limits: Limits) {
             &limits,
             &mut pool,
             masks.as_ref(),
+            spec,
             &mut active,
         );
         reap(shared, &mut pool, &mut active);
@@ -72,19 +83,10 @@ pub(super) fn run(shared: &Shared, assets: &EngineAssets, limits: Limits) {
             steps,
             &mut pool,
             &mut active,
+            &mut drafting,
         );
     }
     shared.set_busy(false);
-}
-
-/// Empties a vector and gives its allocation back for items of another lifetime, so the
-/// per-step list of sequences is not reallocated every step (the collect reuses the
-/// buffer in place).
-// The `filter_map` changes the item type (its lifetime), which `filter` cannot.
-#[allow(clippy::unnecessary_filter_map)]
-fn recycle<'b>(mut v: Vec<SeqStep<'_>>) -> Vec<SeqStep<'b>> {
-    v.clear();
-    v.into_iter().filter_map(|_| None).collect()
 }
 
 /// Starts queued jobs, oldest first, while there are free slots and they fit the budget.
@@ -94,6 +96,7 @@ fn admit<'t>(
     limits: &Limits,
     pool: &mut KvPool,
     masks: Option<&MaskWorker>,
+    spec: &Speculation,
     active: &mut Vec<Running<'t>>,
 ) {
     let obs = shared.observer();
@@ -135,7 +138,7 @@ fn admit<'t>(
                     .send(Event::Failed(JobError::InvalidArgument(msg)));
             }
             Verdict::Wait | Verdict::Start => {
-                if let Some(r) = Running::start(shared, assets, limits, pool, masks, job) {
+                if let Some(r) = Running::start(shared, assets, limits, pool, masks, spec, job) {
                     active.push(r);
                 }
             }
@@ -161,8 +164,10 @@ fn reap(shared: &Shared, pool: &mut KvPool, active: &mut Vec<Running<'_>>) {
     shared.publish_kv(pool.usage());
 }
 
-/// One forward pass over every running sequence as planned, then sampling for each that
-/// got logits. `steps` is an empty list whose allocation is reused; it comes back empty.
+/// One forward pass over every running sequence as planned (with their drafts), then
+/// sampling for each that got logits. `steps` is an empty list whose allocation is reused;
+/// it comes back empty.
+#[allow(clippy::too_many_arguments)]
 fn step(
     shared: &Shared,
     model: &Model,
@@ -171,12 +176,15 @@ fn step(
     steps: Vec<SeqStep<'static>>,
     pool: &mut KvPool,
     active: &mut Vec<Running<'_>>,
+    drafting: &mut Drafting<'_>,
 ) -> Vec<SeqStep<'static>> {
     let plan = scheduler::plan(limits, &mut active[..], Running::slot);
+    let draft_rows = draft(drafting, &plan, scratch.rows(), active);
     let step_span = debug_span!(
         "engine_step",
         batch_size = plan.seqs,
         decode_rows = plan.decode_rows,
+        draft_rows,
         prefill_rows = plan.prefill_rows
     );
     shared
@@ -185,6 +193,11 @@ fn step(
     let t = Instant::now();
     let (steps, result) = forward(model, scratch, steps, active, &step_span);
     let took = t.elapsed();
+    if plan.prefill_rows == 0 {
+        drafting
+            .cost
+            .observe(plan.decode_rows + draft_rows, took.as_secs_f64());
+    }
     let failure = match result {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(End::Failed(
@@ -216,25 +229,25 @@ fn step(
             i += 1;
             continue;
         }
-        if let Err(e) = r.check_logits() {
-            let r = active.remove(i);
-            let err = JobError::Internal(e.to_string());
-            conclude(shared, pool, r, End::Failed(err, Outcome::Internal));
-            continue;
-        }
         let seq_span = r.take_step_span();
         let outcome = {
             let _e = seq_span.enter();
             catch_unwind(AssertUnwindSafe(|| r.sample(shared)))
         };
         match outcome {
-            Ok(Step::Feed(id)) => {
+            Ok(Ok(Step::Feed(id))) => {
                 r.feed(id);
                 i += 1;
             }
-            Ok(Step::Finished(reason)) => {
+            Ok(Ok(Step::Finished(reason))) => {
                 let r = active.remove(i);
                 conclude(shared, pool, r, End::Finished(reason));
+            }
+            Ok(Err(e)) => {
+                // Non-finite logits: corrupt weights, not the client's doing.
+                let r = active.remove(i);
+                let err = JobError::Internal(e.to_string());
+                conclude(shared, pool, r, End::Failed(err, Outcome::Internal));
             }
             Err(p) => {
                 let r = active.remove(i);
@@ -244,6 +257,98 @@ fn step(
     }
     shared.publish_kv(pool.usage());
     steps
+}
+
+/// What the engine keeps for speculative decoding: how steps cost, and the draft model
+/// with its buffers.
+struct Drafting<'t> {
+    spec: Speculation,
+    on: bool,
+    cost: StepCost,
+    draft_cost: DraftCost,
+    draft: Option<(&'t DraftModel, Scratch)>,
+    steps: Vec<SeqStep<'static>>,
+    jobs: Vec<draft::DraftJob<'static>>,
+}
+
+impl<'t> Drafting<'t> {
+    fn new(spec: &Speculation, draft: Option<&'t DraftModel>, limits: &Limits) -> Self {
+        let draft = match (spec.method, draft) {
+            (Method::Draft, Some(d)) => Some((d, d.new_scratch(limits.step_rows(), 0))),
+            _ => None,
+        };
+        Self {
+            spec: spec.clone(),
+            on: spec.is_on(),
+            cost: StepCost::new(),
+            draft_cost: DraftCost::default(),
+            draft,
+            steps: Vec::with_capacity(limits.max_seqs),
+            jobs: Vec::with_capacity(limits.max_seqs),
+        }
+    }
+}
+
+/// Gives the decoding sequences of the planned step their drafts: each proposes and bids,
+/// the draft rows (at most `rows` in the step in all) go where they are expected to pay,
+/// and a draft model drafts what its sequences won (catching their draft caches up, and
+/// keeping pace with the prompts being prefilled). Returns the step's draft rows.
+fn draft(
+    drafting: &mut Drafting<'_>,
+    plan: &StepPlan,
+    rows: usize,
+    active: &mut [Running<'_>],
+) -> usize {
+    if !drafting.on {
+        return 0;
+    }
+    for r in active.iter_mut() {
+        r.prepare_drafts();
+    }
+    let used = plan.decode_rows + plan.prefill_rows;
+    share_rows(
+        active,
+        Running::bid,
+        plan.decode_rows as f64,
+        used,
+        drafting
+            .spec
+            .costs_now(&drafting.cost, &drafting.draft_cost),
+        rows.saturating_sub(used),
+    );
+    if let Some((model, scratch)) = &mut drafting.draft {
+        if active.iter().any(Running::needs_draft_pass) {
+            let mut budget = scratch.rows();
+            let mut jobs = draft::recycle_jobs(std::mem::take(&mut drafting.jobs));
+            jobs.extend(active.iter_mut().filter_map(|r| r.draft_job(&mut budget)));
+            let passes = jobs.iter().map(|j| j.want).max().unwrap_or(0);
+            let t = Instant::now();
+            let steps = std::mem::take(&mut drafting.steps);
+            let ran = catch_unwind(AssertUnwindSafe(|| {
+                draft::draft_step(model, scratch, steps, &mut jobs)
+            }));
+            match ran {
+                Ok((steps, Ok(()))) => {
+                    drafting.steps = steps;
+                    drafting
+                        .draft_cost
+                        .observe(passes, t.elapsed().as_secs_f64());
+                }
+                Ok((steps, Err(e))) => {
+                    drafting.steps = steps;
+                    warn!(error = %e, "a draft-model pass failed; its sequences draft no more");
+                }
+                Err(p) => {
+                    warn!(panic = %panic_message(&p), "a draft-model pass panicked; its sequences draft no more");
+                    for j in jobs.iter_mut() {
+                        j.cache.break_off();
+                    }
+                }
+            }
+            drafting.jobs = draft::recycle_jobs(jobs);
+        }
+    }
+    active.iter_mut().map(|r| r.take_drafts()).sum()
 }
 
 type ForwardResult = std::thread::Result<Result<(), crate::model::ModelError>>;

@@ -1,7 +1,8 @@
 //! One running request on the engine thread: set up with its KV cache ([`Running::start`]),
-//! its rows of each step ([`Running::rows`]), its sampled tokens streamed to the client as
-//! they come ([`Running::sample`]), and its end packaged as the client's final events
-//! ([`Running::finish`]).
+//! its drafts when it speculates ([`Running::prepare_drafts`]), its rows of each step
+//! ([`Running::rows`]), its sampled tokens (verified against its drafts) streamed to the
+//! client as they come ([`Running::sample`]), and its end packaged as the client's final
+//! events ([`Running::finish`]).
 
 use super::generate::{FinishReason, Flow, GenerateError, Sequence, Step};
 use super::job::{Done, Event, Job, JobError, Logprobs, Outcome, TokenLogprob, TokenOut};
@@ -12,8 +13,11 @@ use super::loader::EngineAssets;
 use super::observer::Observer;
 use super::scheduler::{self, Role, Slot, StopCause};
 use super::shared::Shared;
+use super::speculative::draft::{DraftCache, DraftJob, DraftModel};
+use super::speculative::{ngram, Acceptance, Bid, Method, Proposer, Speculation};
 use crate::model::{KvCache, Logits, SeqStep};
 use crate::sampling::constraint::MaskWorker;
+use crate::sampling::SamplingError;
 use std::time::{Duration, Instant};
 use tracing::{debug_span, error, info, info_span, warn, Span};
 
@@ -45,17 +49,37 @@ pub(super) struct Ending {
     pub job: Job,
 }
 
+/// A sequence's speculation: where its drafts come from and how well they do.
+struct SeqSpec {
+    method: Method,
+    source: Source,
+    acc: Acceptance,
+}
+
+enum Source {
+    Propose(Box<dyn Proposer>),
+    Draft(DraftCache),
+}
+
 /// A running request.
 pub(super) struct Running<'t> {
     job: Job,
     seq: Sequence<'t>,
     kv: KvCache,
     slot: Slot,
-    /// The logits of the sequence's last forward row.
+    /// The logits of the sequence's forward rows in the last step: one row, or one per
+    /// token run when it verified drafts.
     logits: Vec<f32>,
+    vocab: usize,
     lp_buf: Vec<f32>,
-    /// The sampled token to run next, once the prompt is done.
-    next: [u32; 1],
+    /// The sampled token to run next, once the prompt is done, followed by this step's
+    /// drafts (room for the most a step may hold).
+    next: Vec<u32>,
+    /// Drafts in `next` this step.
+    drafts: usize,
+    spec: Option<SeqSpec>,
+    /// Its part in sharing the step's draft rows.
+    bid: Bid,
     span: Span,
     /// This step's `prefill`/`decode_step` span.
     step_span: Span,
@@ -77,6 +101,7 @@ impl<'t> Running<'t> {
         limits: &Limits,
         pool: &mut KvPool,
         masks: Option<&MaskWorker>,
+        speculation: &Speculation,
         job: Job,
     ) -> Option<Self> {
         let obs = shared.observer();
@@ -142,18 +167,30 @@ impl<'t> Running<'t> {
                 seq.use_mask_worker(w.handle());
             }
         }
+        let vocab = model.config.vocab;
         let lp_buf = if job.logprobs > 0 {
-            vec![0.0f32; model.config.vocab]
+            vec![0.0f32; vocab]
         } else {
             Vec::new()
+        };
+        let spec = seq_spec(speculation, assets.draft.as_ref(), &job, need);
+        // Buffers for the most rows a step may give it (allocated once, here).
+        let max_drafts = if spec.is_some() {
+            speculation.max_drafts()
+        } else {
+            0
         };
         Some(Self {
             slot: Slot::new(job.prompt.len(), granted.reused),
             seq,
             kv: granted.kv,
-            logits: vec![0.0f32; model.config.vocab],
+            logits: vec![0.0f32; (1 + max_drafts) * vocab],
+            vocab,
             lp_buf,
-            next: [0],
+            next: vec![0; 1 + max_drafts],
+            drafts: 0,
+            spec,
+            bid: Bid::default(),
             span,
             step_span: Span::none(),
             queue_wait,
@@ -190,12 +227,15 @@ impl<'t> Running<'t> {
             seq,
             kv,
             logits,
+            vocab,
             next,
+            drafts,
             slot,
             span,
             step_span: seq_span,
             ..
         } = self;
+        let vocab = *vocab;
         let (tokens, out) = match slot.role() {
             Role::Idle => return None,
             Role::Decode => {
@@ -203,15 +243,17 @@ impl<'t> Running<'t> {
                     parent: &*span,
                     "decode_step",
                     step = seq.completion_tokens(),
-                    position = kv.len()
+                    position = kv.len(),
+                    drafts = *drafts
                 );
-                (&next[..], Logits::Last(&mut logits[..]))
+                let rows = 1 + *drafts;
+                (&next[..rows], Logits::All(&mut logits[..rows * vocab]))
             }
             Role::Prefill(n) => {
                 let from = slot.prefilled();
                 *seq_span = debug_span!(parent: &*span, "prefill", tokens = n, position = kv.len());
                 let out = if slot.finishes_prompt() {
-                    Logits::Last(&mut logits[..])
+                    Logits::Last(&mut logits[..vocab])
                 } else {
                     Logits::None
                 };
@@ -242,11 +284,6 @@ impl<'t> Running<'t> {
         ready
     }
 
-    /// Whether the logits to sample are all finite (corrupt weights give NaN or infinity).
-    pub(super) fn check_logits(&self) -> Result<(), crate::sampling::SamplingError> {
-        crate::sampling::check_logits(&self.logits)
-    }
-
     /// The span of the step that just ran, taken (for sampling in it).
     pub(super) fn take_step_span(&mut self) -> Span {
         std::mem::replace(&mut self.step_span, Span::none())
@@ -254,33 +291,169 @@ impl<'t> Running<'t> {
 
     /// Feeds the sampled token into the next step.
     pub(super) fn feed(&mut self, id: u32) {
-        self.next = [id];
+        self.next[0] = id;
         self.slot.start_decoding();
     }
 
-    /// Samples the sequence's next token from its logits and streams it to the client.
-    pub(super) fn sample(&mut self, shared: &Shared) -> Step {
+    /// Its part in sharing the step's draft rows (see [`Running::prepare_drafts`]).
+    pub(super) fn bid(&mut self) -> &mut Bid {
+        &mut self.bid
+    }
+
+    /// Before a step in which it decodes: proposes its drafts (a lookup fills them now; a
+    /// draft model drafts once the rows are shared) and sets its bid for the step's draft
+    /// rows: its acceptance rate and the most drafts it can take — what its proposer found,
+    /// what `max_tokens` and its cache leave room for. A caller's proposer
+    /// ([`Method::Custom`]) is not second-guessed: all it proposes (within those limits) runs.
+    pub(super) fn prepare_drafts(&mut self) {
+        self.drafts = 0;
+        self.bid = Bid::default();
+        let Some(sp) = &mut self.spec else { return };
+        if self.slot.role() != Role::Decode {
+            return;
+        }
+        let done = self.seq.completion_tokens() + 1;
+        let left = self.seq.options().max_tokens.saturating_sub(done);
+        // This step's first row takes one position; each draft one more.
+        let room = self.kv.room().saturating_sub(1);
+        let mut cap = (self.next.len() - 1).min(left).min(room);
+        let tokens = self.seq.tokens();
+        match &mut sp.source {
+            Source::Propose(p) => cap = p.propose(tokens, &mut self.next[1..1 + cap]).min(cap),
+            Source::Draft(c) => cap = cap.min(c.room(tokens.len())),
+        }
+        if sp.method == Method::Custom {
+            // A caller's proposer sizes its drafts itself.
+            self.drafts = cap;
+            return;
+        }
+        self.bid = Bid {
+            rate: sp.acc.bid(),
+            cap,
+            k: 0,
+        };
+    }
+
+    /// Takes the drafts its bid won (for a draft model: those it drafted, after
+    /// [`Running::draft_job`]); a sequence that could have drafted but won nothing sits out.
+    /// Returns its draft rows in the step.
+    pub(super) fn take_drafts(&mut self) -> usize {
+        let Some(sp) = &mut self.spec else { return 0 };
+        self.drafts = match &sp.source {
+            Source::Propose(_) if sp.method == Method::Custom => self.drafts,
+            Source::Propose(_) => self.bid.k,
+            Source::Draft(c) if self.slot.role() == Role::Decode && !c.is_broken() => c.drafted(),
+            Source::Draft(_) => 0,
+        };
+        if self.bid.cap > 0 && self.drafts == 0 {
+            sp.acc.sat_out();
+        }
+        self.drafts
+    }
+
+    /// Its part in this step's draft-model passes: catching its draft cache up (with at most
+    /// `budget` rows, which it reduces) and, when its bid won drafts, drafting them. `None`
+    /// when it has nothing to do there.
+    pub(super) fn draft_job(&mut self, budget: &mut usize) -> Option<DraftJob<'_>> {
+        let Some(SeqSpec {
+            source: Source::Draft(cache),
+            ..
+        }) = &mut self.spec
+        else {
+            return None;
+        };
+        if cache.is_broken() {
+            return None;
+        }
+        let tokens = self.seq.tokens();
+        let synced = tokens.len() - cache.behind(tokens.len());
+        let (target, want) = match self.slot.role() {
+            Role::Idle => return None,
+            // Draft when the whole catch-up fits; else only catch up.
+            Role::Decode if self.bid.k > 0 && cache.behind(tokens.len()) <= *budget => {
+                (tokens.len(), self.bid.k)
+            }
+            Role::Decode => (tokens.len(), 0),
+            // Keep pace with the prompt's chunks.
+            Role::Prefill(n) => (self.slot.prefilled() + n, 0),
+        };
+        let upto = target.min(synced + *budget);
+        if upto <= synced && want == 0 {
+            return None;
+        }
+        *budget -= upto.saturating_sub(synced);
+        Some(DraftJob {
+            cache,
+            tokens,
+            upto,
+            want,
+            out: &mut self.next[1..1 + want],
+        })
+    }
+
+    /// Whether its draft cache lags the tokens it will need for this step (a prompt chunk
+    /// runs, or it decodes and its bid won drafts).
+    pub(super) fn needs_draft_pass(&self) -> bool {
+        let Some(SeqSpec {
+            source: Source::Draft(cache),
+            ..
+        }) = &self.spec
+        else {
+            return false;
+        };
+        !cache.is_broken()
+            && match self.slot.role() {
+                Role::Idle => false,
+                Role::Decode => self.bid.k > 0,
+                Role::Prefill(_) => true,
+            }
+    }
+
+    /// Picks the sequence's next token from its logits (checking its drafts against its
+    /// picks, row by row, when it ran some), streams each picked token to the client, and
+    /// drops the rejected drafts from its cache. A step that verified drafts is a `verify`
+    /// span (DEBUG: method, drafted, accepted).
+    pub(super) fn sample(&mut self, shared: &Shared) -> Result<Step, SamplingError> {
         let obs = shared.observer();
-        let room = self.kv.room() > 0;
         #[cfg(feature = "fault-injection")]
         let inject_panic = self.inject_panic;
+        let k = self.drafts;
+        // Positions left after the step's first row (the drafts took some of them).
+        let room = self.kv.room() + k;
         let Self {
             seq,
             logits,
+            vocab,
+            next,
             job,
             lp_buf,
             started,
             last_token_at,
             stop_cause,
-            tail,
+            spec,
             ..
         } = self;
         let n_logprobs = job.logprobs.min(MAX_LOGPROBS);
-        let step = seq.advance(logits, room, |ev| {
+        let method = spec.as_ref().map_or(Method::Off, |s| s.method);
+        let span = if k > 0 {
+            debug_span!(
+                "verify",
+                method = method.name(),
+                drafted = k,
+                accepted = tracing::field::Empty
+            )
+        } else {
+            Span::none()
+        };
+        let _e = span.enter();
+        let verified = seq.verify(&logits[..(1 + k) * *vocab], &next[1..1 + k], room, |ev| {
             let Some(id) = ev.id else {
-                tail.push_str(ev.text);
                 return Flow::Continue;
             };
+            if let Some((took, waited)) = ev.mask {
+                obs.grammar_mask(took);
+                obs.grammar_mask_wait(waited);
+            }
             let now = Instant::now();
             match *last_token_at {
                 None => obs.time_to_first_token(now - *started),
@@ -309,12 +482,23 @@ impl<'t> Running<'t> {
             } else {
                 Flow::Continue
             }
-        });
-        if let Some((took, waited)) = seq.take_mask_time() {
-            obs.grammar_mask(took);
-            obs.grammar_mask_wait(waited);
+        })?;
+        span.record("accepted", verified.accepted);
+        // The rejected drafts' keys and values leave the cache (and so never reach the
+        // prefix cache).
+        let keep = self.kv.len() - (1 + k) + verified.rows;
+        self.kv.truncate(keep);
+        self.drafts = 0;
+        if let Some(sp) = &mut self.spec {
+            sp.acc.record(k, verified.accepted);
+            if let Source::Draft(c) = &mut sp.source {
+                c.settle(verified.accepted);
+            }
+            if k > 0 {
+                obs.speculated(sp.method, k, verified.accepted);
+            }
         }
-        step
+        Ok(verified.step)
     }
 
     /// Ends the request: the events its client gets, how it is counted, and whether its
@@ -325,6 +509,7 @@ impl<'t> Running<'t> {
             seq,
             kv,
             logits,
+            vocab,
             span,
             queue_wait,
             started,
@@ -360,7 +545,7 @@ impl<'t> Running<'t> {
                 if stop_cause.is_none() {
                     history = Some(seq.tokens().to_vec());
                 }
-                let g = seq.finish(reason, &logits, |ev| {
+                let g = seq.finish(reason, &logits[..vocab], |ev| {
                     tail.push_str(ev.text);
                     Flow::Continue
                 });
@@ -371,6 +556,8 @@ impl<'t> Running<'t> {
                     prompt_tokens: m.prompt_tokens,
                     cached_prompt_tokens: m.cached_prompt_tokens,
                     completion_tokens: m.completion_tokens,
+                    drafted_tokens: m.drafted_tokens,
+                    accepted_tokens: m.accepted_tokens,
                     seed: g.seed,
                     timings: Timings {
                         queue_wait,
@@ -414,6 +601,30 @@ impl<'t> Running<'t> {
     }
 }
 
+/// A job's speculation, when the engine speculates and the job allows it: its proposer
+/// (for a draft model, a draft cache of the `need` positions the job reserved).
+fn seq_spec(
+    spec: &Speculation,
+    draft: Option<&DraftModel>,
+    job: &Job,
+    need: usize,
+) -> Option<SeqSpec> {
+    if !spec.is_on() || !job.options.speculate {
+        return None;
+    }
+    let source = match spec.method {
+        Method::Off => return None,
+        Method::Ngram => Source::Propose(Box::new(ngram::NgramProposer)),
+        Method::Custom => Source::Propose(spec.custom.as_ref()?()),
+        Method::Draft => Source::Draft(draft?.new_cache(need)),
+    };
+    Some(SeqSpec {
+        method: spec.method,
+        source,
+        acc: Acceptance::new(super::speculative::prior_rate(spec.method)),
+    })
+}
+
 /// The final message of a request that failed.
 fn failed_done(
     job: &Job,
@@ -428,6 +639,8 @@ fn failed_done(
         prompt_tokens: job.prompt.len(),
         cached_prompt_tokens: cached,
         completion_tokens,
+        drafted_tokens: 0,
+        accepted_tokens: 0,
         seed: job.options.sampling.seed.unwrap_or(0),
         timings: Timings {
             queue_wait,

@@ -196,6 +196,7 @@ mod tests {
             prefill_chunk_running: 3,
             ctx: 100,
             kv_budget: 1000,
+            draft_max: 0,
         }
     }
 

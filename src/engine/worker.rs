@@ -18,6 +18,7 @@ use super::queue::PushError;
 use super::request::{EngineState, Served};
 use super::runner::{self, panic_message};
 use super::shared::Shared;
+use super::speculative::{Method, SpecInfo};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -204,7 +205,31 @@ fn engine_main(shared: Arc<Shared>, config: EngineConfig, loader: Loader) {
     let model = &assets.model;
     let ctx = assets.ctx_size.clamp(1, model.config.context_length);
     let kv = assets.kv;
-    let limits = Limits::new(&config, ctx, kv.bytes_per_token, kv.available);
+    let spec = &config.speculation;
+    if spec.method == Method::Draft && assets.draft.is_none() {
+        let msg = "speculative decoding with a draft model needs one (--draft-model)";
+        error!("{msg}");
+        fail_all(&shared, msg.into());
+        return;
+    }
+    // A sequence's draft cache takes its positions from the same budget.
+    let draft_bytes = match (&assets.draft, spec.method) {
+        (Some(d), Method::Draft) => d.model.kv_bytes_per_token(),
+        _ => 0,
+    };
+    let limits = Limits::new(&config, ctx, kv.bytes_per_token + draft_bytes, kv.available);
+    let speculative = SpecInfo {
+        method: if spec.is_on() {
+            spec.method
+        } else {
+            Method::Off
+        },
+        draft_max: limits.draft_max,
+        draft_model: match spec.method {
+            Method::Draft => assets.draft.as_ref().map(|d| d.name.clone()),
+            _ => None,
+        },
+    };
     let served = Arc::new(Served {
         tokenizer: Arc::clone(&assets.tokenizer),
         chat_template: Arc::clone(&assets.chat_template),
@@ -213,6 +238,7 @@ fn engine_main(shared: Arc<Shared>, config: EngineConfig, loader: Loader) {
         description: assets.description.clone(),
         limits,
         kv,
+        speculative: speculative.clone(),
         grammars: Default::default(),
     });
     shared.state().send_replace(EngineState::Ready(served));
@@ -229,9 +255,12 @@ fn engine_main(shared: Arc<Shared>, config: EngineConfig, loader: Loader) {
         kv_cache_gib = format!("{:.3}", gib(kv.bytes(limits.kv_budget))),
         kv_memory_gib = format!("{:.2}", gib(kv.available)),
         queue_capacity = shared.queue().capacity(),
+        speculative = speculative.method.name(),
+        draft_max = speculative.max_drafts(),
+        draft_model = speculative.draft_model.as_deref().unwrap_or(""),
         "engine ready"
     );
-    runner::run(&shared, &assets, limits);
+    runner::run(&shared, &assets, limits, spec);
 }
 
 fn fail_all(shared: &Shared, msg: Arc<str>) {

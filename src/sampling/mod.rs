@@ -103,6 +103,8 @@ pub enum SamplingError {
          its weights are probably corrupt"
     )]
     NonFiniteLogits { token: usize, value: f32 },
+    #[error("logits for {needed} rows were needed to verify the drafts, {got} were given")]
+    MissingRows { needed: usize, got: usize },
 }
 
 /// Checks that every logit is a finite number. NaN or infinite logits come from broken
@@ -163,7 +165,7 @@ impl Sampler {
         let p = &self.params;
         if p.temperature == 0.0 && !penalizes {
             // Plain greedy reads the logits in place: no candidate list to fill.
-            return argmax(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+            return argmax(logits);
         }
         self.cand.clear();
         self.cand
@@ -192,7 +194,7 @@ impl Sampler {
             }
         }
         if p.temperature == 0.0 {
-            return argmax(self.cand.iter().copied());
+            return argmax_of(self.cand.iter().copied());
         }
         let by_logit_desc =
             |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
@@ -238,8 +240,13 @@ impl Sampler {
     }
 }
 
+/// The token of the highest logit; the lowest id wins a tie (greedy sampling's pick).
+pub fn argmax(logits: &[f32]) -> u32 {
+    argmax_of(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)))
+}
+
 /// The highest logit's token; the lowest id wins a tie.
-fn argmax(cand: impl Iterator<Item = (u32, f32)>) -> u32 {
+fn argmax_of(cand: impl Iterator<Item = (u32, f32)>) -> u32 {
     let mut best = (0u32, f32::NEG_INFINITY);
     for (i, l) in cand {
         if l > best.1 {

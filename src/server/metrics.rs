@@ -6,6 +6,7 @@
 //! `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`), which the Kubernetes inference
 //! gateway's endpoint picker reads by default.
 
+use crate::engine::speculative::Method;
 use crate::engine::{KvUsage, Observer, Outcome, Protocol};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -167,9 +168,23 @@ pub struct Metrics {
     kv_budget: AtomicU64,
     /// The served model's name, the `model_name` label of the vLLM-named gauges.
     model_name: OnceLock<String>,
+    /// Speculative decoding, per method (ngram, draft, custom): draft tokens verified,
+    /// those accepted, and the verifications.
+    speculation: [SpecCounters; 3],
     #[cfg(target_os = "linux")]
     process: prometheus::process_collector::ProcessCollector,
 }
+
+/// One speculative method's counters.
+#[derive(Default)]
+struct SpecCounters {
+    drafted: AtomicU64,
+    accepted: AtomicU64,
+    verifications: AtomicU64,
+}
+
+/// The methods counted, in [`Metrics::speculation`]'s order.
+const SPEC_METHODS: [Method; 3] = [Method::Ngram, Method::Draft, Method::Custom];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -197,6 +212,7 @@ impl Metrics {
             kv_cached: AtomicU64::new(0),
             kv_budget: AtomicU64::new(0),
             model_name: OnceLock::new(),
+            speculation: Default::default(),
             #[cfg(target_os = "linux")]
             process: prometheus::process_collector::ProcessCollector::for_self(),
         }
@@ -267,6 +283,20 @@ impl Metrics {
     /// Requests with a response format that started running so far.
     pub fn constrained_requests(&self) -> u64 {
         self.constrained_requests.load(Ordering::Relaxed)
+    }
+
+    /// Draft tokens verified and accepted so far with `method`.
+    pub fn speculated_tokens(&self, method: Method) -> (u64, u64) {
+        SPEC_METHODS
+            .iter()
+            .position(|&m| m == method)
+            .map_or((0, 0), |i| {
+                let c = &self.speculation[i];
+                (
+                    c.drafted.load(Ordering::Relaxed),
+                    c.accepted.load(Ordering::Relaxed),
+                )
+            })
     }
 
     /// Requests running now (admitted into the batch and not yet ended).
@@ -395,6 +425,29 @@ impl Metrics {
             self.kv_cache_usage(),
         );
         self.render_vllm(&mut out, queue_depth);
+        for (name, help, pick) in [
+            (
+                "inferno_speculative_drafted_tokens_total",
+                "Draft tokens verified by speculative decoding, by method.",
+                0,
+            ),
+            (
+                "inferno_speculative_accepted_tokens_total",
+                "Draft tokens kept (each equal to the model's own pick), by method.",
+                1,
+            ),
+            (
+                "inferno_speculative_verifications_total",
+                "Sequence steps that verified draft tokens, by method.",
+                2,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (m, c) in SPEC_METHODS.iter().zip(&self.speculation) {
+                let v = [&c.drafted, &c.accepted, &c.verifications][pick].load(Ordering::Relaxed);
+                let _ = writeln!(out, "{name}{{method=\"{}\"}} {v}", m.name());
+            }
+        }
         self.queue_wait.render(
             &mut out,
             "inferno_queue_wait_seconds",
@@ -488,6 +541,14 @@ impl Observer for Metrics {
     fn grammar_mask_wait(&self, took: Duration) {
         self.grammar_mask_wait.observe(took);
     }
+    fn speculated(&self, method: Method, drafted: usize, accepted: usize) {
+        if let Some(i) = SPEC_METHODS.iter().position(|&m| m == method) {
+            let c = &self.speculation[i];
+            c.drafted.fetch_add(drafted as u64, Ordering::Relaxed);
+            c.accepted.fetch_add(accepted as u64, Ordering::Relaxed);
+            c.verifications.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -508,6 +569,26 @@ mod tests {
         assert!(out.contains("x_bucket{le=\"+Inf\"} 3\n"), "{out}");
         assert!(out.contains("x_count 3\n"), "{out}");
         assert_eq!(h.count(), 3);
+    }
+
+    #[test]
+    fn speculation_is_counted_per_method() {
+        let m = Metrics::new();
+        m.speculated(Method::Ngram, 8, 5);
+        m.speculated(Method::Ngram, 4, 0);
+        m.speculated(Method::Draft, 3, 3);
+        let text = m.render(0, 16);
+        for line in [
+            "inferno_speculative_drafted_tokens_total{method=\"ngram\"} 12\n",
+            "inferno_speculative_accepted_tokens_total{method=\"ngram\"} 5\n",
+            "inferno_speculative_verifications_total{method=\"ngram\"} 2\n",
+            "inferno_speculative_accepted_tokens_total{method=\"draft\"} 3\n",
+            "inferno_speculative_drafted_tokens_total{method=\"custom\"} 0\n",
+            "# TYPE inferno_speculative_drafted_tokens_total counter\n",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
+        assert_eq!(m.speculated_tokens(Method::Draft), (3, 3));
     }
 
     #[test]

@@ -202,6 +202,7 @@ pub(crate) fn generate_spec(req: pb::GenerateRequest) -> Result<GenerateSpec, St
         logprobs: req.logprobs as usize,
         separate_reasoning: req.separate_reasoning,
         request_id: req.request_id,
+        speculate: !req.disable_speculation,
     })
 }
 
@@ -335,6 +336,8 @@ impl GenerateStream {
                             prompt_tokens: d.prompt_tokens as u32,
                             completion_tokens: d.completion_tokens as u32,
                             cached_prompt_tokens: d.cached_prompt_tokens as u32,
+                            drafted_tokens: d.drafted_tokens as u32,
+                            accepted_tokens: d.accepted_tokens as u32,
                         }),
                         seed: d.seed,
                         timings: Some(pb::Timings {
@@ -545,6 +548,9 @@ impl pb::inference_server::Inference for InferenceService {
                 kv_cache_type_v: s.kv.types.1.to_string(),
                 kv_bytes_per_token: s.kv.bytes_per_token as u64,
                 kv_cache_bytes: s.kv_budget_bytes(),
+                speculative: s.speculative.method.name().to_string(),
+                draft_max: s.speculative.max_drafts() as u32,
+                draft_model: s.speculative.draft_model.clone().unwrap_or_default(),
             })
         });
         self.count("GetModelInfo", r)

@@ -60,7 +60,8 @@ impl Scheme {
             Scheme::Pure(GgmlType::Q5_K) | Scheme::Q5KS => 16,
             Scheme::Q5KM => 17,
             Scheme::Pure(GgmlType::Q6_K) | Scheme::Q6K => 18,
-            Scheme::Pure(_) => return None,
+            // The legacy types' codes (Q4_0, Q5_0).
+            Scheme::Pure(t) => return super::file_type(t),
         })
     }
 }
@@ -344,6 +345,9 @@ mod tests {
         assert_eq!(Scheme::Q4KS.file_type(), Some(14));
         assert_eq!(Scheme::Q5KS.file_type(), Some(16));
         assert_eq!(Scheme::Pure(Q8_0).file_type(), Some(7));
+        // The legacy types `inferno quantize` writes have llama.cpp's codes too.
+        assert_eq!(Scheme::Pure(GgmlType::Q4_0).file_type(), Some(2));
+        assert_eq!(Scheme::Pure(GgmlType::Q5_0).file_type(), Some(8));
         assert_eq!(Scheme::Pure(Q3_K).file_type(), None);
     }
 }

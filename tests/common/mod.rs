@@ -2,12 +2,14 @@
 #![allow(dead_code)]
 
 pub mod arch;
+pub mod spec;
 
 use inferno::backend::{create_backend, BackendOptions};
-use inferno::gguf::GgufFile;
+use inferno::gguf::{GgufFile, GgufWriter, Value as GgufValue};
 use inferno::model::synth::{self, SynthSpec};
-use inferno::model::{Logits, Model};
+use inferno::model::{Logits, Model, SeqStep};
 use inferno::tensor::GgmlType;
+use inferno::tensor::{self, mixture};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -137,4 +139,152 @@ pub fn greedy_run(model: &Model, steps: usize) -> (Vec<f32>, Vec<u32>) {
 pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     let (d, s) = row_error(a, b);
     d / s.max(f32::MIN_POSITIVE)
+}
+
+// ---------------------------------------------------------------------------------------
+// Verification rows (speculative decoding)
+// ---------------------------------------------------------------------------------------
+
+/// `g`'s matrices rewritten as `scheme` says (`inferno quantize`'s plan and conversion).
+pub fn requantize(g: &GgufFile, scheme: &str) -> GgufFile {
+    let scheme = mixture::Scheme::from_name(scheme).expect("scheme");
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        if k != "general.alignment" {
+            w.add(k.clone(), v.clone());
+        }
+    }
+    let list: Vec<(&str, &[u64])> = g
+        .tensors()
+        .iter()
+        .map(|t| (t.name.as_str(), t.dims.as_slice()))
+        .collect();
+    let arch = g.architecture().expect("architecture").to_string();
+    let layers = g
+        .get_u64(&format!("{arch}.block_count"))
+        .expect("block count") as usize;
+    for (t, target) in g.tensors().iter().zip(mixture::plan(scheme, &list, layers)) {
+        let data = g.tensor_data(&t.name).expect("data");
+        let (dt, bytes) = match target.filter(|&dt| dt != t.dtype) {
+            Some(dt) => {
+                use rayon::prelude::*;
+                let cols = t.dims[0] as usize;
+                let row = t.dtype.row_size(cols as u64).unwrap() as usize;
+                // Rows on their own, in parallel (a real checkpoint has millions).
+                let rows: Vec<Vec<u8>> = data
+                    .as_slice()
+                    .par_chunks(row)
+                    .map(|r| {
+                        let mut vals = vec![0f32; cols];
+                        tensor::dequantize_row(t.dtype, r, &mut vals).unwrap();
+                        tensor::encode(&vals, dt).unwrap()
+                    })
+                    .collect();
+                (dt, rows.concat())
+            }
+            None => (t.dtype, data.as_slice().to_vec()),
+        };
+        w.add_tensor(t.name.clone(), &t.dims, dt, bytes).unwrap();
+    }
+    w.add(
+        "general.file_type",
+        GgufValue::U32(scheme.file_type().unwrap_or(0)),
+    );
+    GgufFile::from_bytes(w.to_bytes()).expect("requantized gguf")
+}
+
+fn row_bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// `n` token ids spread over the vocabulary.
+pub fn tokens(vocab: usize, n: usize, seed: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 97 + seed * 31 + 11) % vocab as u32)
+        .collect()
+}
+
+/// Logits of each one-row decode step of `drafts` after `prompt`.
+pub fn one_by_one(model: &Model, prompt: &[u32], drafts: &[u32]) -> Vec<Vec<f32>> {
+    let vocab = model.config.vocab;
+    let mut st = model.new_state(prompt.len() + drafts.len() + 1, 64);
+    model.forward(&mut st, prompt, Logits::None).unwrap();
+    drafts
+        .iter()
+        .map(|&t| {
+            let mut l = vec![0.0; vocab];
+            model.forward(&mut st, &[t], Logits::Last(&mut l)).unwrap();
+            l
+        })
+        .collect()
+}
+
+/// Checks that the rows of one multi-row step (alone in its step, then batched with a
+/// decoding sequence and a prefilling one) give `want`'s logits bit for bit.
+pub fn check_rows(name: &str, model: &Model, prompt: &[u32], drafts: &[u32], want: &[Vec<f32>]) {
+    let vocab = model.config.vocab;
+    let k = drafts.len();
+    // Alone: the single-sequence path (its logits straight into the caller's buffer).
+    let mut st = model.new_state(prompt.len() + k + 1, 64);
+    model.forward(&mut st, prompt, Logits::None).unwrap();
+    let mut all = vec![0.0; k * vocab];
+    model
+        .forward(&mut st, drafts, Logits::All(&mut all))
+        .unwrap();
+    for (i, w) in want.iter().enumerate() {
+        assert!(
+            row_bits(&all[i * vocab..(i + 1) * vocab]) == row_bits(w),
+            "{name}: row {i} of {k} alone differs from its one-row step"
+        );
+    }
+    // Batched, as the engine runs it: another sequence decoding one token before it and a
+    // prompt chunk after it, the logits of several sequences gathered into products.
+    let other = tokens(vocab, 5, 3);
+    let chunk = tokens(vocab, 6, 4);
+    let mut kv = model.new_kv_cache(prompt.len() + k + 1);
+    let mut kv_other = model.new_kv_cache(16);
+    let mut kv_chunk = model.new_kv_cache(16);
+    // Room for 3 rows of logits at a time: the gathered blocks split the sequences' rows.
+    let mut scratch = model.new_scratch(prompt.len() + other.len() + 64, 3);
+    {
+        let mut prefill = [
+            SeqStep {
+                kv: &mut kv,
+                tokens: prompt,
+                logits: Logits::None,
+            },
+            SeqStep {
+                kv: &mut kv_other,
+                tokens: &other,
+                logits: Logits::None,
+            },
+        ];
+        model.forward_batch(&mut prefill, &mut scratch).unwrap();
+    }
+    let (mut l_other, mut l_chunk) = (vec![0.0; vocab], vec![0.0; vocab]);
+    let mut all = vec![0.0; k * vocab];
+    let mut step = [
+        SeqStep {
+            kv: &mut kv_other,
+            tokens: &other[..1],
+            logits: Logits::Last(&mut l_other),
+        },
+        SeqStep {
+            kv: &mut kv,
+            tokens: drafts,
+            logits: Logits::All(&mut all),
+        },
+        SeqStep {
+            kv: &mut kv_chunk,
+            tokens: &chunk,
+            logits: Logits::Last(&mut l_chunk),
+        },
+    ];
+    model.forward_batch(&mut step, &mut scratch).unwrap();
+    for (i, w) in want.iter().enumerate() {
+        assert!(
+            row_bits(&all[i * vocab..(i + 1) * vocab]) == row_bits(w),
+            "{name}: row {i} of {k} batched differs from its one-row step"
+        );
+    }
 }

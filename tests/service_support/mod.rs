@@ -305,6 +305,7 @@ pub fn reference_on(opts: &LoadOptions, prompts: &[&str], max_tokens: usize) -> 
         ignore_eos: true,
         time_limit: None,
         grammar: None,
+        speculate: true,
     };
     prompts
         .iter()

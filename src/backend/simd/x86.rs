@@ -936,7 +936,10 @@ pub unsafe fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
     }
 }
 
-/// `gate = silu(gate) * up` with the vector exponential.
+/// `gate = silu(gate) * up` with the vector exponential. The last values (fewer than 8) go
+/// through the same vector arithmetic in a padded vector, so every value's bits are the same
+/// wherever it sits: the rows of a multi-row step start at other lanes than a one-row
+/// step's when the row length is not a multiple of 8.
 ///
 /// # Safety
 /// AVX2 and FMA must be present; `up` is at least as long as `gate`.
@@ -946,18 +949,29 @@ pub unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
     let (g, u) = (gate.as_mut_ptr(), up.as_ptr());
     let one = _mm256_set1_ps(1.0);
     let neg = _mm256_set1_ps(-0.0);
+    let silu8 = |x: __m256, u: __m256| {
+        let e = exp256(_mm256_xor_ps(x, neg));
+        _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, e)), u)
+    };
     let mut i = 0;
     // SAFETY: indices below `n` are inside both slices.
     unsafe {
         while i + 8 <= n {
-            let x = _mm256_loadu_ps(g.add(i));
-            let e = exp256(_mm256_xor_ps(x, neg));
-            let s = _mm256_div_ps(x, _mm256_add_ps(one, e));
-            _mm256_storeu_ps(g.add(i), _mm256_mul_ps(s, _mm256_loadu_ps(u.add(i))));
+            let y = silu8(_mm256_loadu_ps(g.add(i)), _mm256_loadu_ps(u.add(i)));
+            _mm256_storeu_ps(g.add(i), y);
             i += 8;
         }
     }
-    super::portable::silu_mul(&mut gate[i..n], &up[i..n]);
+    if i < n {
+        let (mut gt, mut ut) = ([0f32; 8], [0f32; 8]);
+        gt[..n - i].copy_from_slice(&gate[i..n]);
+        ut[..n - i].copy_from_slice(&up[i..n]);
+        // SAFETY: both are 8 floats.
+        let y = unsafe { silu8(_mm256_loadu_ps(gt.as_ptr()), _mm256_loadu_ps(ut.as_ptr())) };
+        // SAFETY: as above.
+        unsafe { _mm256_storeu_ps(gt.as_mut_ptr(), y) };
+        gate[i..n].copy_from_slice(&gt[..n - i]);
+    }
 }
 
 /// `x += y` (the same single rounding as the scalar loop).

@@ -218,6 +218,7 @@ pub(super) fn common_spec(
     spec.max_tokens = s.max_tokens.map(|n| n as usize);
     spec.stop = s.stop.map(wire::Stop::into_vec).unwrap_or_default();
     spec.ignore_eos = s.ignore_eos.unwrap_or(false);
+    spec.speculate = !s.disable_speculation.unwrap_or(false);
     spec.request_id = request_id;
     spec
 }

@@ -291,8 +291,11 @@ pub fn usage(choices: &[Choice], endings: &[&Ending]) -> super::wire::Usage {
             prompt += c.prompt_tokens as u64;
         }
     }
+    let (mut drafted, mut accepted) = (0u64, 0u64);
     for e in endings {
         completion += e.done.completion_tokens as u64;
+        drafted += e.done.drafted_tokens as u64;
+        accepted += e.done.accepted_tokens as u64;
     }
     super::wire::Usage {
         prompt_tokens: prompt,
@@ -300,6 +303,10 @@ pub fn usage(choices: &[Choice], endings: &[&Ending]) -> super::wire::Usage {
         total_tokens: prompt + completion,
         prompt_tokens_details: super::wire::PromptTokensDetails {
             cached_tokens: cached,
+        },
+        completion_tokens_details: super::wire::CompletionTokensDetails {
+            accepted_prediction_tokens: accepted,
+            rejected_prediction_tokens: drafted.saturating_sub(accepted),
         },
     }
 }

@@ -73,6 +73,10 @@ pub struct Sampling {
     /// The output is a sentence of this Lark grammar (llguidance's dialect).
     #[serde(default)]
     pub grammar: Option<String>,
+    /// Decode without speculation even where the server speculates (the tokens are the
+    /// same either way; only the speed differs).
+    #[serde(default)]
+    pub disable_speculation: Option<bool>,
 }
 
 /// A message's content: text, or a list of parts of which only text ones are supported.
@@ -235,12 +239,21 @@ pub struct PromptTokensDetails {
     pub cached_tokens: u64,
 }
 
+/// Speculative decoding's draft tokens, under OpenAI's names for predicted tokens: those the
+/// model's own picks confirmed, and those it rejected.
+#[derive(Debug, Serialize)]
+pub struct CompletionTokensDetails {
+    pub accepted_prediction_tokens: u64,
+    pub rejected_prediction_tokens: u64,
+}
+
 #[derive(Debug, Serialize)]
 pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub total_tokens: u64,
     pub prompt_tokens_details: PromptTokensDetails,
+    pub completion_tokens_details: CompletionTokensDetails,
 }
 
 #[derive(Debug, Serialize)]
