@@ -16,7 +16,10 @@
 # first; the table shows the median over rounds. guidellm 0.8.1 lives in .venv-bench/ (it
 # pulls torch: about 6 GB, once); it tokenizes with the model's own tokenizer, converted
 # from the GGUF file by transformers once and cached beside it. Nothing here needs the
-# Hugging Face Hub.
+# Hugging Face Hub. FIXED_CHUNK=N also runs inferno with a fixed prompt chunk of N tokens
+# while streams decode (`--prefill-chunk-running N`, the policy before `--target-itl-ms`) as
+# a third server; TARGET_ITL_MS sets the target of the first. OVERHEAD=0 skips the gRPC/HTTP
+# overhead part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +34,9 @@ concurrency=${CONCURRENCY:-"1 4 8"}
 per_stream=${REQUESTS_PER_STREAM:-4}
 rounds=${ROUNDS:-2}
 overhead_requests=${OVERHEAD_REQUESTS:-12}
+fixed_chunk=${FIXED_CHUNK:-}
+target_itl=${TARGET_ITL_MS:-}
+overhead=${OVERHEAD:-1}
 out=${OUT_DIR:-$(mktemp -d)}
 mkdir -p "$out"
 [ -x "$llama_server" ] || { echo "set LLAMA_SERVER to a llama-server binary" >&2; exit 1; }
@@ -78,13 +84,19 @@ wait_ready() { # url
     exit 1
 }
 
-start_inferno() {
+start_inferno() { # [extra serve flags]
     "$inferno" serve --model "$model" --threads "$threads" --max-batch "$max_batch" \
         --ctx-size "$ctx" --queue-capacity 64 --listen "127.0.0.1:$grpc_port" \
-        --http-listen "127.0.0.1:$port" >"$out/inferno-serve.log" 2>&1 &
+        --http-listen "127.0.0.1:$port" "$@" >>"$out/inferno-serve.log" 2>&1 &
     server_pid=$!
     wait_ready "http://127.0.0.1:$port/health"
 }
+
+start_inferno-target() {
+    if [ -n "$target_itl" ]; then start_inferno --target-itl-ms "$target_itl"; else start_inferno; fi
+}
+
+start_inferno-fixed() { start_inferno --prefill-chunk-running "$fixed_chunk"; }
 
 start_llama() {
     # -c is shared by the slots: each gets CTX.
@@ -111,7 +123,9 @@ run_guidellm() { # who round concurrency
 load() { uptime | sed 's/.*load average: //'; }
 echo "load before: $(load)" | tee "$out/load.txt" >&2
 for round in $(seq 1 "$rounds"); do
-    if ((round % 2)); then order="inferno llama"; else order="llama inferno"; fi
+    order="inferno-target llama"
+    [ -z "$fixed_chunk" ] || order="$order inferno-fixed"
+    ((round % 2)) || order=$(echo "$order" | tr ' ' '\n' | tac | tr '\n' ' ')
     for who in $order; do
         "start_$who"
         for c in $concurrency; do
@@ -124,8 +138,9 @@ done
 
 # HTTP against gRPC, one stream at a time, each request interleaved with the same one run
 # in-process on the same model and threads.
-start_inferno
+[ "$overhead" = 0 ] || start_inferno-target
 for round in $(seq 1 "$rounds"); do
+    [ "$overhead" != 0 ] || break
     for proto in grpc http; do
         addr="http://127.0.0.1:$grpc_port"
         [ "$proto" = http ] && addr="http://127.0.0.1:$port"
@@ -139,9 +154,9 @@ done
 stop_server
 echo "load after: $(load)" | tee -a "$out/load.txt" >&2
 
-python3 - "$out" "$concurrency" "$rounds" <<'EOF'
+python3 - "$out" "$concurrency" "$rounds" "$fixed_chunk" <<'EOF'
 import glob, json, statistics, sys
-out, levels, rounds = sys.argv[1], sys.argv[2].split(), int(sys.argv[3])
+out, levels, rounds, fixed = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), sys.argv[4]
 
 def summary(path):
     b = json.load(open(path))["benchmarks"][0]
@@ -165,14 +180,21 @@ print("| concurrency | server | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p
 print("|---:|---|---:|---:|---:|---:|---:|---:|")
 for c in levels:
     row = {}
-    for who, name in (("inferno", "inferno serve"), ("llama", "llama-server")):
+    servers = [("inferno-target", "inferno serve"), ("llama", "llama-server")]
+    if fixed:
+        servers.append(("inferno-fixed", f"inferno, fixed chunk {fixed}"))
+    for who, name in servers:
         vals = {k: median(who, c, k)[0] for k in ("tps", "ttft50", "ttft99", "itl50", "itl99", "errors")}
         row[who] = vals
         print(f"| {c} | {name} | {vals['tps']:.1f} | {vals['ttft50']:.0f} | {vals['ttft99']:.0f} "
               f"| {vals['itl50']:.1f} | {vals['itl99']:.1f} | {vals['errors']:.0f} |")
-    print(f"| {c} | ratio | {row['inferno']['tps'] / row['llama']['tps']:.2f}x | | | | "
-          f"{row['inferno']['itl99'] / row['llama']['itl99']:.2f}x | |")
+    i, l = row["inferno-target"], row["llama"]
+    print(f"| {c} | inferno / llama-server | {i['tps'] / l['tps']:.2f}x | {i['ttft50'] / l['ttft50']:.2f}x "
+          f"| {i['ttft99'] / l['ttft99']:.2f}x | {i['itl50'] / l['itl50']:.2f}x | {i['itl99'] / l['itl99']:.2f}x | |")
 print()
+if not glob.glob(f"{out}/overhead-*.json"):
+    print("load average (1, 5, 15 min):", " / ".join(open(f"{out}/load.txt").read().split("\n")[:2]))
+    sys.exit(0)
 print("| protocol | service ms/token | in-process ms/token | overhead ms/token | ± noise |")
 print("|---|---:|---:|---:|---:|")
 per_token = {}

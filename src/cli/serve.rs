@@ -1,6 +1,7 @@
 //! `inferno serve`: runs the gRPC service and the OpenAI-compatible HTTP API on a small
 //! tokio runtime, with the model on its own engine thread, until SIGINT or SIGTERM.
 
+use crate::engine::limits::DEFAULT_TARGET_ITL;
 use crate::engine::loader::{file_assets, synthetic_assets};
 use crate::engine::EngineConfig;
 use crate::hub::ModelSpec;
@@ -59,11 +60,16 @@ pub struct ServeArgs {
     /// prompt delays running streams by one chunk at a time.
     #[arg(long, default_value_t = 256)]
     pub prefill_chunk: usize,
-    /// The prefill chunk while other streams are generating (at most --prefill-chunk): each
-    /// step of theirs waits for it, so it bounds what admitting a prompt adds to their
-    /// inter-token latency.
-    #[arg(long, default_value_t = 8)]
-    pub prefill_chunk_running: usize,
+    /// While streams are generating, each engine step runs as many prompt tokens as keep
+    /// the step (which every stream waits on) within this many milliseconds, sized from
+    /// what steps are measured to cost on this machine (at least 8, at most
+    /// --prefill-chunk). 0: a fixed chunk of --prefill-chunk-running.
+    #[arg(long, default_value_t = DEFAULT_TARGET_ITL.as_millis() as u64)]
+    pub target_itl_ms: u64,
+    /// A fixed prefill chunk while other streams are generating, instead of the latency
+    /// target (at most --prefill-chunk): each step of theirs waits for it.
+    #[arg(long)]
+    pub prefill_chunk_running: Option<usize>,
     /// KV-cache positions shared by all sequences (each running request reserves its prompt
     /// plus max_tokens; finished ones are kept for prompt-prefix reuse). Default: max-batch
     /// full contexts, capped at what fits in memory (available memory less the model and
@@ -231,7 +237,13 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
             queue_capacity: a.queue_capacity.max(1),
             max_seqs: a.max_batch.max(1),
             prefill_chunk: a.prefill_chunk.max(1),
-            prefill_chunk_running: a.prefill_chunk_running.max(1),
+            prefill_chunk_running: a
+                .prefill_chunk_running
+                .unwrap_or(EngineConfig::default().prefill_chunk_running)
+                .max(1),
+            // An explicit chunk replaces the target.
+            target_itl: (a.prefill_chunk_running.is_none() && a.target_itl_ms > 0)
+                .then(|| Duration::from_millis(a.target_itl_ms)),
             kv_cache_tokens: a.kv_cache_tokens.map(|n| n.max(1)),
             speculation,
             ..EngineConfig::default()

@@ -4,6 +4,11 @@
 //! token rows of a whole step (`step_rows`, what the batch scratch is sized for).
 
 use super::speculative::Speculation;
+use std::time::Duration;
+
+/// The default step-time target while streams decode (`--target-itl-ms`): see
+/// BENCHMARKS.md, "Serving under load", for the measurements behind it.
+pub const DEFAULT_TARGET_ITL: Duration = Duration::from_millis(150);
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -14,9 +19,14 @@ pub struct EngineConfig {
     /// Most prompt tokens one engine step runs for a waiting prompt, so a long prompt holds
     /// running streams up by one chunk at a time.
     pub prefill_chunk: usize,
-    /// The prefill chunk while other streams are decoding: small, so admitting a long
-    /// prompt adds little to their inter-token latency.
+    /// The prefill chunk while other streams are decoding: with a `target_itl`, the fewest
+    /// prompt tokens a step runs (so a prompt always advances); without, the chunk itself.
     pub prefill_chunk_running: usize,
+    /// What a step may take while streams are decoding: the prompt tokens each step runs
+    /// are sized from the measured step costs to keep within it (between
+    /// `prefill_chunk_running` and `prefill_chunk`). `None`: a fixed chunk of
+    /// `prefill_chunk_running`.
+    pub target_itl: Option<Duration>,
     /// KV-cache positions shared by all sequences; `None`: `max_seqs` full contexts, capped
     /// at what fits in the memory the KV cache may take (but at least one context; see
     /// [`super::memory`]).
@@ -36,6 +46,7 @@ impl Default for EngineConfig {
             max_seqs: 8,
             prefill_chunk: 256,
             prefill_chunk_running: 8,
+            target_itl: Some(DEFAULT_TARGET_ITL),
             kv_cache_tokens: None,
             speculation: Speculation::off(),
             #[cfg(feature = "fault-injection")]
@@ -51,8 +62,11 @@ pub struct Limits {
     pub max_seqs: usize,
     /// Most prompt tokens one step runs for waiting prompts.
     pub prefill_chunk: usize,
-    /// The prefill chunk while other sequences are decoding (at most `prefill_chunk`).
+    /// The prefill chunk while other sequences are decoding (at most `prefill_chunk`): the
+    /// least one step runs with a target, the chunk without.
     pub prefill_chunk_running: usize,
+    /// The step-time target while sequences decode ([`EngineConfig::target_itl`]).
+    pub target_itl: Option<Duration>,
     /// Positions one sequence may hold (prompt plus completion).
     pub ctx: usize,
     /// KV-cache positions for all sequences (with a draft model, each position of a
@@ -78,6 +92,7 @@ impl Limits {
             prefill_chunk_running: config
                 .prefill_chunk_running
                 .clamp(1, config.prefill_chunk.max(1)),
+            target_itl: config.target_itl.filter(|t| !t.is_zero()),
             ctx,
             kv_budget: config.kv_cache_tokens.unwrap_or_else(default_budget).max(1),
             draft_max: config.speculation.max_drafts(),

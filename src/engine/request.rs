@@ -383,6 +383,7 @@ mod tests {
             max_seqs: 1,
             prefill_chunk: 1,
             prefill_chunk_running: 1,
+            target_itl: None,
             ctx,
             kv_budget,
             draft_max: 0,

@@ -25,7 +25,7 @@ use super::kv_pool::KvPool;
 use super::limits::Limits;
 use super::loader::EngineAssets;
 use super::running::{End, Running};
-use super::scheduler::{self, Role, StepPlan, Verdict};
+use super::scheduler::{self, Role, StepPlan, StepTimes, Verdict};
 use super::shared::Shared;
 use super::speculative::draft::{self, DraftModel};
 use super::speculative::{share_rows, DraftCost, Method, Speculation, StepCost};
@@ -41,6 +41,9 @@ pub(super) fn run(shared: &Shared, assets: &EngineAssets, limits: Limits, spec: 
     let model = &assets.model;
     let mut scratch = model.new_scratch(limits.step_rows(), limits.logit_rows());
     let mut drafting = Drafting::new(spec, assets.draft.as_ref(), &limits);
+    // What steps cost here, every step's rows counted: sizes the prompt rows of steps
+    // with streams decoding, and estimates when a queued prompt gets its first token.
+    let mut times = StepCost::new();
     let mut pool = KvPool::new(limits.kv_budget);
     // Computes constrained sequences' next masks while the forward pass runs; without it
     // (the thread could not start) they are computed in line.
@@ -66,6 +69,7 @@ pub(super) fn run(shared: &Shared, assets: &EngineAssets, limits: Limits, spec: 
             shared,
             assets,
             &limits,
+            step_times(&times),
             &mut pool,
             masks.as_ref(),
             spec,
@@ -84,16 +88,52 @@ pub(super) fn run(shared: &Shared, assets: &EngineAssets, limits: Limits, spec: 
             &mut pool,
             &mut active,
             &mut drafting,
+            &mut times,
         );
     }
     shared.set_busy(false);
 }
 
+/// The step times measured so far, once a step has run.
+fn step_times(c: &StepCost) -> Option<StepTimes> {
+    let fixed = c.fixed_secs()?;
+    Some(StepTimes {
+        fixed,
+        per_row: c.ratio() * fixed,
+    })
+}
+
+/// When a queued prompt of `prompt` tokens would get its first token: after the prompts
+/// running that are shorter (they go first), in steps sized as [`scheduler::plan`] sizes them.
+fn first_token_eta(
+    limits: &Limits,
+    times: Option<StepTimes>,
+    active: &[Running<'_>],
+    prompt: usize,
+) -> Option<std::time::Duration> {
+    let times = times?;
+    let decode_rows = active.iter().filter(|r| r.prompt_remaining() == 0).count();
+    let ahead: usize = active
+        .iter()
+        .map(Running::prompt_remaining)
+        .filter(|&n| n <= prompt)
+        .sum();
+    Some(scheduler::first_token_eta(
+        limits,
+        times,
+        decode_rows,
+        ahead,
+        prompt,
+    ))
+}
+
 /// Starts queued jobs, oldest first, while there are free slots and they fit the budget.
+#[allow(clippy::too_many_arguments)]
 fn admit<'t>(
     shared: &Shared,
     assets: &'t EngineAssets,
     limits: &Limits,
+    times: Option<StepTimes>,
     pool: &mut KvPool,
     masks: Option<&MaskWorker>,
     spec: &Speculation,
@@ -103,7 +143,11 @@ fn admit<'t>(
     while active.len() < limits.max_seqs {
         let mut verdict = Verdict::Wait;
         let job = shared.queue().pop_if(|job| {
-            verdict = scheduler::admission(job, shared.cancelling(), Instant::now(), pool, limits);
+            let eta = job
+                .deadline
+                .and_then(|_| first_token_eta(limits, times, active, job.prompt.len()));
+            verdict =
+                scheduler::admission(job, shared.cancelling(), Instant::now(), pool, limits, eta);
             verdict != Verdict::Wait
         });
         let Some(job) = job else { break };
@@ -119,6 +163,15 @@ fn admit<'t>(
                 let _ = job.events.send(Event::Failed(JobError::ShuttingDown));
             }
             Verdict::Expired => {
+                obs.finished(Outcome::DeadlineExceeded, job.protocol);
+                let _ = job.events.send(Event::Failed(JobError::DeadlineExceeded));
+            }
+            Verdict::TooLate => {
+                info!(
+                    request_id = %job.request_id,
+                    prompt_tokens = job.prompt.len(),
+                    "refused: its first token would come after its deadline"
+                );
                 obs.finished(Outcome::DeadlineExceeded, job.protocol);
                 let _ = job.events.send(Event::Failed(JobError::DeadlineExceeded));
             }
@@ -177,8 +230,9 @@ fn step(
     pool: &mut KvPool,
     active: &mut Vec<Running<'_>>,
     drafting: &mut Drafting<'_>,
+    times: &mut StepCost,
 ) -> Vec<SeqStep<'static>> {
-    let plan = scheduler::plan(limits, &mut active[..], Running::slot);
+    let plan = scheduler::plan(limits, step_times(times), &mut active[..], Running::slot);
     let draft_rows = draft(drafting, &plan, scratch.rows(), active);
     let step_span = debug_span!(
         "engine_step",
@@ -193,6 +247,10 @@ fn step(
     let t = Instant::now();
     let (steps, result) = forward(model, scratch, steps, active, &step_span);
     let took = t.elapsed();
+    times.observe(
+        plan.decode_rows + draft_rows + plan.prefill_rows,
+        took.as_secs_f64(),
+    );
     if plan.prefill_rows == 0 {
         drafting
             .cost

@@ -208,6 +208,11 @@ impl<'t> Running<'t> {
         &mut self.slot
     }
 
+    /// Prompt tokens it has still to run (0 once it decodes).
+    pub(super) fn prompt_remaining(&self) -> usize {
+        self.slot.remaining()
+    }
+
     pub(super) fn role(&self) -> Role {
         self.slot.role()
     }

@@ -3,16 +3,74 @@
 //! running sequence must stop ([`stop_cause`]); and each step's plan ([`plan`]): which
 //! sequences decode a token and how many prompt tokens each waiting prompt runs.
 //!
-//! A prompt chunk lengthens the step every running stream waits on: while any stream is
-//! decoding the plan takes the smaller chunk (`prefill_chunk_running`) so their
-//! inter-token latency stays even; with none running, the large one (`prefill_chunk`) so the
-//! prompt's first token comes soon. Waiting prompts share the chunk in arrival order, so
-//! several short prompts start in one step instead of one step each.
+//! A prompt chunk lengthens the step every running stream waits on. While any stream is
+//! decoding, the plan gives the waiting prompts as many tokens as keep the step within the
+//! target (`--target-itl-ms`), from what steps have been measured to cost on this machine
+//! ([`StepTimes`], [`prompt_rows`]): a fast host runs big chunks, a slow one small ones, and
+//! never fewer than `prefill_chunk_running` so a prompt always advances. With none decoding,
+//! the large chunk (`prefill_chunk`) so the prompt's first token comes soon. Waiting prompts
+//! take the chunk shortest remaining first, so a short prompt is not stuck behind a long
+//! one (it minimises the mean wait for a first token); one that has waited
+//! [`STARVATION_STEPS`] steps goes first whatever its length, so a long prompt is delayed
+//! by a bounded number of steps, not starved. A job whose deadline would pass before its
+//! first token by that estimate is refused at admission instead of holding a slot.
 
 use super::job::Job;
 use super::kv_pool::{Fit, KvPool};
 use super::limits::Limits;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// Steps a waiting prompt may be passed over for shorter ones before it goes first.
+pub(super) const STARVATION_STEPS: u32 = 32;
+
+/// What a step costs on this machine, as measured while serving: a step of `rows` token
+/// rows takes about `fixed + per_row · rows` seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct StepTimes {
+    pub fixed: f64,
+    pub per_row: f64,
+}
+
+impl StepTimes {
+    fn secs(&self, rows: usize) -> f64 {
+        self.fixed + self.per_row * rows as f64
+    }
+}
+
+/// Prompt tokens the next step runs for the waiting prompts when `decode_rows` rows decode:
+/// the whole chunk when none do; else as many as keep the step within the target by
+/// `times` (at least `prefill_chunk_running`, at most `prefill_chunk`); without a target or
+/// before any step was measured, `prefill_chunk_running`.
+pub(super) fn prompt_rows(limits: &Limits, times: Option<StepTimes>, decode_rows: usize) -> usize {
+    let floor = limits.prefill_chunk_running;
+    if decode_rows == 0 {
+        return limits.prefill_chunk;
+    }
+    let (Some(target), Some(t)) = (limits.target_itl, times) else {
+        return floor;
+    };
+    if !(t.per_row > 0.0 && t.fixed.is_finite()) {
+        return floor;
+    }
+    let spare = (target.as_secs_f64() - t.secs(decode_rows)) / t.per_row;
+    // `as` saturates; NaN (never here) would be 0.
+    (spare.max(0.0) as usize).clamp(floor, limits.prefill_chunk)
+}
+
+/// How long before a prompt of `prompt` tokens, with `ahead` prompt tokens to run before
+/// it, gets its first token, by `times`, while `decode_rows` rows decode.
+pub(super) fn first_token_eta(
+    limits: &Limits,
+    times: StepTimes,
+    decode_rows: usize,
+    ahead: usize,
+    prompt: usize,
+) -> Duration {
+    let chunk = prompt_rows(limits, Some(times), decode_rows).max(1);
+    let steps = (ahead + prompt).div_ceil(chunk);
+    let secs = steps as f64 * times.secs(decode_rows + chunk);
+    Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX)
+}
 
 /// What to do with the job at the head of the queue.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -26,16 +84,20 @@ pub(super) enum Verdict {
     Expired,
     /// It can never fit the KV budget.
     Never,
+    /// Its deadline would pass before its first token (estimated from the step times).
+    TooLate,
 }
 
 /// Decides the fate of a queued job: it starts when the KV budget has room for its prompt
-/// plus `max_tokens`.
+/// plus `max_tokens`, unless `first_token` (when its first token is expected, if known)
+/// is past its deadline.
 pub(super) fn admission(
     job: &Job,
     shutdown: bool,
     now: Instant,
     pool: &KvPool,
     limits: &Limits,
+    first_token: Option<Duration>,
 ) -> Verdict {
     if job.client_gone() {
         Verdict::Gone
@@ -43,6 +105,11 @@ pub(super) fn admission(
         Verdict::Shutdown
     } else if job.expired(now) {
         Verdict::Expired
+    } else if first_token
+        .zip(job.deadline)
+        .is_some_and(|(eta, deadline)| now.checked_add(eta).is_none_or(|t| t > deadline))
+    {
+        Verdict::TooLate
     } else {
         let need = limits.reservation(job.prompt.len(), job.options.max_tokens);
         match pool.fit(&job.prompt, need) {
@@ -92,6 +159,8 @@ pub(super) struct Slot {
     prefilled: usize,
     decoding: bool,
     role: Role,
+    /// Steps this prompt has waited (run or passed over) since it was admitted.
+    waited: u32,
 }
 
 impl Slot {
@@ -102,6 +171,16 @@ impl Slot {
             prefilled: cached,
             decoding: false,
             role: Role::Idle,
+            waited: 0,
+        }
+    }
+
+    /// Prompt tokens still to run (0 once it decodes).
+    pub(super) fn remaining(&self) -> usize {
+        if self.decoding {
+            0
+        } else {
+            self.prompt_len - self.prefilled
         }
     }
 
@@ -147,18 +226,15 @@ pub(super) struct StepPlan {
 }
 
 /// Gives every running sequence its role in the next step (`slot` finds each one's
-/// [`Slot`]): every decoding sequence runs its token, and the waiting prompts, oldest
-/// first, share the prompt chunk.
+/// [`Slot`]): every decoding sequence runs its token, and the waiting prompts share the
+/// prompt rows ([`prompt_rows`] by `times`), shortest remaining first, those passed over
+/// for [`STARVATION_STEPS`] steps before all others (the longest waiting first).
 pub(super) fn plan<T>(
     limits: &Limits,
+    times: Option<StepTimes>,
     seqs: &mut [T],
     slot: impl Fn(&mut T) -> &mut Slot,
 ) -> StepPlan {
-    let chunk = if seqs.iter_mut().any(|s| slot(s).decoding) {
-        limits.prefill_chunk_running
-    } else {
-        limits.prefill_chunk
-    };
     let mut p = StepPlan {
         seqs: 0,
         decode_rows: 0,
@@ -168,16 +244,41 @@ pub(super) fn plan<T>(
         let s = slot(s);
         s.role = if s.decoding {
             p.decode_rows += 1;
+            p.seqs += 1;
             Role::Decode
-        } else if p.prefill_rows < chunk {
-            let n = (s.prompt_len - s.prefilled).min(chunk - p.prefill_rows);
-            p.prefill_rows += n;
-            Role::Prefill(n)
         } else {
             Role::Idle
         };
-        if s.role != Role::Idle {
-            p.seqs += 1;
+    }
+    let chunk = prompt_rows(limits, times, p.decode_rows);
+    while p.prefill_rows < chunk {
+        // The next prompt to run: (not starved, remaining or how long it waited).
+        let mut best: Option<(usize, (bool, usize))> = None;
+        for (i, s) in seqs.iter_mut().enumerate() {
+            let s = slot(s);
+            if s.decoding || s.role != Role::Idle || s.remaining() == 0 {
+                continue;
+            }
+            let key = if s.waited >= STARVATION_STEPS {
+                (false, u32::MAX as usize - s.waited as usize)
+            } else {
+                (true, s.remaining())
+            };
+            if best.is_none_or(|(_, k)| key < k) {
+                best = Some((i, key));
+            }
+        }
+        let Some((i, _)) = best else { break };
+        let s = slot(&mut seqs[i]);
+        let n = s.remaining().min(chunk - p.prefill_rows);
+        s.role = Role::Prefill(n);
+        p.prefill_rows += n;
+        p.seqs += 1;
+    }
+    for s in seqs.iter_mut() {
+        let s = slot(s);
+        if !s.decoding {
+            s.waited = s.waited.saturating_add(1);
         }
     }
     p
@@ -194,9 +295,25 @@ mod tests {
             max_seqs: 8,
             prefill_chunk: 10,
             prefill_chunk_running: 3,
+            target_itl: None,
             ctx: 100,
             kv_budget: 1000,
             draft_max: 0,
+        }
+    }
+
+    /// A step of 20 ms plus 3 ms a row, against a target of 100 ms.
+    const TIMES: StepTimes = StepTimes {
+        fixed: 0.020,
+        per_row: 0.003,
+    };
+
+    fn targeted() -> Limits {
+        Limits {
+            prefill_chunk: 256,
+            prefill_chunk_running: 8,
+            target_itl: Some(Duration::from_millis(100)),
+            ..limits()
         }
     }
 
@@ -219,55 +336,210 @@ mod tests {
         let pool = KvPool::new(100);
         let l = limits();
         let (j, rx) = job(10);
-        assert_eq!(admission(&j, false, now, &pool, &l), Verdict::Start);
-        assert_eq!(admission(&j, true, now, &pool, &l), Verdict::Shutdown);
+        assert_eq!(admission(&j, false, now, &pool, &l, None), Verdict::Start);
+        assert_eq!(admission(&j, true, now, &pool, &l, None), Verdict::Shutdown);
         assert_eq!(stop_cause(&j, false, now), None);
         assert_eq!(stop_cause(&j, true, now), Some(StopCause::Shutdown));
         // 3 + 200 positions, capped at the context (100), fit the budget of 100 exactly.
         let (big, _rx) = job(200);
-        assert_eq!(admission(&big, false, now, &pool, &l), Verdict::Start);
+        assert_eq!(admission(&big, false, now, &pool, &l, None), Verdict::Start);
         assert_eq!(
-            admission(&big, false, now, &KvPool::new(99), &l),
+            admission(&big, false, now, &KvPool::new(99), &l, None),
             Verdict::Never
         );
         let (mut late, _rx) = job(10);
         late.deadline = Some(now);
-        assert_eq!(admission(&late, false, now, &pool, &l), Verdict::Expired);
+        assert_eq!(
+            admission(&late, false, now, &pool, &l, None),
+            Verdict::Expired
+        );
         assert_eq!(stop_cause(&late, false, now), Some(StopCause::Deadline));
         drop(rx);
-        assert_eq!(admission(&j, true, now, &pool, &l), Verdict::Gone);
+        assert_eq!(admission(&j, true, now, &pool, &l, None), Verdict::Gone);
         assert_eq!(stop_cause(&j, true, now), Some(StopCause::ClientGone));
     }
 
     #[test]
-    fn waiting_prompts_share_the_chunk_oldest_first() {
-        let mut slots = vec![Slot::new(4, 0), Slot::new(8, 0), Slot::new(5, 0)];
-        let p = plan(&limits(), &mut slots, |s| s);
+    fn a_job_whose_first_token_would_come_after_its_deadline_is_refused_at_once() {
+        let now = Instant::now();
+        let pool = KvPool::new(100);
+        let l = limits();
+        let (mut j, _rx) = job(10);
+        j.deadline = Some(now + Duration::from_secs(2));
+        let eta = |ms| Some(Duration::from_millis(ms));
+        assert_eq!(
+            admission(&j, false, now, &pool, &l, eta(1999)),
+            Verdict::Start
+        );
+        assert_eq!(
+            admission(&j, false, now, &pool, &l, eta(2001)),
+            Verdict::TooLate
+        );
+        assert_eq!(
+            admission(&j, false, now, &pool, &l, Some(Duration::MAX)),
+            Verdict::TooLate
+        );
+        // Without a deadline nothing is too late.
+        j.deadline = None;
+        assert_eq!(
+            admission(&j, false, now, &pool, &l, eta(60_000)),
+            Verdict::Start
+        );
+        // The estimate: 7 decoding rows leave (100 − 20 − 21) / 3 = 19 prompt rows a step
+        // of 20 + 3 · 26 = 98 ms; 100 tokens ahead and 90 of its own take 10 such steps.
+        let t = targeted();
+        assert_eq!(prompt_rows(&t, Some(TIMES), 7), 19);
+        let e = first_token_eta(&t, TIMES, 7, 100, 90);
+        assert!((e.as_secs_f64() - 0.98).abs() < 1e-9, "{e:?}");
+        // With nothing decoding, whole chunks: 2 steps of 20 + 3 · 256 ms.
+        let e = first_token_eta(&t, TIMES, 0, 0, 300);
+        assert!((e.as_secs_f64() - 2.0 * 0.788).abs() < 1e-9, "{e:?}");
+    }
+
+    #[test]
+    fn prompt_rows_keep_the_step_within_the_target() {
+        let t = targeted();
+        // Nothing decoding: the whole chunk, whatever the target.
+        assert_eq!(prompt_rows(&t, Some(TIMES), 0), 256);
+        assert_eq!(prompt_rows(&t, None, 0), 256);
+        // Before any step was measured, or without a target: the fixed running chunk.
+        assert_eq!(prompt_rows(&t, None, 7), 8);
+        assert_eq!(prompt_rows(&limits(), Some(TIMES), 7), 3);
+        for decode in 1..=8 {
+            let rows = prompt_rows(&t, Some(TIMES), decode);
+            let step = TIMES.secs(decode + rows);
+            assert!(
+                step <= 0.100 + 1e-12,
+                "{decode} decoding: {rows} rows take {step}"
+            );
+            // One more row would break the target.
+            assert!(TIMES.secs(decode + rows + 1) > 0.100, "{decode}: {rows}");
+        }
+        // A faster machine runs bigger chunks, up to the whole chunk.
+        let fast = StepTimes {
+            fixed: 0.005,
+            per_row: 0.0002,
+        };
+        assert_eq!(prompt_rows(&t, Some(fast), 8), 256);
+        // A slower one smaller, but never fewer than the floor: a prompt always advances.
+        let slow = StepTimes {
+            fixed: 0.090,
+            per_row: 0.004,
+        };
+        assert_eq!(prompt_rows(&t, Some(slow), 1), 8);
+        assert_eq!(prompt_rows(&t, Some(slow), 8), 8);
+        let broken = StepTimes {
+            fixed: f64::NAN,
+            per_row: 0.0,
+        };
+        assert_eq!(prompt_rows(&t, Some(broken), 2), 8);
+    }
+
+    /// A long prompt arrives while 7 streams decode, and a step turns out slow (the machine
+    /// got busy): the measured times follow it and the prompt rows shrink so the streams'
+    /// steps stay within the target, and the prompt still finishes.
+    #[test]
+    fn a_long_prompt_among_seven_streams_keeps_their_steps_within_the_target() {
+        use crate::engine::speculative::StepCost;
+        let l = targeted();
+        let mut slots: Vec<Slot> = (0..7).map(|_| Slot::new(1, 1)).collect();
+        for s in &mut slots {
+            s.start_decoding();
+        }
+        slots.push(Slot::new(2000, 0));
+        let mut measured = StepCost::new();
+        // The machine as the engine sees it: 20 ms + 3 ms a row, then, from step 40, a
+        // slow phase of 40 ms + 6 ms a row.
+        let truth = |step: usize, rows: usize| {
+            if step < 40 {
+                TIMES.secs(rows)
+            } else {
+                0.040 + 0.006 * rows as f64
+            }
+        };
+        // Warm up on decode steps of varied sizes, as the streams came in.
+        for rows in 1..=7 {
+            measured.observe(rows, truth(0, rows));
+        }
+        let (mut over, mut steps) = (0, 0);
+        while slots[7].remaining() > 0 {
+            let times = {
+                let fixed = measured.fixed_secs().unwrap();
+                StepTimes {
+                    fixed,
+                    per_row: measured.ratio() * fixed,
+                }
+            };
+            let p = plan(&l, Some(times), &mut slots, |s| s);
+            assert_eq!(p.decode_rows, 7);
+            let took = truth(steps, p.decode_rows + p.prefill_rows);
+            measured.observe(p.decode_rows + p.prefill_rows, took);
+            // The planner knows only what it measured: a few steps after the change it
+            // has caught up; from then on every step keeps within the target.
+            if steps > 48 && took > 0.100 * 1.02 {
+                over += 1;
+            }
+            for s in &mut slots {
+                s.ran();
+            }
+            steps += 1;
+            assert!(steps < 1000, "the prompt never finished");
+        }
+        assert_eq!(over, 0);
+        // More than the fixed 8-token chunk a step while the machine was fast.
+        assert!(steps < 2000 / 8, "{steps} steps");
+    }
+
+    #[test]
+    fn waiting_prompts_run_shortest_first() {
+        let mut slots = vec![Slot::new(8, 0), Slot::new(4, 0), Slot::new(5, 0)];
+        let p = plan(&limits(), None, &mut slots, |s| s);
         assert_eq!(
             roles(&slots),
-            [Role::Prefill(4), Role::Prefill(6), Role::Idle]
+            [Role::Prefill(1), Role::Prefill(4), Role::Prefill(5)]
         );
         assert_eq!(
             p,
             StepPlan {
-                seqs: 2,
+                seqs: 3,
                 decode_rows: 0,
                 prefill_rows: 10
             }
         );
-        assert!(slots[0].finishes_prompt());
-        assert!(!slots[1].finishes_prompt());
-        assert!(slots[0].ran());
-        assert!(!slots[1].ran());
-        assert!(!slots[2].ran());
-        assert_eq!(slots[1].prefilled(), 6);
+        assert!(slots[1].finishes_prompt());
+        assert!(!slots[0].finishes_prompt());
+        assert!(!slots[0].ran());
+        assert!(slots[1].ran());
+        assert!(slots[2].ran());
+        assert_eq!(slots[0].prefilled(), 1);
+    }
+
+    #[test]
+    fn a_prompt_passed_over_for_long_goes_first() {
+        // A long prompt and a stream of short ones: the short ones go first until the long
+        // one has waited STARVATION_STEPS steps; from then on it runs every step.
+        let l = limits();
+        let mut slots = vec![Slot::new(1000, 0)];
+        for step in 0..(STARVATION_STEPS + 3) {
+            slots.truncate(1);
+            slots.push(Slot::new(10, 0));
+            plan(&l, None, &mut slots, |s| s);
+            if step < STARVATION_STEPS {
+                assert_eq!(roles(&slots), [Role::Idle, Role::Prefill(10)], "{step}");
+            } else {
+                assert_eq!(roles(&slots), [Role::Prefill(10), Role::Idle], "{step}");
+            }
+            for s in &mut slots {
+                s.ran();
+            }
+        }
     }
 
     #[test]
     fn decoding_sequences_shrink_the_chunk() {
         let mut slots = vec![Slot::new(2, 0), Slot::new(20, 5)];
         slots[0].start_decoding();
-        let p = plan(&limits(), &mut slots, |s| s);
+        let p = plan(&limits(), None, &mut slots, |s| s);
         assert_eq!(roles(&slots), [Role::Decode, Role::Prefill(3)]);
         assert_eq!(
             p,

@@ -248,6 +248,7 @@ fn engine_main(shared: Arc<Shared>, config: EngineConfig, loader: Loader) {
         max_seqs = limits.max_seqs,
         prefill_chunk = limits.prefill_chunk,
         prefill_chunk_running = limits.prefill_chunk_running,
+        target_itl_ms = limits.target_itl.map(|t| t.as_secs_f64() * 1e3),
         kv_cache_tokens = limits.kv_budget,
         cache_type_k = %kv.types.0,
         cache_type_v = %kv.types.1,
