@@ -25,7 +25,7 @@ use super::kv_pool::KvPool;
 use super::limits::Limits;
 use super::loader::EngineAssets;
 use super::running::{End, Running};
-use super::scheduler::{self, Role, StepPlan, StepTimes, Verdict};
+use super::scheduler::{self, Role, StepClock, StepPlan, StepTimes, Verdict};
 use super::shared::Shared;
 use super::speculative::draft::{self, DraftModel};
 use super::speculative::{share_rows, DraftCost, Method, Speculation, StepCost};
@@ -43,7 +43,7 @@ pub(super) fn run(shared: &Shared, assets: &EngineAssets, limits: Limits, spec: 
     let mut drafting = Drafting::new(spec, assets.draft.as_ref(), &limits);
     // What steps cost here, every step's rows counted: sizes the prompt rows of steps
     // with streams decoding, and estimates when a queued prompt gets its first token.
-    let mut times = StepCost::new();
+    let mut times = StepClock::new();
     let mut pool = KvPool::new(limits.kv_budget);
     // Computes constrained sequences' next masks while the forward pass runs; without it
     // (the thread could not start) they are computed in line.
@@ -69,7 +69,7 @@ pub(super) fn run(shared: &Shared, assets: &EngineAssets, limits: Limits, spec: 
             shared,
             assets,
             &limits,
-            step_times(&times),
+            times.times(),
             &mut pool,
             masks.as_ref(),
             spec,
@@ -92,15 +92,6 @@ pub(super) fn run(shared: &Shared, assets: &EngineAssets, limits: Limits, spec: 
         );
     }
     shared.set_busy(false);
-}
-
-/// The step times measured so far, once a step has run.
-fn step_times(c: &StepCost) -> Option<StepTimes> {
-    let fixed = c.fixed_secs()?;
-    Some(StepTimes {
-        fixed,
-        per_row: c.ratio() * fixed,
-    })
 }
 
 /// When a queued prompt of `prompt` tokens would get its first token: after the prompts
@@ -230,9 +221,9 @@ fn step(
     pool: &mut KvPool,
     active: &mut Vec<Running<'_>>,
     drafting: &mut Drafting<'_>,
-    times: &mut StepCost,
+    times: &mut StepClock,
 ) -> Vec<SeqStep<'static>> {
-    let plan = scheduler::plan(limits, step_times(times), &mut active[..], Running::slot);
+    let plan = scheduler::plan(limits, times.times(), &mut active[..], Running::slot);
     let draft_rows = draft(drafting, &plan, scratch.rows(), active);
     let step_span = debug_span!(
         "engine_step",
