@@ -2,6 +2,7 @@
 //! own engine thread, until SIGINT or SIGTERM.
 
 use crate::engine::loader::{file_assets, synthetic_assets};
+use crate::engine::speculative::Method;
 use crate::engine::EngineConfig;
 use crate::server::auth::read_token_file;
 use crate::server::{self, ServerConfig, TlsError, TlsPem};
@@ -182,7 +183,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         }
         _ => None,
     };
-    let speculation = a.spec.speculation()?;
+    let speculation = a.spec.speculation(Method::Ngram)?;
     if !a.listen.ip().is_loopback() && auth_token.is_none() {
         warn!(listen = %a.listen, "listening beyond loopback without --auth-token-file");
     }
