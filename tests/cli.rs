@@ -54,19 +54,15 @@ fn generate_tokenize_logits_info_on_a_synthetic_model() {
     let ids: Vec<u32> = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(ids, vec![104, 105, 32, 258]);
 
-    let o = inferno(&[
-        "generate",
-        "--model",
-        m,
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "12",
-        "--ignore-eos",
-        "--output",
-        "json",
-        "Hello",
-    ]);
+    // 12 greedy tokens of "Hello" as JSON, with `extra` flags.
+    let greedy_json = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", m, "--temperature", "0"];
+        args.extend_from_slice(&["--max-tokens", "12", "--ignore-eos", "--output", "json"]);
+        args.extend_from_slice(extra);
+        args.push("Hello");
+        inferno(&args)
+    };
+    let o = greedy_json(&[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["tokens"].as_array().unwrap().len(), 12);
@@ -125,6 +121,26 @@ fn generate_tokenize_logits_info_on_a_synthetic_model() {
     // The backend as the user named it, not the internal decorator's name.
     assert!(err2.contains("backend: pool ("), "{err2}");
     assert!(!err2.contains("tracing("), "{err2}");
+    // Prompt lookup is on by default and `--speculative off` turns it off; the tokens are
+    // the same either way.
+    assert!(err2.contains("  speculative (ngram): drafted "), "{err2}");
+    let o3 = greedy_json(&["--speculative", "off"]);
+    assert!(o3.status.success(), "{}", stderr(&o3));
+    let v3: serde_json::Value = serde_json::from_slice(&o3.stdout).unwrap();
+    assert_eq!(v3["tokens"], v["tokens"]);
+    assert_eq!(v3["metrics"]["verify_steps"], 0);
+    let o4 = inferno(&[
+        "generate",
+        "--model",
+        m,
+        "--max-tokens",
+        "1",
+        "--speculative",
+        "off",
+        "Hello",
+    ]);
+    assert!(o4.status.success(), "{}", stderr(&o4));
+    assert!(!stderr(&o4).contains("speculative ("), "{}", stderr(&o4));
 
     let o = inferno(&["logits", "--model", m, "--ids", "1,2,3", "--all"]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -35,7 +35,7 @@ use crate::engine::generate::{generate_speculative, Flow, GenerateOptions, Seque
 use crate::engine::loader::{load_model, LoadOptions, LoadedModel};
 use crate::engine::memory::resident_bytes;
 use crate::engine::speculative::draft::DraftModel;
-use crate::engine::speculative::{Solo, Speculation};
+use crate::engine::speculative::{Method, Solo, Speculation};
 use crate::model::{KvCache, Logits, Model, ModelConfig, Scratch, SeqStep, State};
 use crate::sampling::constraint::{Grammar, GrammarCompiler, MaskWorker, ResponseFormat};
 use crate::sampling::SamplingParams;
@@ -576,7 +576,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         bail!("--streams must be at least 1");
     }
     let max_streams = a.streams.iter().copied().max().unwrap_or(1);
-    let speculation = a.spec.speculation()?;
+    let speculation = a.spec.speculation(Method::Off)?;
     let speculative = speculation.is_on();
     if speculative && (max_streams > 1 || a.json_schema.is_some() || a.json_object) {
         bail!("--speculative compares single-stream decoding: without --streams above 1 or a response format");

@@ -142,9 +142,11 @@ pub struct SpecArgs {
     /// Speculative decoding: off; ngram (drafts are the tokens that followed the last few
     /// tokens where they occurred before in the prompt or output: fast on edits, quotes,
     /// code); or draft (drafts from --draft-model). It never changes the output (the same
-    /// tokens, logprobs and finish), only how many tokens a step yields.
-    #[arg(long, default_value = "off", value_parser = parse_speculative)]
-    pub speculative: Method,
+    /// tokens, logprobs and finish), only how many tokens a step yields. Default: draft with
+    /// --draft-model; else ngram for generate and serve, off for bench (whose --speculative
+    /// runs each generation test twice, to compare).
+    #[arg(long, value_parser = parse_speculative)]
+    pub speculative: Option<Method>,
     /// The draft model of --speculative draft: a smaller GGUF of the same vocabulary (e.g.
     /// a smaller quantization of the model, made with `inferno quantize`).
     #[arg(long, value_name = "FILE")]
@@ -156,9 +158,15 @@ pub struct SpecArgs {
 }
 
 impl SpecArgs {
-    /// The speculation the flags ask for, checked.
-    pub fn speculation(&self) -> Result<Speculation> {
-        match (self.speculative, &self.draft_model) {
+    /// The speculation the flags ask for, checked; `default` is the command's method when
+    /// neither --speculative nor --draft-model is given.
+    pub fn speculation(&self, default: Method) -> Result<Speculation> {
+        let method = match (self.speculative, &self.draft_model) {
+            (Some(m), _) => m,
+            (None, Some(_)) => Method::Draft,
+            (None, None) => default,
+        };
+        match (method, &self.draft_model) {
             (Method::Draft, None) => bail!("--speculative draft needs --draft-model FILE"),
             (Method::Off | Method::Ngram, Some(_)) => {
                 bail!("--draft-model is used by --speculative draft only")
@@ -168,7 +176,7 @@ impl SpecArgs {
         if self.draft_max == Some(0) {
             bail!("--draft-max must be at least 1 (--speculative off turns speculation off)");
         }
-        Ok(Speculation::new(self.speculative, self.draft_max))
+        Ok(Speculation::new(method, self.draft_max))
     }
 
     /// `load` with the draft model to load, if any.
@@ -385,7 +393,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         ..SamplingParams::default()
     };
     sampling.validate()?;
-    let speculation = a.spec.speculation()?;
+    let speculation = a.spec.speculation(Method::Ngram)?;
     let format = a.response_format()?;
     // Checked (files read, tools converted) before the model takes its time to load.
     let (input, format, with_tools) = if a.chat || a.tools.is_some() {

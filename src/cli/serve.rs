@@ -3,6 +3,7 @@
 
 use crate::engine::limits::DEFAULT_TARGET_ITL;
 use crate::engine::loader::{file_assets, synthetic_assets};
+use crate::engine::speculative::Method;
 use crate::engine::EngineConfig;
 use crate::hub::ModelSpec;
 use crate::server::auth::read_token_file;
@@ -221,7 +222,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         }
         _ => None,
     };
-    let speculation = a.spec.speculation()?;
+    let speculation = a.spec.speculation(Method::Ngram)?;
     for addr in std::iter::once(a.listen).chain(a.http_listen.0) {
         if !addr.ip().is_loopback() && auth_token.is_none() {
             warn!(listen = %addr, "listening beyond loopback without --auth-token-file");
