@@ -455,8 +455,9 @@ impl Job<'_> {
 // Prompts: codes unpacked once per group
 // ---------------------------------------------------------------------------------------
 
-/// Tokens from which a product unpacks each group's codes once instead of in every tile: a
-/// second tile already repays the stores and reloads.
+/// Tokens from which a VNNI or NEON product unpacks each group's codes once instead of in
+/// every tile: a second tile already repays the stores and reloads. (AVX2 unpacks from two
+/// tokens: see `x86_packed_k::gemm_avx2`.)
 pub(super) const UNPACK_MIN_TOKENS: usize = 16;
 
 /// Super-blocks of a group unpacked at a time: 16 KiB of codes, which stay in L1 beside a

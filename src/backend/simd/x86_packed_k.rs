@@ -1,8 +1,9 @@
 //! AVX-512 VNNI and AVX2 products of packed Q2_K–Q6_K weights ([`super::packed_k::PackedK`])
 //! with Q8_K activation rows: a group of 16 weight rows against a tile of tokens, each weight
-//! line loaded and unpacked once for all the tokens of the tile. Prompts (from 16 tokens)
-//! unpack each group's codes once, a few super-blocks at a time into a stack buffer, for all
-//! their tiles ([`gemm_codes_vnni`], [`gemm_codes_avx2`]).
+//! line loaded and unpacked once for all the tokens of the tile. Prompts (VNNI: from 16
+//! tokens; AVX2: every product of two tokens or more, batched decode included) unpack each
+//! group's codes once, a few super-blocks at a time into a stack buffer, for all their tiles
+//! ([`gemm_codes_vnni`], [`gemm_codes_avx2`]).
 //!
 //! Integer sums (exact in i32, as in `crate::tensor::k_quants`):
 //! - VNNI: the unsigned weight codes (4, 5 or 6 bits) are `vpdpbusd`'s unsigned operand and
@@ -11,7 +12,8 @@
 //!   multiplies the lane (`vpmulld`).
 //! - AVX2: eight rows a vector; `maddubs` forms pairs (at most 2·63·128, no saturation) and
 //!   `madd` against the row's scale, repeated in both 16-bit halves of its lane, forms the
-//!   scaled sum of four products directly.
+//!   scaled sum of four products directly. On unpacked codes the pairs of a few lines of one
+//!   sub-block are first added in i16, as many as cannot wrap ([`i16_lines`]).
 //!
 //! The mins (Q4_K, Q5_K) are products of 16-bit pairs (`vpdpwssd` / `madd`: two sub-blocks'
 //! mins against their activation sums; Q2_K's per 16-value sub-block) and the offsets of
@@ -1596,7 +1598,7 @@ unsafe fn unpack_block_avx2<const KIND: u8>(blk: *const u8, dst: *mut u8) {
 /// magnitude for codes below `c`, so Q4_K (c = 16) sums 8 lines (30,720), Q5_K 4 (31,744),
 /// Q6_K 2 (32,256), Q3_K and Q2_K a whole 16-value sub-block of 4 (7,168): exact, no
 /// wrap. One `madd` per line, as before, held the products to half the rate of `maddubs`.
-pub(super) const fn i16_lines(kind: u8) -> usize {
+const fn i16_lines(kind: u8) -> usize {
     match kind {
         KIND_Q4 => 8,
         KIND_Q6 => 2,
