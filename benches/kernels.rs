@@ -185,6 +185,40 @@ fn q6_k_matvec_896x4864(b: Bencher, k: &str) {
     bench_quant(b, backend(k).as_ref(), GgmlType::Q6_K, 896, 4864, 1);
 }
 
+/// The instruction sets alone, without the scalar reference (slow on the batched shapes,
+/// and the same for every change to the SIMD kernels).
+fn isas() -> Vec<&'static str> {
+    Isa::available().into_iter().map(Isa::name).collect()
+}
+
+// Batched decode of every K-quant type: eight streams' tokens through Qwen3-0.6B's FFN up
+// projection (3072 × 1024), beside Q8_0 on the same shape (`q8_matmul_8x3072x1024`).
+
+#[divan::bench(args = isas())]
+fn q2_k_matmul_8x3072x1024(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q2_K, 3072, 1024, 8);
+}
+
+#[divan::bench(args = isas())]
+fn q3_k_matmul_8x3072x1024(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q3_K, 3072, 1024, 8);
+}
+
+#[divan::bench(args = isas())]
+fn q4_k_matmul_8x3072x1024(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q4_K, 3072, 1024, 8);
+}
+
+#[divan::bench(args = isas())]
+fn q5_k_matmul_8x3072x1024(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q5_K, 3072, 1024, 8);
+}
+
+#[divan::bench(args = isas())]
+fn q6_k_matmul_8x3072x1024(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q6_K, 3072, 1024, 8);
+}
+
 // Prefill matmuls of the K-quants of a Q4_K_M / Q5_K_M file on Qwen3-0.6B's FFN up shape
 // (64 tokens through 3072 × 1024), beside Q8_0 on the same shape (`q8_matmul_64x3072x1024`).
 

@@ -615,6 +615,49 @@ fn packed_k_products_and_row_lookups_are_byte_identical_to_scalar() {
     assert_eq!(packed > 0, vector, "{packed} packed matrices");
 }
 
+/// The packed K-quant products at their integer extremes: every code at its largest (all
+/// quant bytes 0xff, sub-block scales all set) against activations that all quantize to the
+/// same largest magnitude (-127, or 127), so every partial sum the kernels form reaches its
+/// bound. Kernels that add several lines' 16-bit products before scaling them (AVX2) would
+/// wrap if they added one line too many; the outputs must still be the scalar bytes, for
+/// decode and prompt token counts.
+#[test]
+fn packed_k_products_hold_the_largest_partial_sums() {
+    let mut r = ChaCha8Rng::seed_from_u64(17);
+    let (rows, cols) = (32, 512);
+    let scalar = ScalarBackend::new();
+    for t in [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K] {
+        let data: Vec<u8> = (0..rows * cols / 256)
+            .flat_map(|_| {
+                let mut b = block(&mut r, t, 8, false);
+                // Positive block scales, so that no sum cancels in the f32 fold either.
+                for &f in f16_fields(t) {
+                    b[f..f + 2].copy_from_slice(&f16_bytes(0.5));
+                }
+                b
+            })
+            .collect();
+        let w = matrix(t, rows, cols, data);
+        for isa in Isa::available() {
+            for be in [
+                Box::new(simd(isa)) as Box<dyn Backend>,
+                Box::new(PoolBackend::new(simd(isa), 2)),
+            ] {
+                let mut wp = w.clone();
+                be.prepare(&mut wp);
+                for n in [1, 2, 3, 4, 8, 12, 16, 23] {
+                    for v in [1.0f32, -1.0] {
+                        let x = vec![v; n * cols];
+                        let want = matmul(&scalar, &w, &x, n);
+                        let got = matmul(be.as_ref(), &wp, &x, n);
+                        assert_eq!(bits(&got), bits(&want), "{isa:?}: {t}, {n} tokens of {v}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// `matmul_batch` on the pool (the jobs' packed K-quant products in one dispatch, as the
 /// MoE experts take them) against the scalar products of each job, bit for bit: jobs of
 /// every packed K type with partial row groups, sharing an input and not, at 1 and 3 tokens.

@@ -1,8 +1,9 @@
 //! AVX-512 VNNI and AVX2 products of packed Q2_K–Q6_K weights ([`super::packed_k::PackedK`])
 //! with Q8_K activation rows: a group of 16 weight rows against a tile of tokens, each weight
-//! line loaded and unpacked once for all the tokens of the tile. Prompts (from 16 tokens)
-//! unpack each group's codes once, a few super-blocks at a time into a stack buffer, for all
-//! their tiles ([`gemm_codes_vnni`], [`gemm_codes_avx2`]).
+//! line loaded and unpacked once for all the tokens of the tile. Prompts (VNNI: from 16
+//! tokens; AVX2: every product of two tokens or more, batched decode included) unpack each
+//! group's codes once, a few super-blocks at a time into a stack buffer, for all their tiles
+//! ([`gemm_codes_vnni`], [`gemm_codes_avx2`]).
 //!
 //! Integer sums (exact in i32, as in `crate::tensor::k_quants`):
 //! - VNNI: the unsigned weight codes (4, 5 or 6 bits) are `vpdpbusd`'s unsigned operand and
@@ -11,7 +12,8 @@
 //!   multiplies the lane (`vpmulld`).
 //! - AVX2: eight rows a vector; `maddubs` forms pairs (at most 2·63·128, no saturation) and
 //!   `madd` against the row's scale, repeated in both 16-bit halves of its lane, forms the
-//!   scaled sum of four products directly.
+//!   scaled sum of four products directly. On unpacked codes the pairs of a few lines of one
+//!   sub-block are first added in i16, as many as cannot wrap ([`i16_lines`]).
 //!
 //! The mins (Q4_K, Q5_K) are products of 16-bit pairs (`vpdpwssd` / `madd`: two sub-blocks'
 //! mins against their activation sums; Q2_K's per 16-value sub-block) and the offsets of
@@ -1440,6 +1442,21 @@ fn prefetch_share(j: Job<'_>, b: usize, part: usize, parts: usize) {
     }
 }
 
+/// Prefetches the share of tokens `t0..t1` of `n` of super-block `b` of the bytes at
+/// `j.pf` (`j.pf_block` bytes a super-block), if any, in one burst.
+#[inline(always)]
+fn prefetch_tokens(j: Job<'_>, b: usize, t0: usize, t1: usize, n: usize) {
+    if j.pf.is_null() {
+        return;
+    }
+    let s = b * j.pf_block;
+    let (lo, hi) = (s + j.pf_block * t0 / n, s + j.pf_block * t1 / n);
+    for off in (lo & !63..hi).step_by(64) {
+        // SAFETY: SSE is part of x86_64; a prefetch never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(j.pf.wrapping_add(off) as *const i8) };
+    }
+}
+
 /// Tokens `t0..t0 + T` of group `g` on AVX2, with the next group's share prefetched.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -1576,14 +1593,31 @@ unsafe fn unpack_block_avx2<const KIND: u8>(blk: *const u8, dst: *mut u8) {
     }
 }
 
-/// [`codes_vnni`] with AVX2: rows `8·half ..` a vector, `maddubs` then `madd` against each
-/// sub-block's scale as in the kernels that unpack as they go.
+/// Lines of codes whose `maddubs` pair sums a kind's AVX2 kernels add in i16 before one
+/// `madd` takes them times the sub-block's scale: a pair sum is at most 2 · c · 128 in
+/// magnitude for codes below `c`, so Q4_K (c = 16) sums 8 lines (30,720), Q5_K 4 (31,744),
+/// Q6_K 2 (32,256), Q3_K and Q2_K a whole 16-value sub-block of 4 (7,168): exact, no
+/// wrap. One `madd` per line, as before, held the products to half the rate of `maddubs`.
+const fn i16_lines(kind: u8) -> usize {
+    match kind {
+        KIND_Q4 => 8,
+        KIND_Q6 => 2,
+        _ => 4,
+    }
+}
+
+/// [`codes_vnni`] with AVX2: the 16 rows as two vectors of 8, both against each token's
+/// broadcast activation bytes (a broadcast costs about as much as a `maddubs` here, so one
+/// serves both halves); each sub-block's lines `maddubs` against the tokens' quants, summed
+/// in i16 over [`i16_lines`] lines, then one `madd` against the sub-block's scale per token
+/// and half, so the integer sums are the scalar ones.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn codes_avx2<const T: usize, const KIND: u8>(
     j: Job<'_>,
     g: usize,
     t0: usize,
+    n: usize,
     (b0, b1): (usize, usize),
     codes: &Codes,
 ) {
@@ -1591,69 +1625,123 @@ unsafe fn codes_avx2<const T: usize, const KIND: u8>(
     let base = p.group(g).as_ptr();
     let bb = p.block_bytes();
     let first = g * GROUP;
+    // Where the job owns the whole group (all but the edges of its range) its outputs are
+    // read and written in place, else through `lanes` and the window copies.
+    let whole = owned_lanes(first, j.r0, j.r1) == (0, GROUP);
+    let row = |t: usize| j.out.wrapping_add((t0 + t) * j.ldo + first);
     // The running sums of the owned rows, from the slices before.
     let mut lanes = [[0.0f32; GROUP]; T];
-    if b0 > 0 {
+    if b0 > 0 && !whole {
         for (t, l) in lanes.iter_mut().enumerate() {
             // SAFETY: the rows of token t0 + t that this job owns.
-            unsafe { load_window(j.out.add((t0 + t) * j.ldo + first), l, first, j.r0, j.r1) };
+            unsafe { load_window(row(t), l, first, j.r0, j.r1) };
         }
     }
+    let mut acc: [[__m256; T]; 2] = std::array::from_fn(|h| {
+        std::array::from_fn(|t| {
+            // SAFETY: 8 floats at lane offset 8·h of `lanes`, or of the token's output row
+            // where the job owns all 16.
+            unsafe {
+                if b0 > 0 && whole {
+                    _mm256_loadu_ps(row(t).add(8 * h))
+                } else {
+                    _mm256_loadu_ps(lanes[t].as_ptr().add(8 * h))
+                }
+            }
+        })
+    });
     // Lines per sub-block: 8 (32 values) for Q4_K and Q5_K, 4 (16 values) for the others.
     let sl = if KIND <= KIND_Q5 { 8 } else { 4 };
-    for half in 0..2 {
-        // SAFETY: 8 floats at lane offset 8·half.
-        let mut acc: [__m256; T] =
-            std::array::from_fn(|t| unsafe { _mm256_loadu_ps(lanes[t].as_ptr().add(8 * half)) });
-        for b in b0..b1 {
-            // SAFETY: super-block `b` of group `g` and of each token's row exist.
-            let blk = unsafe { base.add(b * bb) };
-            // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
-            let x: [*const u8; T] =
-                std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
-            let cb = codes.block(b - b0);
-            let mut isum = [_mm256_setzero_si256(); T];
-            for i in 0..CODE_LINES / sl {
-                // SAFETY (this block): sub-block i's scales for these 8 rows (lines 1–4), its
-                // lines in `codes`, activation bytes inside the tokens' blocks.
-                unsafe {
-                    let sc = match KIND {
-                        KIND_Q6 | KIND_Q3 => scale_lanes_i8(blk.add(64 + 16 * i + 8 * half)),
-                        KIND_Q2 => _mm256_and_si256(
-                            scale_lanes_u8(blk.add(64 + 16 * i + 8 * half)),
-                            _mm256_set1_epi16(0x0f),
-                        ),
-                        _ => scale_lanes_u8(blk.add(64 + 16 * i + 8 * half)),
-                    };
-                    for k in 0..sl {
-                        let line = i * sl + k;
-                        let w = _mm256_load_si256(cb.add(line * 64 + 32 * half) as *const __m256i);
+    let wl = i16_lines(KIND);
+    for b in b0..b1 {
+        // SAFETY: super-block `b` of group `g` and of each token's row exist.
+        let blk = unsafe { base.add(b * bb) };
+        // SAFETY: block `b` of each of the T tokens' rows is inside `xq`.
+        let x: [*const u8; T] =
+            std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
+        let cb = codes.block(b - b0);
+        prefetch_tokens(j, b - b0, t0, t0 + T, n);
+        let mut isum = [[_mm256_setzero_si256(); T]; 2];
+        for i in 0..CODE_LINES / sl {
+            for w0 in (0..sl).step_by(wl) {
+                let mut a16 = [[_mm256_setzero_si256(); 2]; T];
+                for k in w0..w0 + wl {
+                    let line = i * sl + k;
+                    // SAFETY: line of super-block `b` in `codes`; activation bytes inside
+                    // the tokens' blocks.
+                    unsafe {
+                        let l = cb.add(line * 64);
+                        let w = [
+                            _mm256_load_si256(l as *const __m256i),
+                            _mm256_load_si256(l.add(32) as *const __m256i),
+                        ];
                         for t in 0..T {
                             let xv = _mm256_set1_epi32(x4(x[t], 4 * line));
-                            let v = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), sc);
-                            isum[t] = _mm256_add_epi32(isum[t], v);
+                            for h in 0..2 {
+                                let v = _mm256_maddubs_epi16(w[h], xv);
+                                a16[t][h] = _mm256_add_epi16(a16[t][h], v);
+                            }
                         }
                     }
                 }
-            }
-            // SAFETY: super-block `b` of the group and of each token's row (see above).
-            unsafe {
-                match KIND {
-                    KIND_Q4 | KIND_Q5 => fold_q45_avx2(j, b, blk, half, &x, &isum, &mut acc),
-                    KIND_Q6 => fold_signed_avx2::<T, 5>(blk, half, &x, &mut isum, &mut acc),
-                    KIND_Q3 => fold_signed_avx2::<T, 2>(blk, half, &x, &mut isum, &mut acc),
-                    _ => fold_q2_avx2(blk, half, &x, &isum, &mut acc),
+                for h in 0..2 {
+                    // SAFETY: sub-block i's scales for rows 8·h .. (lines 1–4).
+                    let sc = unsafe { scale_lanes::<KIND>(blk.add(64 + 16 * i + 8 * h)) };
+                    for t in 0..T {
+                        let v = _mm256_madd_epi16(a16[t][h], sc);
+                        isum[h][t] = _mm256_add_epi32(isum[h][t], v);
+                    }
                 }
             }
         }
-        for (l, a) in lanes.iter_mut().zip(acc) {
-            // SAFETY: 8 floats at lane offset 8·half.
-            unsafe { _mm256_storeu_ps(l.as_mut_ptr().add(8 * half), a) };
+        for (h, (isum, acc)) in isum.iter_mut().zip(&mut acc).enumerate() {
+            // SAFETY: super-block `b` of the group and of each token's row (see above).
+            unsafe {
+                match KIND {
+                    KIND_Q4 | KIND_Q5 => fold_q45_avx2(j, b, blk, h, &x, isum, acc),
+                    KIND_Q6 => fold_signed_avx2::<T, 5>(blk, h, &x, isum, acc),
+                    KIND_Q3 => fold_signed_avx2::<T, 2>(blk, h, &x, isum, acc),
+                    _ => fold_q2_avx2(blk, h, &x, isum, acc),
+                }
+            }
         }
     }
-    for (t, l) in lanes.iter().enumerate() {
-        // SAFETY: the destination rows are the caller's.
-        unsafe { store_window(j.out.add((t0 + t) * j.ldo + first), l, first, j.r0, j.r1) };
+    for (h, acc) in acc.iter().enumerate() {
+        for (t, (l, a)) in lanes.iter_mut().zip(acc).enumerate() {
+            // SAFETY: 8 floats at lane offset 8·h of `lanes`, or of the token's output row
+            // where the job owns all 16.
+            unsafe {
+                if whole {
+                    _mm256_storeu_ps(row(t).add(8 * h), *a);
+                } else {
+                    _mm256_storeu_ps(l.as_mut_ptr().add(8 * h), *a);
+                }
+            }
+        }
+    }
+    if !whole {
+        for (t, l) in lanes.iter().enumerate() {
+            // SAFETY: the destination rows are the caller's.
+            unsafe { store_window(row(t), l, first, j.r0, j.r1) };
+        }
+    }
+}
+
+/// The eight scales at `p` (one sub-block, rows of a half-group) as `madd` operands for
+/// the kind: 6-bit (Q4_K, Q5_K), signed 8-bit (Q6_K, Q3_K) or the low nibble of the
+/// stored byte (Q2_K).
+///
+/// # Safety
+/// As for [`scale_lanes_u8`].
+#[inline(always)]
+unsafe fn scale_lanes<const KIND: u8>(p: *const u8) -> __m256i {
+    // SAFETY: forwarded.
+    unsafe {
+        match KIND {
+            KIND_Q6 | KIND_Q3 => scale_lanes_i8(p),
+            KIND_Q2 => _mm256_and_si256(scale_lanes_u8(p), _mm256_set1_epi16(0x0f)),
+            _ => scale_lanes_u8(p),
+        }
     }
 }
 
@@ -1680,7 +1768,21 @@ unsafe fn gemm_codes_avx2<const KIND: u8>(j: Job<'_>, n: usize, g0: usize, g1: u
                 };
             }
             let sb = (b0, b1);
-            for_token_tiles!(n, t, [4, 2, 1], codes_avx2::<_, KIND>(j, g, t, sb, &codes));
+            // The next slice (of this group or the next one, which follows it in memory)
+            // streams in while the tiles run from L1: each tile prefetches its tokens'
+            // share of it, a part per super-block.
+            let mut jt = j;
+            if b1 < nsb || g + 1 < g1 {
+                // SAFETY: the next slice is inside the packed matrix (checked just above).
+                jt.pf = unsafe { base.add(b1 * j.p.block_bytes()) };
+                jt.pf_block = j.p.block_bytes();
+            }
+            for_token_tiles!(
+                n,
+                t,
+                [4, 2, 1],
+                codes_avx2::<_, KIND>(jt, g, t, n, sb, &codes)
+            );
         }
     }
 }
@@ -1691,7 +1793,12 @@ unsafe fn gemm_codes_avx2<const KIND: u8>(j: Job<'_>, n: usize, g0: usize, g1: u
 /// AVX2, FMA and F16C must be present; otherwise as for [`gemm_vnni`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn gemm_avx2(j: Job<'_>, n: usize, g0: usize, g1: usize) {
-    if n >= UNPACK_MIN_TOKENS {
+    // Every product of several tokens, batched decode included, unpacks each group's codes
+    // once: two tokens already repay the stores and reloads, for every type but Q4_K, which
+    // has the least to unpack (3072 × 1024 products on a Zen 3, 2 tokens: Q4_K 93 against
+    // 117 µs unpacking as it goes, Q5_K 179 against 133, Q6_K 183 against 146; 8 tokens:
+    // Q4_K 346 against 280, Q5_K 695 against 312, Q6_K 578 against 362).
+    if n >= 2 {
         // SAFETY: forwarded.
         unsafe {
             match j.p.dtype {
@@ -1705,7 +1812,8 @@ pub(super) unsafe fn gemm_avx2(j: Job<'_>, n: usize, g0: usize, g1: usize) {
         return;
     }
     for g in g0..g1 {
-        for_token_tiles!(n, t, [4, 2, 1], tile_avx2(j, g, g1, t, n));
+        // SAFETY: forwarded; one token.
+        unsafe { tile_avx2::<1>(j, g, g1, 0, n) };
     }
 }
 
