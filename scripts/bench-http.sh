@@ -3,7 +3,7 @@
 # `llama-server` on the same GGUF file, driven by the same external load generator
 # (guidellm, from PyPI) at each concurrency; then the HTTP API's overhead per token beside
 # gRPC's (`inferno loadtest --baseline`, which interleaves each request with the same one run
-# in-process). Prints one Markdown table of each; the raw JSON stays in $OUT_DIR.
+# in-process). Prints one Markdown table of each; the raw JSON stays in $RESULTS_DIR.
 #
 #   LLAMA_SERVER=/path/to/llama-server scripts/bench-http.sh [MODEL]
 #
@@ -37,7 +37,7 @@ overhead_requests=${OVERHEAD_REQUESTS:-12}
 fixed_chunk=${FIXED_CHUNK:-}
 target_itl=${TARGET_ITL_MS:-}
 overhead=${OVERHEAD:-1}
-out=${OUT_DIR:-$(mktemp -d)}
+out=${RESULTS_DIR:-$(mktemp -d)}
 mkdir -p "$out"
 [ -x "$llama_server" ] || { echo "set LLAMA_SERVER to a llama-server binary" >&2; exit 1; }
 

@@ -8,7 +8,7 @@
 #
 # BINS default to target/release/inferno; ROUNDS (default 2), REPS (timed repetitions per
 # run, default 3), THREADS (default 2), N_GEN (default 64) and STREAMS (default 8) are read
-# from the environment. Raw JSON goes to $OUT_DIR (default: a temporary directory, printed
+# from the environment. Raw JSON goes to $RESULTS_DIR (default: a temporary directory, printed
 # at the end).
 set -euo pipefail
 
@@ -29,7 +29,7 @@ reps=${REPS:-3}
 threads=${THREADS:-2}
 n_gen=${N_GEN:-64}
 streams=${STREAMS:-8}
-out=${OUT_DIR:-$(mktemp -d)}
+out=${RESULTS_DIR:-$(mktemp -d)}
 mkdir -p "$out"
 
 for round in $(seq 1 "$rounds"); do

@@ -8,7 +8,7 @@
 #   LLAMA_BENCH=/path/to/llama-bench scripts/bench-vs-llama.sh MODEL [ROUNDS] [BACKEND]
 #
 # TESTS (env) lists the tests as `threads:n_prompt:n_gen:depth` separated by spaces;
-# the default covers the targets in BENCHMARKS.md. Raw JSON goes to $OUT_DIR
+# the default covers the targets in BENCHMARKS.md. Raw JSON goes to $RESULTS_DIR
 # (default: a temporary directory, printed at the end).
 set -euo pipefail
 
@@ -19,7 +19,7 @@ llama_bench=${LLAMA_BENCH:?set LLAMA_BENCH to a llama-bench binary}
 inferno=${INFERNO:-target/release/inferno}
 reps=${REPS:-2}
 tests=${TESTS:-"1:128:0:0 1:512:0:0 1:0:64:0 2:128:0:0 2:512:0:0 2:0:64:0 2:0:64:512 1:0:64:512"}
-out=${OUT_DIR:-$(mktemp -d)}
+out=${RESULTS_DIR:-$(mktemp -d)}
 mkdir -p "$out"
 
 run_ours() { # threads p n d file
