@@ -224,7 +224,13 @@ fn step(
     times: &mut StepClock,
 ) -> Vec<SeqStep<'static>> {
     let plan = scheduler::plan(limits, times.times(), &mut active[..], Running::slot);
-    let draft_rows = draft(drafting, &plan, scratch.rows(), active);
+    let mut rows = scratch.rows();
+    if plan.prefill_rows > 0 {
+        if let Some(budget) = scheduler::row_budget(limits, times.times()) {
+            rows = rows.min(budget.max(plan.decode_rows + plan.prefill_rows));
+        }
+    }
+    let draft_rows = draft(drafting, &plan, rows, active);
     let step_span = debug_span!(
         "engine_step",
         batch_size = plan.seqs,

@@ -101,15 +101,25 @@ pub(super) fn prompt_rows(limits: &Limits, times: Option<StepTimes>, decode_rows
     if decode_rows == 0 {
         return limits.prefill_chunk;
     }
-    let (Some(target), Some(t)) = (limits.target_itl, times) else {
-        return floor;
-    };
-    if !(t.per_row > 0.0 && t.fixed.is_finite()) {
-        return floor;
+    match row_budget(limits, times) {
+        Some(rows) => rows
+            .saturating_sub(decode_rows)
+            .clamp(floor, limits.prefill_chunk),
+        None => floor,
     }
-    let spare = (target.as_secs_f64() - t.secs(decode_rows)) / t.per_row;
+}
+
+/// Token rows a step may run within the target by `times` (`None` without a target or
+/// measurements). While prompts wait, speculative drafts get only what is left of it
+/// after the decode and prompt rows: a first token comes before extra drafted ones.
+pub(super) fn row_budget(limits: &Limits, times: Option<StepTimes>) -> Option<usize> {
+    let (target, t) = (limits.target_itl?, times?);
+    if !(t.per_row > 0.0 && t.fixed.is_finite()) {
+        return None;
+    }
+    let rows = (target.as_secs_f64() - t.fixed) / t.per_row;
     // `as` saturates; NaN (never here) would be 0.
-    (spare.max(0.0) as usize).clamp(floor, limits.prefill_chunk)
+    Some(rows.max(0.0) as usize)
 }
 
 /// How long before a prompt of `prompt` tokens, with `ahead` prompt tokens to run before
@@ -488,6 +498,10 @@ mod tests {
             per_row: 0.0,
         };
         assert_eq!(prompt_rows(&t, Some(broken), 2), 8);
+        // The whole step's rows: (100 − 20) / 3.
+        assert_eq!(row_budget(&t, Some(TIMES)), Some(26));
+        assert_eq!(row_budget(&t, Some(broken)), None);
+        assert_eq!(row_budget(&limits(), Some(TIMES)), None);
     }
 
     /// A long prompt arrives while 7 streams decode, and a step turns out slow (the machine
