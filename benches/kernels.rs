@@ -4,8 +4,8 @@
 //! thread pool's dispatch cost. Run with `cargo bench --bench kernels`.
 
 use divan::{black_box, Bencher};
-use inferno::backend::simd::{Isa, SimdBackend};
-use inferno::backend::threadpool::ThreadPool;
+use inferno::backend::cpu::simd::{Isa, SimdBackend};
+use inferno::backend::cpu::threadpool::ThreadPool;
 use inferno::backend::{AttentionShape, Backend, KvLayer, KvRows, PoolBackend, ScalarBackend};
 use inferno::gguf::TensorBytes;
 use inferno::tensor::{q8_0, GgmlType, Matrix};

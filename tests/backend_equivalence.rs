@@ -8,7 +8,7 @@
 
 mod common;
 
-use inferno::backend::simd::{Isa, Kernels, SimdBackend};
+use inferno::backend::cpu::simd::{Isa, Kernels, SimdBackend};
 use inferno::backend::{
     create_backend, AttentionShape, Backend, BackendOptions, Device, KvLayer, KvRows,
     ParallelBackend, PoolBackend, ScalarBackend,

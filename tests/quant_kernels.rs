@@ -14,7 +14,7 @@
 //! - a decode matvec of each type allocates nothing on the calling thread once warm.
 
 use half::f16;
-use inferno::backend::simd::{Isa, Kernels, PackedK, SimdBackend};
+use inferno::backend::cpu::simd::{Isa, Kernels, PackedK, SimdBackend};
 use inferno::backend::{Backend, MatmulJob, ParallelBackend, PoolBackend, ScalarBackend};
 use inferno::gguf::TensorBytes;
 use inferno::tensor::{self, GgmlType, Matrix};
@@ -454,7 +454,7 @@ fn bits_nan(v: &[f32]) -> Vec<u32> {
 /// embedding) read the packed form and must give `scalar`'s values too.
 #[test]
 fn packed_products_and_row_lookups_are_byte_identical_to_scalar() {
-    use inferno::backend::simd::{PackedLegacy, PackedQ8};
+    use inferno::backend::cpu::simd::{PackedLegacy, PackedQ8};
     let mut r = ChaCha8Rng::seed_from_u64(7);
     let scalar = ScalarBackend::new();
     let mut backends: Vec<(String, Box<dyn Backend>)> = Vec::new();

@@ -118,7 +118,7 @@ async fn chat_messages_logprobs_tokenizer_and_model_info() {
     assert_eq!(info.backend, "pool");
     assert_eq!(
         info.threads as usize,
-        inferno::backend::threadpool::default_threads()
+        inferno::backend::cpu::threadpool::default_threads()
     );
     assert_eq!(info.vocab_size, 261);
     assert_eq!(info.queue_capacity, 16);

@@ -11,7 +11,7 @@
 
 mod common;
 
-use inferno::backend::simd::{Isa, SimdBackend};
+use inferno::backend::cpu::simd::{Isa, SimdBackend};
 use inferno::backend::{
     create_backend, Backend, BackendOptions, Device, KvType, ParallelBackend, PoolBackend,
     ScalarBackend,

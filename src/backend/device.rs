@@ -2,9 +2,9 @@
 //! GPU. It prepares weights at load, makes KV caches and activation buffers where its
 //! executor reads them, and runs one forward-pass step through the matching [`Executor`].
 
+use super::cpu::host::{HostExec, HostScratch};
 use super::exec::{Executor, ScratchSpec, SeqStep, Traced};
 use super::gpu::{GpuBackend, GpuError, GpuExec, GpuScratch};
-use super::host::{HostExec, HostScratch};
 use super::kv_cache::{KvCache, KvShape, KvType};
 use super::Backend;
 use crate::tensor::{GgmlType, Matrix, Vector};
@@ -173,10 +173,10 @@ impl Device {
     /// Whether attention heads of this size can run here.
     pub fn check_head_dim(&self, head_dim: usize) -> Result<(), DeviceError> {
         match &self.target {
-            Target::Host(_) if head_dim > super::scalar::MAX_HEAD_DIM || head_dim == 0 => {
+            Target::Host(_) if head_dim > super::cpu::scalar::MAX_HEAD_DIM || head_dim == 0 => {
                 Err(DeviceError::HeadDim {
                     head_dim,
-                    max: super::scalar::MAX_HEAD_DIM,
+                    max: super::cpu::scalar::MAX_HEAD_DIM,
                 })
             }
             Target::Host(_) => Ok(()),
@@ -204,7 +204,7 @@ impl Device {
             Target::Host(_) => KvCache::with_shape(kv, capacity.max(1)),
             Target::Gpu(g) => {
                 let capacity = capacity.min(g.max_kv_capacity(kv)).max(1);
-                KvCache::on_gpu(g.new_kv(kv, capacity), kv)
+                KvCache::on_device_memory(Box::new(g.new_kv(kv, capacity)), kv)
             }
         }
     }

@@ -7,10 +7,10 @@
 //! rows are converted when they are stored; attention reads the stored type directly
 //! ([`KvRows`]), with no widened copy of the cache.
 
-use super::gpu::GpuKv;
 use crate::tensor::q8_0;
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+use std::any::Any;
 
 /// The element type of a KV cache's keys or values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -227,7 +227,19 @@ pub struct KvCache {
 
 enum Store {
     Host { k: Vec<HostRows>, v: Vec<HostRows> },
-    Gpu(GpuKv),
+    Device(Box<dyn DeviceKv>),
+}
+
+/// Keys and values held in a device's memory. The device that made the cache reads it back
+/// through [`DeviceKv::as_any`]; the cache itself only copies prefixes between two of them,
+/// so it knows no device.
+pub trait DeviceKv: Send + Sync {
+    /// Positions each layer holds.
+    fn capacity(&self) -> usize;
+    /// Copies the first `n` positions of every layer and head from `other` (same shape,
+    /// checked by the caller); false, copying nothing, when `other` is another device's.
+    fn copy_prefix_from(&mut self, other: &dyn DeviceKv, n: usize) -> bool;
+    fn as_any(&self) -> &dyn Any;
 }
 
 impl KvCache {
@@ -263,24 +275,24 @@ impl KvCache {
     }
 
     /// A cache whose keys and values live in device memory.
-    pub(crate) fn on_gpu(gpu: GpuKv, kv: KvShape) -> Self {
+    pub(crate) fn on_device_memory(device: Box<dyn DeviceKv>, kv: KvShape) -> Self {
         Self {
-            capacity: gpu.capacity(),
+            capacity: device.capacity(),
             len: 0,
             kv,
-            store: Store::Gpu(gpu),
+            store: Store::Device(device),
         }
     }
 
     /// Whether the keys and values live in device memory.
     pub fn on_device(&self) -> bool {
-        matches!(self.store, Store::Gpu(_))
+        matches!(self.store, Store::Device(_))
     }
 
-    /// The device cache, when this cache lives on the GPU.
-    pub(crate) fn gpu(&self) -> Option<&GpuKv> {
+    /// The device's cache, when this cache lives in device memory.
+    pub(crate) fn device(&self) -> Option<&dyn DeviceKv> {
         match &self.store {
-            Store::Gpu(kv) => Some(kv),
+            Store::Device(kv) => Some(kv.as_ref()),
             Store::Host { .. } => None,
         }
     }
@@ -347,7 +359,12 @@ impl KvCache {
         let n = n.min(other.len).min(self.capacity);
         let (hd, heads, cap) = (self.kv.head_dim, self.kv.n_kv_heads, self.capacity);
         match (&mut self.store, &other.store) {
-            (Store::Gpu(dst), Store::Gpu(src)) => dst.copy_prefix_from(src, n),
+            (Store::Device(dst), Store::Device(src)) => {
+                if !dst.copy_prefix_from(src.as_ref(), n) {
+                    self.len = 0;
+                    return 0;
+                }
+            }
             (Store::Host { k, v }, Store::Host { k: ok, v: ov }) => {
                 for (dst, src) in [(k, ok), (v, ov)] {
                     for (dl, sl) in dst.iter_mut().zip(src.iter()) {

@@ -1,33 +1,29 @@
 //! The compute backends. A model's forward pass is written once against the [`exec`]
-//! interface and runs on a [`Device`]: the host kernels ([`Backend`]: `scalar` at the base,
-//! `simd` over it, `parallel` and `pool` spreading it over threads), whose [`host`] executor
-//! runs each operation as it comes, or the [`gpu`], whose executor records a whole step into
-//! one command buffer. The [`factory`] builds a device from its name.
+//! interface and runs on a [`Device`]: the host CPU's kernels ([`cpu`]: the [`Backend`]
+//! kernel sets `scalar` at the base, `simd` over it, `parallel` and `pool` spreading it over
+//! threads, run op by op by the host executor), or the [`gpu`], whose executor records a
+//! whole step into one command buffer. The [`factory`] builds a device from its name.
+//!
+//! This module holds the interfaces only (the executor, the device, the kernel trait, KV
+//! cache types); `cpu/` and `gpu/` depend on them and never on each other. A KV cache in
+//! device memory is the device's own ([`DeviceKv`]), so the cache types know no device.
 //!
 //! Operations write into buffers allocated once per sequence, and weights stay in their
 //! stored layout ([`Matrix`]), so a decode step allocates nothing. Nothing here knows a model
 //! architecture.
 
+pub mod cpu;
 pub mod device;
 pub mod exec;
 pub mod factory;
 pub mod gpu;
-pub mod host;
 pub mod kv_cache;
-pub mod parallel;
-pub mod pool;
-pub mod scalar;
-pub mod simd;
-pub mod threadpool;
 
+pub use cpu::{ParallelBackend, PoolBackend, ScalarBackend, SimdBackend};
 pub use device::{Device, DeviceError, Scratch};
 pub use exec::{Buf, Executor, Logits, Op, ScratchSpec, SeqStep, LOGITS};
 pub use factory::{create_backend, BackendOptions, BACKEND_NAMES};
-pub use kv_cache::{KvCache, KvLayer, KvRows, KvShape, KvType, KV_TYPE_NAMES};
-pub use parallel::ParallelBackend;
-pub use pool::PoolBackend;
-pub use scalar::ScalarBackend;
-pub use simd::SimdBackend;
+pub use kv_cache::{DeviceKv, KvCache, KvLayer, KvRows, KvShape, KvType, KV_TYPE_NAMES};
 
 use crate::tensor::{GgmlType, Matrix};
 

@@ -30,7 +30,7 @@
 //! token. The speculative row adds the ratio, the drafted and accepted tokens, the
 //! acceptance rate and the mean accepted drafts per verification.
 
-use crate::backend::simd::Isa;
+use crate::backend::cpu::simd::Isa;
 use crate::engine::generate::{generate_speculative, Flow, GenerateOptions, Sequence, Step};
 use crate::engine::loader::{load_model, LoadOptions, LoadedModel};
 use crate::engine::memory::resident_bytes;

@@ -423,7 +423,7 @@ mod tests {
         assert_eq!(threads("pool", 3), 3);
         assert_eq!(
             threads("parallel", 0),
-            crate::backend::threadpool::default_threads()
+            crate::backend::cpu::threadpool::default_threads()
         );
     }
 

@@ -778,7 +778,8 @@ fn device_matrix(m: &Matrix) -> Result<&GpuMatrix, GpuError> {
 /// A sequence's device cache, its KV heads and head size.
 fn device_cache<'k>(s: &'k SeqStep<'_>) -> Result<(&'k GpuKv, u32, u32), GpuError> {
     let kv =
-        s.kv.gpu()
+        s.kv.device()
+            .and_then(|d| d.as_any().downcast_ref::<GpuKv>())
             .ok_or_else(|| GpuError::Device("a host KV cache reached the GPU executor".into()))?;
     let (_, kvh, hd) = s.kv.shape();
     if hd > MAX_HEAD_DIM {

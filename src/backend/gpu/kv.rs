@@ -7,7 +7,8 @@
 //! quants (four a word), then every block's scale as f32 (the f16 scale, widened).
 
 use super::GpuContext;
-use crate::backend::{KvShape, KvType};
+use crate::backend::{DeviceKv, KvShape, KvType};
+use std::any::Any;
 use std::sync::Arc;
 
 pub struct GpuKv {
@@ -149,5 +150,25 @@ impl GpuKv {
             }
         }
         self.ctx.queue.submit([enc.finish()]);
+    }
+}
+
+impl DeviceKv for GpuKv {
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn copy_prefix_from(&mut self, other: &dyn DeviceKv, n: usize) -> bool {
+        match other.as_any().downcast_ref::<GpuKv>() {
+            Some(other) => {
+                GpuKv::copy_prefix_from(self, other, n);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }

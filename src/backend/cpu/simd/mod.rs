@@ -74,7 +74,7 @@ mod x86_packed_k;
 #[cfg(target_arch = "x86_64")]
 mod x86_quants;
 
-use super::{AttentionShape, Backend, KvLayer};
+use crate::backend::{AttentionShape, Backend, KvLayer};
 use crate::tensor::{q8_0, GgmlType, Matrix};
 use rayon::prelude::*;
 use std::any::Any;
@@ -505,7 +505,7 @@ impl RopeTable {
         }
         for t in 0..n {
             for (i, &f) in inv_freq.iter().enumerate() {
-                let (cos, sin) = super::rope_angle(pos0 + t, f);
+                let (cos, sin) = crate::backend::rope_angle(pos0 + t, f);
                 self.cos[t * half + i] = cos;
                 self.sin[t * half + i] = sin;
             }
@@ -903,8 +903,8 @@ impl Kernels {
         kvh: usize,
         out: OutPtr,
     ) -> (
-        super::KvRows<'a>,
-        super::KvRows<'a>,
+        crate::backend::KvRows<'a>,
+        crate::backend::KvRows<'a>,
         [x86::AttnRow; x86::MAX_ROWS],
         usize,
     ) {

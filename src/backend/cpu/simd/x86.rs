@@ -1682,7 +1682,7 @@ pub const PART: usize = 1024;
 
 /// Largest head size (the scalar reference's limit): the per-row partition buffers live on
 /// the stack.
-const MAX_HD: usize = crate::backend::scalar::MAX_HEAD_DIM;
+const MAX_HD: usize = crate::backend::cpu::scalar::MAX_HEAD_DIM;
 
 /// One partition's softmax state for one row: its running max, its sum of exponentials and
 /// (in a buffer beside) its unnormalized weighted values.

@@ -1,6 +1,6 @@
 //! The reference backend: plain loops, one core, defining the numerics of every operation.
 
-use super::{AttentionShape, Backend, KvLayer, KvRows};
+use crate::backend::{AttentionShape, Backend, KvLayer, KvRows};
 use crate::tensor::{self, float, GgmlType, Matrix, QuantDot};
 use std::cell::RefCell;
 
@@ -116,7 +116,7 @@ impl Backend for ScalarBackend {
         let half = head_dim / 2;
         for (t, tok) in x.chunks_exact_mut(n_heads * head_dim).enumerate() {
             for (i, &f) in inv_freq.iter().enumerate() {
-                let (cos, sin) = super::rope_angle(pos0 + t, f);
+                let (cos, sin) = crate::backend::rope_angle(pos0 + t, f);
                 for head in tok.chunks_exact_mut(head_dim) {
                     let (a, b) = (head[i], head[i + half]);
                     head[i] = a * cos - b * sin;

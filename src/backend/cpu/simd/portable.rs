@@ -122,7 +122,7 @@ pub fn attend_group(
 ) {
     let hd = s.head_dim;
     for (qh, acc) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
-        crate::backend::scalar::attend_head(qh, k, v, hd, kv_len, s.scale, acc);
+        crate::backend::cpu::scalar::attend_head(qh, k, v, hd, kv_len, s.scale, acc);
     }
 }
 

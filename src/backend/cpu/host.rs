@@ -1,10 +1,10 @@
 //! The host executor: runs each [`Op`] of a step at once with a [`Backend`]'s kernels, on
 //! activation buffers in host memory ([`HostScratch`]).
 
-use super::exec::{
+use crate::backend::exec::{
     wanted_rows, with_first_rows, Buf, Executor, MoeFfn, Op, ScratchSpec, SeqStep, LOGITS,
 };
-use super::{AttentionShape, Backend, MatmulJob};
+use crate::backend::{AttentionShape, Backend, MatmulJob};
 
 /// Most experts one step's batched expert products take (see [`moe_ffn`]).
 const MAX_BATCHED_EXPERTS: usize = 32;

@@ -12,7 +12,7 @@
 
 use super::packed_k::{write_min_pairs, MIN_PAIR_BYTES};
 use super::{Isa, Kernels, OutPtr, PackedK};
-use crate::backend::scalar::with_quant_scratch;
+use crate::backend::cpu::scalar::with_quant_scratch;
 use crate::tensor::{self, k_quants, GgmlType, Matrix, QuantDot};
 
 type DotFn = fn(&[u8], &[u8]) -> f32;

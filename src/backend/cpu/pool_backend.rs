@@ -11,7 +11,8 @@ use super::scalar::with_quant_scratch;
 use super::simd::quants::QuantMatmul;
 use super::simd::{with_act_scratch, Kernels, OutPtr, Packed, SimdBackend, GROUP};
 use super::threadpool::{default_threads, split, ThreadPool};
-use super::{AttentionShape, Backend, KvLayer, MatmulJob, ScalarBackend};
+use super::ScalarBackend;
+use crate::backend::{AttentionShape, Backend, KvLayer, MatmulJob};
 use crate::tensor::{q8_0, GgmlType, Matrix};
 
 /// Products with fewer 16-row groups than this run on the caller alone (dispatch would cost
