@@ -59,20 +59,12 @@ macro_rules! for_token_tiles {
 
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
-#[cfg(target_arch = "aarch64")]
-mod aarch64_packed_k;
-#[cfg(target_arch = "aarch64")]
-mod aarch64_quants;
 pub mod packed_k;
 mod packed_legacy;
 pub mod portable;
 pub mod quants;
 #[cfg(target_arch = "x86_64")]
 mod x86;
-#[cfg(target_arch = "x86_64")]
-mod x86_packed_k;
-#[cfg(target_arch = "x86_64")]
-mod x86_quants;
 
 use crate::backend::{AttentionShape, Backend, KvLayer};
 use crate::tensor::{q8_0, GgmlType, Matrix};

@@ -12,6 +12,11 @@
 
 use super::packed_k::{write_min_pairs, MIN_PAIR_BYTES};
 use super::{Isa, Kernels, OutPtr, PackedK};
+
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 use crate::backend::cpu::scalar::with_quant_scratch;
 use crate::tensor::{self, k_quants, GgmlType, Matrix, QuantDot};
 
@@ -70,7 +75,7 @@ macro_rules! every_type_kernels {
 /// Safe entry points to the AVX2 kernels.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::super::x86_quants as k;
+    use super::x86 as k;
 
     every_type_kernels!(k; four: dot4_q4_0_q8_0, dot4_q5_0_q8_0);
 
@@ -83,7 +88,7 @@ mod avx2 {
 /// Safe entry points to the NEON kernels.
 #[cfg(target_arch = "aarch64")]
 mod neon {
-    use super::super::aarch64_quants as k;
+    use super::aarch64 as k;
 
     every_type_kernels!(k);
 }

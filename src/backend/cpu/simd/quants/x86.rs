@@ -12,7 +12,7 @@
 //! Slices are cut to whole blocks, as the scalar code does. Every function needs AVX2, FMA
 //! and F16C (checked by the caller; see [`super::Isa`]), hence `unsafe`.
 
-use super::quants::scale_min_k4_words as scale_min_k4;
+use super::scale_min_k4_words as scale_min_k4;
 use crate::tensor::k_quants::{Q2_K_BYTES, Q3_K_BYTES};
 use crate::tensor::k_quants::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES};
 use crate::tensor::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_1_BYTES};

@@ -1,4 +1,4 @@
-//! AVX-512 VNNI and AVX2 products of packed Q2_K–Q6_K weights ([`super::packed_k::PackedK`])
+//! AVX-512 VNNI and AVX2 products of packed Q2_K–Q6_K weights ([`super::PackedK`])
 //! with Q8_K activation rows: a group of 16 weight rows against a tile of tokens, each weight
 //! line loaded and unpacked once for all the tokens of the tile. Prompts (VNNI: from 16
 //! tokens; AVX2: every product of two tokens or more, batched decode included) unpack each
@@ -22,13 +22,13 @@
 //! with the scalar expression (separate multiplies, no FMA), block after block, so every
 //! output is bit-identical to the scalar dot product of its row.
 
-use super::packed_k::{
+use super::super::x86::nibble_codes_512;
+use super::GROUP;
+use super::{
     fifth_line, load_window, owned_lanes, qs_line, quant_line, store_window, x4, x_bsum_pair, x_d,
     x_min_pair, Codes, FifthBits, Job, CODE_LINES, KIND_Q2, KIND_Q3, KIND_Q4, KIND_Q5, KIND_Q6,
     UNPACKED_BLOCKS, UNPACK_MIN_TOKENS,
 };
-use super::x86::nibble_codes_512;
-use super::GROUP;
 use crate::tensor::k_quants::Q8_K_BYTES;
 use crate::tensor::GgmlType;
 use std::arch::x86_64::*;

@@ -11,8 +11,8 @@
 //! Slices are cut to whole blocks, as the scalar code does. Every function needs NEON and the
 //! dot-product extension (checked by the caller; see [`super::Isa`]), hence `unsafe`.
 
-use super::aarch64::sdot;
-use super::quants::scale_min_k4_words as scale_min_k4;
+use super::super::aarch64::sdot;
+use super::scale_min_k4_words as scale_min_k4;
 use crate::tensor::k_quants::{q3_k_scales, Q2_K_BYTES, Q3_K_BYTES};
 use crate::tensor::k_quants::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES};
 use crate::tensor::legacy::{Q4_0_BYTES, Q4_1_BYTES, Q5_0_BYTES, Q5_1_BYTES, Q8_1_BYTES};

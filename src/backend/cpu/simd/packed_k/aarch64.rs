@@ -1,9 +1,9 @@
-//! NEON (`sdot`) products of packed Q2_K–Q6_K weights ([`super::packed_k::PackedK`]) with
+//! NEON (`sdot`) products of packed Q2_K–Q6_K weights ([`super::PackedK`]) with
 //! Q8_K activation rows. A packed 64-byte line holds four bytes of each of 16 rows, i.e. four
 //! 16-byte registers of four rows; the kernels take one such quarter of a group at a time,
 //! so each token needs only a handful of accumulators.
 //!
-//! The integer sums are those of the x86 kernels (see `x86_packed_k.rs`): `sdot` of the weight
+//! The integer sums are those of the x86 kernels (see `x86.rs` beside this file): `sdot` of the weight
 //! codes (at most 6 bits, so they are valid signed bytes) with the activation's four bytes
 //! broadcast; per sub-block the lane is multiplied by the row's scale (`vmlaq_s32`, exact);
 //! the mins (Q2_K, Q4_K, Q5_K) and the offsets of Q6_K (32) and Q3_K (4) come off with the
@@ -12,12 +12,12 @@
 //! scalar dot product of its row bit for bit. The packed f16 scales are widened with `half`
 //! (exact), four at a time.
 
-use super::aarch64::{f16x4, sdot};
-use super::packed_k::{
+use super::super::aarch64::{f16x4, sdot};
+use super::GROUP;
+use super::{
     load_window, quant_line, store_window, x4, x_bsum, x_d, x_min_pair, Codes, Job, CODE_LINES,
     KIND_Q2, KIND_Q3, KIND_Q4, KIND_Q5, KIND_Q6, UNPACKED_BLOCKS, UNPACK_MIN_TOKENS,
 };
-use super::GROUP;
 use crate::tensor::k_quants::Q8_K_BYTES;
 use crate::tensor::GgmlType;
 use std::arch::aarch64::*;

@@ -24,7 +24,7 @@
 //! | Q2_K | 1–4   | the stored scale bytes (scale in the low nibble, min in the high): byte `16·g + r` |
 //! | Q2_K | 5–20  | line `5 + 8h + k`: `qs[32h + 4k + i]` (elements `128h + 32s + 4k + i` in bit pairs `2s`) |
 //!
-//! The kernels (`x86_packed_k.rs`, `aarch64_packed_k.rs`) form exactly the integer sums of
+//! The kernels (`x86.rs`, `aarch64.rs` beside this file) form exactly the integer sums of
 //! the scalar dot products in `crate::tensor::k_quants` and fold each super-block into the
 //! f32 accumulator with the scalar expression, so every output equals the scalar dot of its
 //! row with that token's Q8_K row, bit for bit. They read each Q8_K block's sums of 16 values
@@ -33,6 +33,11 @@
 //! them summed per 32-value sub-block, once per activation row ([`write_min_pairs`]).
 
 use super::{Isa, Line, OutPtr, GROUP};
+
+#[cfg(target_arch = "aarch64")]
+mod aarch64;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 use crate::tensor::k_quants::{self, QK};
 use crate::tensor::{GgmlType, Matrix};
 use rayon::prelude::*;
@@ -232,11 +237,11 @@ impl PackedK {
         // the output is the caller's.
         match isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => unsafe { super::x86_packed_k::gemm_vnni(j, n, g0, g1) },
+            Isa::Avx512Vnni => unsafe { x86::gemm_vnni(j, n, g0, g1) },
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { super::x86_packed_k::gemm_avx2(j, n, g0, g1) },
+            Isa::Avx2 => unsafe { x86::gemm_avx2(j, n, g0, g1) },
             #[cfg(target_arch = "aarch64")]
-            Isa::Neon => unsafe { super::aarch64_packed_k::gemm_sdot(j, n, g0, g1) },
+            Isa::Neon => unsafe { aarch64::gemm_sdot(j, n, g0, g1) },
             _ => return false,
         }
         true
@@ -457,7 +462,7 @@ impl Job<'_> {
 
 /// Tokens from which a VNNI or NEON product unpacks each group's codes once instead of in
 /// every tile: a second tile already repays the stores and reloads. (AVX2 unpacks from two
-/// tokens: see `x86_packed_k::gemm_avx2`.)
+/// tokens: see `x86::gemm_avx2`.)
 pub(super) const UNPACK_MIN_TOKENS: usize = 16;
 
 /// Super-blocks of a group unpacked at a time: 16 KiB of codes, which stay in L1 beside a
