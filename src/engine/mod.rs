@@ -12,16 +12,17 @@
 //! | [`limits`] | the engine's configured and resolved limits |
 //! | [`worker`] | the engine thread and its handle ([`Engine`]) |
 //! | `scheduler` | each step's decisions: admission, stops, who decodes and who prefills how much |
-//! | `runner` | the loop that carries the plan out: the batched forward pass, sampling, ending requests |
-//! | `running` | one running request: its rows, its streamed tokens, its final events |
+//! | `step_loop` | the loop that carries the plan out, step by step: the batched forward pass, sampling, ending requests |
+//! | `active` | one active (running) request: its rows, its streamed tokens, its final events |
 //! | [`speculative`] | speculative decoding: the proposers (n-gram lookup, a draft model), acceptance, how many drafts a step tries |
 //! | [`kv_pool`] | the KV-cache budget and the prefix cache |
 //! | [`queue`] | the bounded queue of waiting requests |
 //! | [`observer`] | what the engine measures, for metrics |
 //!
-//! Dependencies point one way: `worker` → `runner` → `running` → `scheduler`, with the
+//! Dependencies point one way: `worker` → `step_loop` → `active` → `scheduler`, with the
 //! data types (`job`, `limits`, `request`, `loader`) below them all.
 
+mod active;
 pub mod generate;
 pub mod job;
 pub mod kv_pool;
@@ -33,11 +34,10 @@ pub mod plan;
 pub mod queue;
 pub mod reply;
 pub mod request;
-mod runner;
-mod running;
 mod scheduler;
 mod shared;
 pub mod speculative;
+mod step_loop;
 pub mod worker;
 
 pub use generate::{
