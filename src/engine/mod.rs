@@ -10,7 +10,7 @@
 //! | [`generate`](mod@generate) | one generation: sampling, stop strings, streamed text, metrics ([`Sequence`]), and [`generate()`] for a single sequence |
 //! | [`job`] | a request as the engine thread serves it and the events it sends back |
 //! | [`limits`] | the engine's configured and resolved limits |
-//! | [`worker`] | the engine thread and its handle ([`Engine`]) |
+//! | [`handle`] | the engine thread and its handle ([`Engine`]) |
 //! | `scheduler` | each step's decisions: admission, stops, who decodes and who prefills how much |
 //! | `step_loop` | the loop that carries the plan out, step by step: the batched forward pass, sampling, ending requests |
 //! | `active` | one active (running) request: its rows, its streamed tokens, its final events |
@@ -19,11 +19,12 @@
 //! | [`queue`] | the bounded queue of waiting requests |
 //! | [`observer`] | what the engine measures, for metrics |
 //!
-//! Dependencies point one way: `worker` → `step_loop` → `active` → `scheduler`, with the
+//! Dependencies point one way: `handle` → `step_loop` → `active` → `scheduler`, with the
 //! data types (`job`, `limits`, `request`, `loader`) below them all.
 
 mod active;
 pub mod generate;
+pub mod handle;
 pub mod job;
 pub mod kv_pool;
 pub mod limits;
@@ -38,12 +39,12 @@ mod scheduler;
 mod shared;
 pub mod speculative;
 mod step_loop;
-pub mod worker;
 
 pub use generate::{
     generate, generate_speculative, FinishReason, Flow, GenerateError, GenerateOptions, Generation,
     Metrics, Sequence, Step, TokenEvent, Verified,
 };
+pub use handle::{Engine, SubmitError};
 #[cfg(feature = "fault-injection")]
 pub use job::FAULT_PANIC_REQUEST_ID;
 pub use job::{
@@ -55,4 +56,3 @@ pub use limits::{EngineConfig, Limits};
 pub use loader::{EngineAssets, LoadOptions, ModelDescription, DEMO_NOTE};
 pub use observer::{NoObserver, Observer};
 pub use request::{Built, EngineState, Prompt, Request, RequestError, Served};
-pub use worker::{Engine, SubmitError};
