@@ -7,8 +7,7 @@ use divan::{black_box, Bencher};
 use inferno::backend::cpu::simd::{Isa, SimdBackend};
 use inferno::backend::cpu::threadpool::ThreadPool;
 use inferno::backend::{AttentionShape, Backend, KvLayer, KvRows, PoolBackend, ScalarBackend};
-use inferno::gguf::TensorBytes;
-use inferno::tensor::{q8_0, GgmlType, Matrix};
+use inferno::tensor::{q8_0, GgmlType, Matrix, TensorBytes};
 
 fn main() {
     divan::main();

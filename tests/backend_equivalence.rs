@@ -13,9 +13,9 @@ use inferno::backend::{
     create_backend, AttentionShape, Backend, BackendOptions, Device, KvLayer, KvRows,
     ParallelBackend, PoolBackend, ScalarBackend,
 };
-use inferno::gguf::{GgufFile, TensorBytes};
+use inferno::gguf::GgufFile;
 use inferno::model::{Logits, Model};
-use inferno::tensor::{float, legacy, q8_0, GgmlType, Matrix};
+use inferno::tensor::{float, legacy, q8_0, GgmlType, Matrix, TensorBytes};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;

@@ -16,8 +16,7 @@
 use half::f16;
 use inferno::backend::cpu::simd::{Isa, Kernels, PackedK, SimdBackend};
 use inferno::backend::{Backend, MatmulJob, ParallelBackend, PoolBackend, ScalarBackend};
-use inferno::gguf::TensorBytes;
-use inferno::tensor::{self, GgmlType, Matrix};
+use inferno::tensor::{self, GgmlType, Matrix, TensorBytes};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::ops::Range;

@@ -10,19 +10,21 @@
 //! | [`generate`](mod@generate) | one generation: sampling, stop strings, streamed text, metrics ([`Sequence`]), and [`generate()`] for a single sequence |
 //! | [`job`] | a request as the engine thread serves it and the events it sends back |
 //! | [`limits`] | the engine's configured and resolved limits |
-//! | [`worker`] | the engine thread and its handle ([`Engine`]) |
+//! | [`handle`] | the engine thread and its handle ([`Engine`]) |
 //! | `scheduler` | each step's decisions: admission, stops, who decodes and who prefills how much |
-//! | `runner` | the loop that carries the plan out: the batched forward pass, sampling, ending requests |
-//! | `running` | one running request: its rows, its streamed tokens, its final events |
+//! | `step_loop` | the loop that carries the plan out, step by step: the batched forward pass, sampling, ending requests |
+//! | `active` | one active (running) request: its rows, its streamed tokens, its final events |
 //! | [`speculative`] | speculative decoding: the proposers (n-gram lookup, a draft model), acceptance, how many drafts a step tries |
 //! | [`kv_pool`] | the KV-cache budget and the prefix cache |
 //! | [`queue`] | the bounded queue of waiting requests |
 //! | [`observer`] | what the engine measures, for metrics |
 //!
-//! Dependencies point one way: `worker` → `runner` → `running` → `scheduler`, with the
+//! Dependencies point one way: `handle` → `step_loop` → `active` → `scheduler`, with the
 //! data types (`job`, `limits`, `request`, `loader`) below them all.
 
+mod active;
 pub mod generate;
+pub mod handle;
 pub mod job;
 pub mod kv_pool;
 pub mod limits;
@@ -33,17 +35,16 @@ pub mod plan;
 pub mod queue;
 pub mod reply;
 pub mod request;
-mod runner;
-mod running;
 mod scheduler;
 mod shared;
 pub mod speculative;
-pub mod worker;
+mod step_loop;
 
 pub use generate::{
     generate, generate_speculative, FinishReason, Flow, GenerateError, GenerateOptions, Generation,
     Metrics, Sequence, Step, TokenEvent, Verified,
 };
+pub use handle::{Engine, SubmitError};
 #[cfg(feature = "fault-injection")]
 pub use job::FAULT_PANIC_REQUEST_ID;
 pub use job::{
@@ -55,4 +56,3 @@ pub use limits::{EngineConfig, Limits};
 pub use loader::{EngineAssets, LoadOptions, ModelDescription, DEMO_NOTE};
 pub use observer::{NoObserver, Observer};
 pub use request::{Built, EngineState, Prompt, Request, RequestError, Served};
-pub use worker::{Engine, SubmitError};

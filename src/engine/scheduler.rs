@@ -1,4 +1,4 @@
-//! The engine's decisions, apart from the code that carries them out (the runner): whether
+//! The engine's decisions, apart from the code that carries them out (the step loop): whether
 //! the job at the head of the queue starts, waits or is refused ([`admission`]); whether a
 //! running sequence must stop ([`stop_cause`]); and each step's plan ([`plan`]): which
 //! sequences decode a token and how many prompt tokens each waiting prompt runs.

@@ -336,26 +336,6 @@ fn empty_writer_is_a_valid_file() {
     assert!(f.tensors().is_empty());
 }
 
-#[test]
-fn tensor_bytes_from_vec() {
-    let t = TensorBytes::from_vec(vec![1, 2, 3]);
-    assert_eq!(t.as_slice(), &[1, 2, 3]);
-    assert_eq!(t.len(), 3);
-    let e = TensorBytes::from_vec(Vec::new());
-    assert!(e.is_empty());
-    assert_eq!(format!("{t:?}"), "TensorBytes(3 bytes)");
-}
-
-#[test]
-fn page_interior_keeps_only_whole_pages_inside_the_range() {
-    assert_eq!(page_interior(0, 8192, 4096), Some((0, 8192)));
-    assert_eq!(page_interior(1, 8192, 4096), Some((4096, 4096)));
-    assert_eq!(page_interior(100, 4000, 4096), None);
-    assert_eq!(page_interior(4096, 4095, 4096), None);
-    assert_eq!(page_interior(4000, 20000, 4096), Some((4096, 16384)));
-    assert_eq!(page_interior(0, 100, 0), None);
-}
-
 /// Releasing a mapped tensor's pages changes none of its bytes (they fault back in from the
 /// file); owned bytes are never released.
 #[cfg(unix)]

@@ -1,17 +1,16 @@
 //! The model: hyper-parameters ([`config`]), weights ([`weights`]) and the forward pass
-//! shared by the Qwen3, Qwen3-MoE, Qwen2 and Llama architectures ([`qwen`]), for one sequence
-//! or a batch of them. The
-//! pass is written against `backend::exec`, so it runs on every device; the model knows no
-//! device itself.
+//! shared by the Qwen3, Qwen3-MoE, Qwen2 and Llama architectures ([`transformer`]), for one
+//! sequence or a batch of them. The pass is written against `backend::exec`, so it runs on
+//! every device; the model knows no device itself.
 
 pub mod config;
-pub mod qwen;
 pub mod synth;
+pub mod transformer;
 pub mod weights;
 
 pub use crate::backend::{KvCache, Logits, Scratch, SeqStep};
 pub use config::{Architecture, ModelConfig, MoeConfig};
-pub use qwen::{Model, State};
+pub use transformer::{Model, State};
 pub use weights::{ExpertWeights, Ffn, ModelWeights, MoeWeights};
 
 use crate::gguf::GgufError;

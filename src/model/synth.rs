@@ -19,25 +19,24 @@
 //! only no longer one repeated character.
 
 use crate::gguf::{GgufError, GgufWriter, Value};
-use crate::model::{Architecture, MoeConfig};
+use crate::model::config::RopeScaling;
+use crate::model::{Architecture, ModelConfig, MoeConfig};
 use crate::tensor::{float, q8_0, GgmlType};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use std::ops::{Deref, DerefMut};
 
+/// A model to synthesize: the hyper-parameters its file describes and how its weights are
+/// drawn. It dereferences to its [`ModelConfig`], so `spec.n_layers` reads and sets the
+/// config's field.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SynthSpec {
     pub name: String,
-    pub arch: Architecture,
-    pub n_layers: usize,
-    pub hidden: usize,
-    pub ffn: usize,
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub head_dim: usize,
-    pub vocab: usize,
-    pub context_length: usize,
-    pub rope_theta: f32,
-    pub rms_eps: f32,
+    /// The hyper-parameters written to the file's metadata. `rope_scaling` must be
+    /// [`RopeScaling::None`]: no scaling keys are written (Llama 3's scaling is the
+    /// `rope_freqs.weight` tensor). `moe` holds the experts of a `qwen3moe` model (its MLPs
+    /// are mixtures of them) and is `None` otherwise.
+    pub config: ModelConfig,
     pub tied: bool,
     /// Type of the 2-D weight matrices (norms stay F32).
     pub dtype: GgmlType,
@@ -45,8 +44,20 @@ pub struct SynthSpec {
     /// Shape the output toward varied printable text (see the module's notes; needs an
     /// untied LM head).
     pub readable: bool,
-    /// The experts of a `qwen3moe` model (its MLPs are mixtures of them); `None` otherwise.
-    pub moe: Option<MoeConfig>,
+}
+
+impl Deref for SynthSpec {
+    type Target = ModelConfig;
+
+    fn deref(&self) -> &ModelConfig {
+        &self.config
+    }
+}
+
+impl DerefMut for SynthSpec {
+    fn deref_mut(&mut self) -> &mut ModelConfig {
+        &mut self.config
+    }
 }
 
 pub const PRESETS: &[&str] = &["0.6b", "demo"];
@@ -72,34 +83,40 @@ impl SynthSpec {
     pub fn preset(name: &str, dtype: GgmlType) -> Option<Self> {
         let base = Self {
             name: format!("synthetic-qwen3-{name}"),
-            arch: Architecture::Qwen3,
-            n_layers: 28,
-            hidden: 1024,
-            ffn: 3072,
-            n_heads: 16,
-            n_kv_heads: 8,
-            head_dim: 128,
-            vocab: 151_936,
-            context_length: 40_960,
-            rope_theta: 1_000_000.0,
-            rms_eps: 1e-6,
+            config: ModelConfig {
+                arch: Architecture::Qwen3,
+                n_layers: 28,
+                hidden: 1024,
+                ffn: 3072,
+                n_heads: 16,
+                n_kv_heads: 8,
+                head_dim: 128,
+                vocab: 151_936,
+                context_length: 40_960,
+                rope_theta: 1_000_000.0,
+                rope_scaling: RopeScaling::None,
+                rms_eps: 1e-6,
+                moe: None,
+            },
             tied: true,
             dtype,
             seed: 42,
             readable: false,
-            moe: None,
         };
         match name {
             "0.6b" => Some(base),
             "demo" => Some(Self {
-                n_layers: 4,
-                hidden: 256,
-                ffn: 768,
-                n_heads: 4,
-                n_kv_heads: 2,
-                head_dim: 64,
-                vocab: 256 + SPECIALS.len(),
-                context_length: 4096,
+                config: ModelConfig {
+                    n_layers: 4,
+                    hidden: 256,
+                    ffn: 768,
+                    n_heads: 4,
+                    n_kv_heads: 2,
+                    head_dim: 64,
+                    vocab: 256 + SPECIALS.len(),
+                    context_length: 4096,
+                    ..base.config
+                },
                 tied: false,
                 readable: true,
                 ..base
@@ -116,65 +133,74 @@ impl SynthSpec {
             (Architecture::Qwen3, _) => Self::preset(name, dtype),
             (Architecture::Llama, "1b") => Some(Self {
                 name: "synthetic-llama-3.2-1b".into(),
-                arch,
-                n_layers: 16,
-                hidden: 2048,
-                ffn: 8192,
-                n_heads: 32,
-                n_kv_heads: 8,
-                head_dim: 64,
-                vocab: 128_256,
-                context_length: 131_072,
-                rope_theta: 500_000.0,
-                rms_eps: 1e-5,
+                config: ModelConfig {
+                    arch,
+                    n_layers: 16,
+                    hidden: 2048,
+                    ffn: 8192,
+                    n_heads: 32,
+                    n_kv_heads: 8,
+                    head_dim: 64,
+                    vocab: 128_256,
+                    context_length: 131_072,
+                    rope_theta: 500_000.0,
+                    rope_scaling: RopeScaling::None,
+                    rms_eps: 1e-5,
+                    moe: None,
+                },
                 tied: true,
                 dtype,
                 seed: 42,
                 readable: false,
-                moe: None,
             }),
             (Architecture::Qwen3Moe, "30b-a3b" | "tiny") => {
                 let full = Self {
                     name: "synthetic-qwen3-30b-a3b".into(),
-                    arch,
-                    n_layers: 48,
-                    hidden: 2048,
-                    ffn: 6144,
-                    n_heads: 32,
-                    n_kv_heads: 4,
-                    head_dim: 128,
-                    vocab: 151_936,
-                    context_length: 40_960,
-                    rope_theta: 1_000_000.0,
-                    rms_eps: 1e-6,
+                    config: ModelConfig {
+                        arch,
+                        n_layers: 48,
+                        hidden: 2048,
+                        ffn: 6144,
+                        n_heads: 32,
+                        n_kv_heads: 4,
+                        head_dim: 128,
+                        vocab: 151_936,
+                        context_length: 40_960,
+                        rope_theta: 1_000_000.0,
+                        rope_scaling: RopeScaling::None,
+                        rms_eps: 1e-6,
+                        moe: Some(MoeConfig {
+                            n_experts: 128,
+                            n_used: 8,
+                            expert_ffn: 768,
+                            normalize: true,
+                        }),
+                    },
                     tied: false,
                     dtype,
                     seed: 42,
                     readable: false,
-                    moe: Some(MoeConfig {
-                        n_experts: 128,
-                        n_used: 8,
-                        expert_ffn: 768,
-                        normalize: true,
-                    }),
                 };
                 Some(if name == "tiny" {
                     Self {
                         name: "synthetic-qwen3moe-tiny".into(),
-                        n_layers: 2,
-                        hidden: 64,
-                        ffn: 256,
-                        n_heads: 4,
-                        n_kv_heads: 2,
-                        head_dim: 16,
-                        vocab: 256 + SPECIALS.len(),
-                        context_length: 256,
-                        moe: Some(MoeConfig {
-                            n_experts: 8,
-                            n_used: 2,
-                            expert_ffn: 32,
-                            normalize: true,
-                        }),
+                        config: ModelConfig {
+                            n_layers: 2,
+                            hidden: 64,
+                            ffn: 256,
+                            n_heads: 4,
+                            n_kv_heads: 2,
+                            head_dim: 16,
+                            vocab: 256 + SPECIALS.len(),
+                            context_length: 256,
+                            moe: Some(MoeConfig {
+                                n_experts: 8,
+                                n_used: 2,
+                                expert_ffn: 32,
+                                normalize: true,
+                            }),
+                            ..full.config
+                        },
                         ..full
                     }
                 } else {
@@ -408,6 +434,11 @@ pub fn build_with_progress(
             "experts are given exactly for qwen3moe".into(),
         ));
     }
+    if spec.rope_scaling != RopeScaling::None {
+        return Err(SynthError::Shape(
+            "RoPE scaling keys are not synthesized (rope_scaling must be None)".into(),
+        ));
+    }
     let llama = spec.arch == Architecture::Llama;
     let mut rng = ChaCha8Rng::seed_from_u64(spec.seed);
     let mut w = GgufWriter::new();
@@ -625,7 +656,8 @@ mod tests {
         let g = GgufFile::from_bytes(a).unwrap();
         let cfg = crate::model::ModelConfig::from_gguf(&g).unwrap();
         assert_eq!(cfg.n_layers, 4);
-        assert_eq!(cfg.vocab, spec.vocab);
+        // The file describes exactly the spec's config.
+        assert_eq!(cfg, spec.config);
         let tok = crate::tokenizer::Tokenizer::from_gguf(&g).unwrap();
         let ids = tok.encode("héllo <|im_end|>", true).unwrap();
         assert_eq!(tok.decode(&ids, false).unwrap(), "héllo <|im_end|>");
@@ -651,20 +683,24 @@ mod tests {
         let spec = SynthSpec::preset_for(Architecture::Llama, "1b", GgmlType::Q8_0).unwrap();
         assert_eq!(spec.n_params(), 1_235_814_400);
         let small = SynthSpec {
-            n_layers: 2,
-            hidden: 64,
-            ffn: 128,
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 16,
-            vocab: 256 + SPECIALS.len(),
-            context_length: 64,
+            config: ModelConfig {
+                n_layers: 2,
+                hidden: 64,
+                ffn: 128,
+                n_heads: 4,
+                n_kv_heads: 2,
+                head_dim: 16,
+                vocab: 256 + SPECIALS.len(),
+                context_length: 64,
+                ..spec.config
+            },
             ..spec
         };
         let g = GgufFile::from_bytes(build(&small).unwrap().to_bytes()).unwrap();
         let be = crate::backend::create_backend("scalar", &Default::default()).unwrap();
         let model = crate::model::Model::load(&g, be).unwrap();
         assert_eq!(model.config.arch, Architecture::Llama);
+        assert_eq!(model.config, small.config);
         let f = model
             .weights
             .rope_freqs
@@ -696,7 +732,7 @@ mod tests {
         let be = crate::backend::create_backend("scalar", &Default::default()).unwrap();
         let model = crate::model::Model::load(&g, be).unwrap();
         assert_eq!(model.config.arch, Architecture::Qwen3Moe);
-        assert_eq!(model.config.moe, tiny.moe);
+        assert_eq!(model.config, tiny.config);
         let crate::model::Ffn::Moe(m) = &model.weights.layers[0].ffn else {
             panic!("a qwen3moe layer has experts");
         };

@@ -17,8 +17,8 @@
 
 use super::{Architecture, ModelConfig, ModelError};
 use crate::backend::Device;
-use crate::gguf::{GgufFile, TensorBytes};
-use crate::tensor::{self, GgmlType, Matrix, Vector};
+use crate::gguf::GgufFile;
+use crate::tensor::{self, GgmlType, Matrix, TensorBytes, Vector};
 use rayon::prelude::*;
 
 /// One transformer block's weights.

@@ -1,7 +1,6 @@
 //! A 2-D weight matrix kept in its stored layout (plain floats or quantized blocks).
 
-use super::GgmlType;
-use crate::gguf::TensorBytes;
+use super::{GgmlType, TensorBytes};
 use std::any::Any;
 use std::sync::Arc;
 

@@ -1,6 +1,7 @@
 //! Tensor element types and quantized block formats: their layouts, dequantization and dot
 //! products, in plain scalar code that defines the numerics every faster kernel must match.
 
+pub mod bytes;
 pub mod dtype;
 pub mod float;
 pub mod k_quantize;
@@ -10,6 +11,7 @@ pub mod matrix;
 pub mod mixture;
 pub mod q8_0;
 
+pub use bytes::TensorBytes;
 pub use dtype::GgmlType;
 pub use matrix::{Matrix, Vector};
 

@@ -1,8 +1,8 @@
-//! One running request on the engine thread: set up with its KV cache ([`Running::start`]),
-//! its drafts when it speculates ([`Running::prepare_drafts`]), its rows of each step
-//! ([`Running::rows`]), its sampled tokens (verified against its drafts) streamed to the
-//! client as they come ([`Running::sample`]), and its end packaged as the client's final
-//! events ([`Running::finish`]).
+//! One active (running) request on the engine thread: set up with its KV cache
+//! ([`Running::start`]), its drafts when it speculates ([`Running::prepare_drafts`]), its
+//! rows of each step ([`Running::rows`]), its sampled tokens (verified against its drafts)
+//! streamed to the client as they come ([`Running::sample`]), and its end packaged as the
+//! client's final events ([`Running::finish`]).
 
 use super::generate::{FinishReason, Flow, GenerateError, Sequence, Step};
 use super::job::{Done, Event, Job, JobError, Logprobs, Outcome, TokenLogprob, TokenOut};

@@ -1,4 +1,4 @@
-//! The engine thread's loop: continuous batching.
+//! The engine thread's step loop: continuous batching.
 //!
 //! Up to `max_seqs` sequences run at once. Between steps the loop admits queued jobs and
 //! stops sequences as the [`scheduler`](super::scheduler) decides (a sequence whose client
@@ -19,12 +19,12 @@
 //! (step, position, drafts), which follow from that step's `engine_step`, and a `verify`
 //! span for a step that verified drafts.
 
+use super::active::{End, Running};
 use super::generate::{FinishReason, Step};
 use super::job::{Event, JobError, Outcome};
 use super::kv_pool::KvPool;
 use super::limits::Limits;
 use super::loader::EngineAssets;
-use super::running::{End, Running};
 use super::scheduler::{self, Role, StepClock, StepPlan, StepTimes, Verdict};
 use super::shared::Shared;
 use super::speculative::draft::{self, DraftModel};

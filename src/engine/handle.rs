@@ -1,6 +1,6 @@
 //! The engine thread: one OS thread that loads and owns the model, its backend stack and
 //! every sequence's KV cache, and serves queued generation requests in batches
-//! (the runner), streaming each request's tokens back through its own channel.
+//! (the step loop), streaming each request's tokens back through its own channel.
 //!
 //! Callers never touch the model. They [`Engine::submit`] a [`Job`] (refused at once when
 //! the bounded queue is full) and read [`Event`]s from the job's channel. A
@@ -16,9 +16,9 @@ use super::memory::gib;
 use super::observer::Observer;
 use super::queue::PushError;
 use super::request::{EngineState, Served};
-use super::runner::{self, panic_message};
 use super::shared::Shared;
 use super::speculative::{Method, SpecInfo};
+use super::step_loop::{self, panic_message};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -261,7 +261,7 @@ fn engine_main(shared: Arc<Shared>, config: EngineConfig, loader: Loader) {
         draft_model = speculative.draft_model.as_deref().unwrap_or(""),
         "engine ready"
     );
-    runner::run(&shared, &assets, limits, spec);
+    step_loop::run(&shared, &assets, limits, spec);
 }
 
 fn fail_all(shared: &Shared, msg: Arc<str>) {
