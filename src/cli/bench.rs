@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 pub struct BenchArgs {
     /// The model to time.
     #[command(flatten)]
-    pub model: super::hub::ModelSource,
+    pub model: super::args::ModelSource,
     /// Backends to compare (comma-separated).
     #[arg(long, short = 'b', value_delimiter = ',', default_value = "pool")]
     pub backend: Vec<String>,
@@ -86,8 +86,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 512)]
     pub batch: usize,
     /// text: a llama-bench style table; json: every result with its samples.
-    #[arg(long, short = 'o', value_enum, default_value_t = super::OutputFormat::Text)]
-    pub output: super::OutputFormat,
+    #[arg(long, short = 'o', value_enum, default_value_t = super::args::OutputFormat::Text)]
+    pub output: super::args::OutputFormat,
     /// After each backend's tests, leave it without work for 1 s, then report the process's
     /// CPU use over this many seconds (Linux; 0 skips).
     #[arg(long, default_value_t = 0.0)]
@@ -103,14 +103,14 @@ pub struct BenchArgs {
     pub streams: Vec<usize>,
     /// Type the KV cache stores keys as: f32, f16 or q8_0 (default: f32 for an F32 model,
     /// else f16).
-    #[arg(long, visible_alias = "ctk", value_parser = super::parse_kv_type)]
+    #[arg(long, visible_alias = "ctk", value_parser = super::args::parse_kv_type)]
     pub cache_type_k: Option<crate::backend::KvType>,
     /// Type the KV cache stores values as (default as for keys).
-    #[arg(long, visible_alias = "ctv", value_parser = super::parse_kv_type)]
+    #[arg(long, visible_alias = "ctv", value_parser = super::args::parse_kv_type)]
     pub cache_type_v: Option<crate::backend::KvType>,
     /// How a mixture-of-experts model's experts are loaded: auto, repack or mmap (as for
     /// `serve`).
-    #[arg(long, default_value = "auto", value_parser = super::parse_experts)]
+    #[arg(long, default_value = "auto", value_parser = super::args::parse_experts)]
     pub experts: crate::engine::loader::ExpertLoad,
     /// Run every generation test twice, unconstrained and constrained to a JSON value valid
     /// under the JSON schema in this file (alternating runs, same streams and token count),
@@ -129,7 +129,7 @@ pub struct BenchArgs {
     #[arg(long, group = "bench_format")]
     pub json_object: bool,
     #[command(flatten)]
-    pub spec: super::SpecArgs,
+    pub spec: super::args::SpecArgs,
     /// With --speculative: start each generation test from this text (tokenized as is, after
     /// its --depth random tokens if any) instead of random tokens alone.
     #[arg(long, value_name = "FILE", requires = "speculative")]
@@ -520,7 +520,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         bail!("--repetitions must be at least 1");
     }
     let path = a.model.resolve()?;
-    let gguf = super::open_gguf(&path)?;
+    let gguf = super::common::open_gguf(&path)?;
     let model_name = gguf
         .get_str("general.name")
         .map(str::to_string)
@@ -627,7 +627,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         .map(|&(d, p, n, _)| d + p.max(n) + 1 + prompt_tokens.len())
         .max()
         .unwrap_or(1);
-    let text = a.output == super::OutputFormat::Text;
+    let text = a.output == super::args::OutputFormat::Text;
     if text {
         let (roofline, rule) = if a.roofline {
             (
@@ -685,7 +685,7 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
         })
         .sum();
     let runs = (a.backend.len() * a.threads.len() * per_load * (a.repetitions + 1)) as u64;
-    let bar = super::progress_bar(runs, "loading");
+    let bar = super::common::progress_bar(runs, "loading");
     // A tick keeps the elapsed time moving through a long depth fill; none off a terminal,
     // where nothing is drawn.
     let tick = |on: bool| {

@@ -8,8 +8,8 @@
 //! service's per-token overhead over the bare engine: the median over requests of each
 //! stream's mean gap between tokens, on both sides, with the noise of that difference.
 
+use super::args::OutputFormat;
 use super::serve::parse_duration;
-use super::OutputFormat;
 use crate::engine::loader::{file_assets, synthetic_assets};
 use crate::engine::request::{prompt_tokens, Prompt};
 use crate::engine::{generate, Flow, GenerateOptions};
@@ -83,14 +83,14 @@ pub struct LoadtestArgs {
     #[arg(long, short = 'm', value_name = "PATH|USER/REPO[:QUANT]")]
     pub model: Option<String>,
     #[command(flatten)]
-    pub hub: super::hub::HubArgs,
+    pub hub: super::args::HubArgs,
     /// Built-in synthetic model for --baseline without --model (use the server's
     /// --synthetic): demo or 0.6b.
     #[arg(long, default_value = "demo")]
     pub synthetic: String,
     /// How --baseline runs its model (use the server's settings).
     #[command(flatten)]
-    pub run: super::RunArgs,
+    pub run: super::args::RunArgs,
     /// text for reading, json for scripts.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,

@@ -25,19 +25,19 @@ pub struct ServeArgs {
         "{} [without --model: a small built-in demo model with random weights, whose text \
          is random; a Hub model not yet cached is pulled before serving, health NOT_SERVING \
          meanwhile]",
-        super::hub::MODEL_HELP
+        super::args::MODEL_HELP
     ))]
     pub model: Option<String>,
     #[command(flatten)]
-    pub hub: super::hub::HubArgs,
+    pub hub: super::args::HubArgs,
     /// Built-in synthetic model served when no --model is given: demo, or 0.6b for a
     /// random-weight model of Qwen3-0.6B's shape.
     #[arg(long, default_value = "demo")]
     pub synthetic: String,
     #[command(flatten)]
-    pub run: super::RunArgs,
+    pub run: super::args::RunArgs,
     #[command(flatten)]
-    pub spec: super::SpecArgs,
+    pub spec: super::args::SpecArgs,
     /// Address gRPC listens on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
