@@ -61,6 +61,29 @@ impl ModelSource {
     }
 }
 
+/// The model of a command that has a built-in one to fall back on (`serve`, and `loadtest`
+/// for `--baseline`): `--model`, else the synthetic model `--synthetic` names. The help
+/// texts are `serve`'s; `loadtest` words its own.
+#[derive(Args, Debug, Clone)]
+pub struct ModelOrSynthetic {
+    /// The model to serve (without it, a small built-in demo model with random weights,
+    /// whose text is random). A Hub reference not yet cached is pulled before serving, while
+    /// health says NOT_SERVING.
+    #[arg(long, short = 'm', value_name = "PATH|USER/REPO[:QUANT]", help = format!(
+        "{} [without --model: a small built-in demo model with random weights, whose text \
+         is random; a Hub model not yet cached is pulled before serving, health NOT_SERVING \
+         meanwhile]",
+        MODEL_HELP
+    ))]
+    pub model: Option<String>,
+    #[command(flatten)]
+    pub hub: HubArgs,
+    /// Built-in synthetic model served when no --model is given: demo, or 0.6b for a
+    /// random-weight model of Qwen3-0.6B's shape.
+    #[arg(long, default_value = "demo")]
+    pub synthetic: String,
+}
+
 /// A model to load and how it runs, for the commands that run one without serving it.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -94,6 +117,15 @@ pub struct RunArgs {
     /// sequence of it fits in memory, else the largest that does).
     #[arg(long)]
     pub ctx_size: Option<usize>,
+    #[command(flatten)]
+    pub memory: MemoryArgs,
+}
+
+/// How a loaded model keeps its state and weights: KV cache types and where the experts of
+/// a mixture-of-experts model live. Part of [`RunArgs`]; `bench` takes it alone, with
+/// llama-bench's short names for the cache types.
+#[derive(Args, Debug, Clone)]
+pub struct MemoryArgs {
     /// Type the KV cache stores keys as: f32, f16 or q8_0 (default: f32 for an F32 model,
     /// else f16).
     #[arg(long, value_parser = parse_kv_type)]
@@ -115,9 +147,9 @@ impl RunArgs {
             backend: self.backend.clone(),
             threads: self.threads,
             ctx_size: self.ctx_size,
-            cache_type_k: self.cache_type_k,
-            cache_type_v: self.cache_type_v,
-            experts: self.experts,
+            cache_type_k: self.memory.cache_type_k,
+            cache_type_v: self.memory.cache_type_v,
+            experts: self.memory.experts,
             ..LoadOptions::default()
         }
     }

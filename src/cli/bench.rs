@@ -49,6 +49,17 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
+// llama-bench's names for the cache types, and help worded for a benchmark.
+#[command(
+    mut_arg("cache_type_k", |a| a.visible_alias("ctk")),
+    mut_arg("cache_type_v", |a| a
+        .visible_alias("ctv")
+        .help("Type the KV cache stores values as (default as for keys)")),
+    mut_arg("experts", |a| a.help(
+        "How a mixture-of-experts model's experts are loaded: auto, repack or mmap (as for \
+         `serve`)"
+    ))
+)]
 pub struct BenchArgs {
     /// The model to time.
     #[command(flatten)]
@@ -101,17 +112,8 @@ pub struct BenchArgs {
     /// one batched forward pass over one token of each.
     #[arg(short = 's', long, value_delimiter = ',', default_value = "1")]
     pub streams: Vec<usize>,
-    /// Type the KV cache stores keys as: f32, f16 or q8_0 (default: f32 for an F32 model,
-    /// else f16).
-    #[arg(long, visible_alias = "ctk", value_parser = super::args::parse_kv_type)]
-    pub cache_type_k: Option<crate::backend::KvType>,
-    /// Type the KV cache stores values as (default as for keys).
-    #[arg(long, visible_alias = "ctv", value_parser = super::args::parse_kv_type)]
-    pub cache_type_v: Option<crate::backend::KvType>,
-    /// How a mixture-of-experts model's experts are loaded: auto, repack or mmap (as for
-    /// `serve`).
-    #[arg(long, default_value = "auto", value_parser = super::args::parse_experts)]
-    pub experts: crate::engine::loader::ExpertLoad,
+    #[command(flatten)]
+    pub memory: super::args::MemoryArgs,
     /// Run every generation test twice, unconstrained and constrained to a JSON value valid
     /// under the JSON schema in this file (alternating runs, same streams and token count),
     /// and report both tokens/s, their ratio, the per-token grammar mask time and how long
@@ -703,9 +705,9 @@ pub fn cmd_bench(a: BenchArgs) -> Result<()> {
                 threads,
                 // Kernel spans would be measured too.
                 tracing: false,
-                cache_type_k: a.cache_type_k,
-                cache_type_v: a.cache_type_v,
-                experts: a.experts,
+                cache_type_k: a.memory.cache_type_k,
+                cache_type_v: a.memory.cache_type_v,
+                experts: a.memory.experts,
                 ..LoadOptions::default()
             };
             let LoadedModel {
