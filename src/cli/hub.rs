@@ -1,54 +1,9 @@
-//! Where a command's model comes from (`--model`: a local file or a Hugging Face Hub
-//! reference, with `--hf-token-file`), and the cache commands `pull`, `list` and `rm`.
+//! `inferno pull`, `list` and `rm`: the GGUF models in the Hugging Face cache.
 
+use super::args::{HubArgs, OutputFormat};
 use crate::hub::{self, HubOptions, ModelRef};
 use anyhow::{Context, Result};
 use clap::Args;
-use std::path::PathBuf;
-
-/// The help of every `--model`.
-pub const MODEL_HELP: &str = "A GGUF model: a local file (for a split model, its first part \
-    ...-00001-of-0000N.gguf), or a model on the Hugging Face Hub, pulled into its cache when \
-    missing: USER/REPO[:QUANT] (also hf.co/USER/REPO[:QUANT]; without QUANT, Q4_K_M, else \
-    Q8_0, else the first GGUF) or USER/REPO/FILE.gguf, each with an optional @REVISION. An \
-    existing local path always wins";
-
-/// Access to the Hugging Face Hub, for commands that may pull a model.
-#[derive(Args, Debug, Clone, Default)]
-pub struct HubArgs {
-    /// File holding a Hugging Face access token, for gated or private repositories (default:
-    /// HF_TOKEN, else the token `hf auth login` saved). HF_ENDPOINT, HF_HOME and
-    /// HF_HUB_OFFLINE=1 are read as huggingface_hub reads them.
-    #[arg(long, value_name = "FILE")]
-    pub hf_token_file: Option<PathBuf>,
-}
-
-impl HubArgs {
-    pub fn options(&self) -> Result<HubOptions> {
-        Ok(HubOptions::from_env(self.hf_token_file.as_deref())?)
-    }
-
-    /// The local file `model` names, pulling a Hub reference first.
-    pub fn resolve(&self, model: &str) -> Result<PathBuf> {
-        Ok(hub::resolve(model, &self.options()?)?)
-    }
-}
-
-/// A command's model: `--model` and how to reach the Hub for it.
-#[derive(Args, Debug, Clone)]
-pub struct ModelSource {
-    #[arg(long, short = 'm', value_name = "PATH|USER/REPO[:QUANT]", help = MODEL_HELP)]
-    pub model: String,
-    #[command(flatten)]
-    pub hub: HubArgs,
-}
-
-impl ModelSource {
-    /// The local file to open (see [`HubArgs::resolve`]).
-    pub fn resolve(&self) -> Result<PathBuf> {
-        self.hub.resolve(&self.model)
-    }
-}
 
 #[derive(Args, Debug)]
 pub struct PullArgs {
@@ -62,8 +17,8 @@ pub struct PullArgs {
 #[derive(Args, Debug)]
 pub struct ListArgs {
     /// text for reading, json for scripts.
-    #[arg(long, value_enum, default_value_t = super::OutputFormat::Text)]
-    pub output: super::OutputFormat,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
 }
 
 #[derive(Args, Debug)]
@@ -92,7 +47,7 @@ pub fn cmd_pull(a: PullArgs) -> Result<()> {
 pub fn cmd_list(a: ListArgs) -> Result<()> {
     let cache = hub::hub_cache_dir();
     let models = hub::cached_models(&cache);
-    if a.output == super::OutputFormat::Json {
+    if a.output == OutputFormat::Json {
         let rows: Vec<serde_json::Value> = models
             .iter()
             .map(|m| {

@@ -8,8 +8,8 @@
 //! service's per-token overhead over the bare engine: the median over requests of each
 //! stream's mean gap between tokens, on both sides, with the noise of that difference.
 
+use super::args::OutputFormat;
 use super::serve::parse_duration;
-use super::OutputFormat;
 use crate::engine::loader::{file_assets, synthetic_assets};
 use crate::engine::request::{prompt_tokens, Prompt};
 use crate::engine::{generate, Flow, GenerateOptions};
@@ -35,6 +35,17 @@ pub enum LoadProtocol {
 }
 
 #[derive(Args, Debug)]
+// --model and --synthetic name the model of --baseline here, not a served one.
+#[command(
+    mut_arg("model", |a| a.help(
+        "Model for --baseline (default: the built-in synthetic model --synthetic names): a \
+         local GGUF file or a Hugging Face Hub reference, as for `serve`"
+    )),
+    mut_arg("synthetic", |a| a.help(
+        "Built-in synthetic model for --baseline without --model (use the server's \
+         --synthetic): demo or 0.6b"
+    ))
+)]
 pub struct LoadtestArgs {
     /// The service's address (gRPC's, or with --protocol http the HTTP API's, e.g.
     /// http://127.0.0.1:8080).
@@ -78,19 +89,11 @@ pub struct LoadtestArgs {
     /// token. Needs --concurrency 1.
     #[arg(long)]
     pub baseline: bool,
-    /// Model for --baseline (default: the built-in synthetic model --synthetic names): a
-    /// local GGUF file or a Hugging Face Hub reference, as for `serve`.
-    #[arg(long, short = 'm', value_name = "PATH|USER/REPO[:QUANT]")]
-    pub model: Option<String>,
     #[command(flatten)]
-    pub hub: super::hub::HubArgs,
-    /// Built-in synthetic model for --baseline without --model (use the server's
-    /// --synthetic): demo or 0.6b.
-    #[arg(long, default_value = "demo")]
-    pub synthetic: String,
+    pub model: super::args::ModelOrSynthetic,
     /// How --baseline runs its model (use the server's settings).
     #[command(flatten)]
-    pub run: super::RunArgs,
+    pub run: super::args::RunArgs,
     /// text for reading, json for scripts.
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
@@ -568,9 +571,9 @@ struct Baseline {
 impl Baseline {
     fn load(a: &LoadtestArgs) -> Result<Self> {
         let load = a.run.load_options();
-        let assets = match &a.model {
-            Some(m) => file_assets(&a.hub.resolve(m)?, &load),
-            None => synthetic_assets(&a.synthetic, &load),
+        let assets = match &a.model.model {
+            Some(m) => file_assets(&a.model.hub.resolve(m)?, &load),
+            None => synthetic_assets(&a.model.synthetic, &load),
         }
         .map_err(anyhow::Error::msg)?;
         // Built as the service builds a prompt.

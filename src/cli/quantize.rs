@@ -14,7 +14,7 @@ use std::path::PathBuf;
 pub struct QuantizeArgs {
     /// The model to read.
     #[command(flatten)]
-    pub model: super::hub::ModelSource,
+    pub model: super::args::ModelSource,
     /// Type of the weight matrices in the output: q8_0, q6_k, q5_k, q4_k, q5_0, q4_0,
     /// f16, bf16 or f32 (every matrix that type), or a llama.cpp mixture: q4_k_m, q4_k_s, q5_k_m,
     /// q5_k_s (q6_k is also that mixture: the same types).
@@ -37,7 +37,7 @@ pub fn cmd_quantize(a: QuantizeArgs) -> Result<()> {
         );
     };
     let input = a.model.resolve()?;
-    let gguf = super::open_gguf(&input)?;
+    let gguf = super::common::open_gguf(&input)?;
     let canon = |p: &std::path::Path| std::fs::canonicalize(p).ok();
     let same = |p: &std::path::Path| {
         p == a.out || matches!((canon(p), canon(&a.out)), (Some(x), Some(y)) if x == y)

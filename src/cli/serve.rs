@@ -18,26 +18,12 @@ use tracing::{info, warn};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
-    /// The model to serve (without it, a small built-in demo model with random weights,
-    /// whose text is random). A Hub reference not yet cached is pulled before serving, while
-    /// health says NOT_SERVING.
-    #[arg(long, short = 'm', value_name = "PATH|USER/REPO[:QUANT]", help = format!(
-        "{} [without --model: a small built-in demo model with random weights, whose text \
-         is random; a Hub model not yet cached is pulled before serving, health NOT_SERVING \
-         meanwhile]",
-        super::hub::MODEL_HELP
-    ))]
-    pub model: Option<String>,
     #[command(flatten)]
-    pub hub: super::hub::HubArgs,
-    /// Built-in synthetic model served when no --model is given: demo, or 0.6b for a
-    /// random-weight model of Qwen3-0.6B's shape.
-    #[arg(long, default_value = "demo")]
-    pub synthetic: String,
+    pub model: super::args::ModelOrSynthetic,
     #[command(flatten)]
-    pub run: super::RunArgs,
+    pub run: super::args::RunArgs,
     #[command(flatten)]
-    pub spec: super::SpecArgs,
+    pub spec: super::args::SpecArgs,
     /// Address gRPC listens on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
@@ -270,17 +256,17 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
     drop(checked);
     // A typo in --model (or an unreadable token file) fails before anything starts; the
     // pull itself runs on the engine thread, as loading does, while health is NOT_SERVING.
-    let model = match &a.model {
+    let model = match &a.model.model {
         Some(text) => Some((
             ModelSpec::parse(text).map_err(anyhow::Error::msg)?,
-            a.hub.options()?,
+            a.model.hub.options()?,
         )),
         None => {
-            warn!(preset = %a.synthetic, "{}", crate::engine::DEMO_NOTE);
+            warn!(preset = %a.model.synthetic, "{}", crate::engine::DEMO_NOTE);
             None
         }
     };
-    let synthetic = a.synthetic.clone();
+    let synthetic = a.model.synthetic.clone();
     let loader = move || match model {
         Some((ModelSpec::Local(path), _)) => {
             info!(model = %path.display(), "loading the model");

@@ -63,7 +63,7 @@ pub fn cmd_synth(a: SynthArgs) -> Result<()> {
         }
         spec.n_layers = n;
     }
-    let bar = super::progress_bar(spec.n_layers as u64 + 2, "synthesizing");
+    let bar = super::common::progress_bar(spec.n_layers as u64 + 2, "synthesizing");
     let w = synth::build_with_progress(&spec, |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);

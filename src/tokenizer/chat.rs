@@ -1,13 +1,13 @@
 //! Chat templates: renders a conversation into the prompt text a model was
 //! trained on, using the Jinja template stored in the GGUF
 //! (`tokenizer.chat_template`) with the same environment the Hugging Face
-//! `transformers` library sets up.
+//! `transformers` library sets up. Its `tojson` filter is in `tojson.rs`.
 
 use std::fmt;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use minijinja::value::{Enumerator, Kwargs, Object, ObjectExt, ObjectRepr, ValueKind};
+use minijinja::value::{Enumerator, Object, ObjectExt, ObjectRepr, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
@@ -136,7 +136,7 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         // transformers' tojson is Python's json.dumps (", " / ": " separators,
         // no HTML escaping), unlike Jinja's built-in filter.
-        env.add_filter("tojson", tojson);
+        env.add_filter("tojson", super::tojson::tojson);
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(template_error)?;
         Ok(Self {
@@ -498,174 +498,6 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     } as u32;
     let year = year_of_era + era * 400 + i64::from(month <= 2);
     (year, month, day)
-}
-
-/// JSON layout options of Python's `json.dumps`.
-struct JsonStyle {
-    indent: Option<String>,
-    item_sep: String,
-    key_sep: String,
-    ensure_ascii: bool,
-    sort_keys: bool,
-}
-
-/// `tojson` with the semantics of transformers' filter, i.e. Python's
-/// `json.dumps(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`.
-fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
-    let indent: Option<Value> = kwargs.get("indent")?;
-    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
-    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
-    let separators: Option<Vec<String>> = kwargs.get("separators")?;
-    kwargs.assert_all_used()?;
-
-    let indent = match indent {
-        None => None,
-        Some(v) if v.is_none() => None,
-        Some(v) => match v.as_str() {
-            Some(s) => Some(s.to_owned()),
-            None => {
-                let n = i64::try_from(v.clone()).map_err(|_| {
-                    Error::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: indent must be an integer or a string",
-                    )
-                })?;
-                Some(" ".repeat(usize::try_from(n).unwrap_or(0)))
-            }
-        },
-    };
-    let (item_sep, key_sep) = match separators {
-        Some(seps) if seps.len() == 2 => (seps[0].clone(), seps[1].clone()),
-        Some(_) => {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                "tojson: separators must be a pair of strings",
-            ))
-        }
-        // Python drops the space after ',' when indenting.
-        None if indent.is_some() => (",".to_owned(), ": ".to_owned()),
-        None => (", ".to_owned(), ": ".to_owned()),
-    };
-    let style = JsonStyle {
-        indent,
-        item_sep,
-        key_sep,
-        ensure_ascii: ensure_ascii.unwrap_or(false),
-        sort_keys: sort_keys.unwrap_or(false),
-    };
-    let mut out = String::new();
-    write_json(value, &style, 0, &mut out)?;
-    Ok(Value::from(out))
-}
-
-fn write_newline_indent(style: &JsonStyle, level: usize, out: &mut String) {
-    if let Some(indent) = &style.indent {
-        out.push('\n');
-        for _ in 0..level {
-            out.push_str(indent);
-        }
-    }
-}
-
-fn write_json(
-    value: &Value,
-    style: &JsonStyle,
-    level: usize,
-    out: &mut String,
-) -> Result<(), Error> {
-    match value.kind() {
-        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
-        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
-        ValueKind::Number => {
-            if value.is_integer() {
-                let _ = write!(out, "{value}");
-            } else {
-                let f = f64::try_from(value.clone()).unwrap_or(f64::NAN);
-                if f.is_nan() {
-                    out.push_str("NaN");
-                } else if f.is_infinite() {
-                    out.push_str(if f > 0.0 { "Infinity" } else { "-Infinity" });
-                } else {
-                    // Debug keeps the ".0" of integral floats, like Python's repr.
-                    let _ = write!(out, "{f:?}");
-                }
-            }
-        }
-        ValueKind::String => write_json_str(value.as_str().unwrap_or_default(), style, out),
-        ValueKind::Seq | ValueKind::Iterable => {
-            let items: Vec<Value> = value.try_iter()?.collect();
-            if items.is_empty() {
-                out.push_str("[]");
-                return Ok(());
-            }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(&style.item_sep);
-                }
-                write_newline_indent(style, level + 1, out);
-                write_json(item, style, level + 1, out)?;
-            }
-            write_newline_indent(style, level, out);
-            out.push(']');
-        }
-        ValueKind::Map => {
-            let mut keys: Vec<Value> = value.try_iter()?.collect();
-            if keys.is_empty() {
-                out.push_str("{}");
-                return Ok(());
-            }
-            if style.sort_keys {
-                keys.sort();
-            }
-            out.push('{');
-            for (i, key) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(&style.item_sep);
-                }
-                write_newline_indent(style, level + 1, out);
-                // JSON object keys are strings; Python stringifies others.
-                match key.as_str() {
-                    Some(k) => write_json_str(k, style, out),
-                    None => write_json_str(&key.to_string(), style, out),
-                }
-                out.push_str(&style.key_sep);
-                write_json(&value.get_item(key)?, style, level + 1, out)?;
-            }
-            write_newline_indent(style, level, out);
-            out.push('}');
-        }
-        other => {
-            return Err(Error::new(
-                ErrorKind::InvalidOperation,
-                format!("tojson: a value of type {other} is not JSON serializable"),
-            ))
-        }
-    }
-    Ok(())
-}
-
-fn write_json_str(s: &str, style: &JsonStyle, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{08}' => out.push_str("\\b"),
-            '\u{0C}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 || (style.ensure_ascii && !c.is_ascii()) => {
-                let mut units = [0u16; 2];
-                for unit in c.encode_utf16(&mut units) {
-                    let _ = write!(out, "\\u{unit:04x}");
-                }
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub mod chat;
 mod pre;
 pub mod reasoning;
 mod stream;
+mod tojson;
 pub mod tool_calls;
 
 use tokenizers::models::bpe::{Vocab, BPE};

@@ -793,7 +793,7 @@ fn get_block(t: GgmlType, fifth: FifthBits, l: &[Line], r: usize, blk: &mut [u8]
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::TensorBytes;
+    use crate::tensor::TensorBytes;
     use crate::tensor::k_quants::{Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
 
     /// ISAs whose kernels read the two forms of the fifth bits.
