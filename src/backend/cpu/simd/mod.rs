@@ -635,12 +635,16 @@ impl Kernels {
                 match self.isa {
                     #[cfg(target_arch = "x86_64")]
                     Isa::Avx512Vnni => unsafe {
-                        x86::gemm_legacy_vnni(p, a, n, g0, g1, out.0, ldo)
+                        packed_legacy::x86::gemm_legacy_vnni(p, a, n, g0, g1, out.0, ldo)
                     },
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => unsafe { x86::gemm_legacy_avx2(p, a, n, g0, g1, out.0, ldo) },
+                    Isa::Avx2 => unsafe {
+                        packed_legacy::x86::gemm_legacy_avx2(p, a, n, g0, g1, out.0, ldo)
+                    },
                     #[cfg(target_arch = "aarch64")]
-                    Isa::Neon => unsafe { aarch64::gemm_legacy_sdot(p, a, n, g0, g1, out.0, ldo) },
+                    Isa::Neon => unsafe {
+                        packed_legacy::aarch64::gemm_legacy_sdot(p, a, n, g0, g1, out.0, ldo)
+                    },
                     _ => panic!("no kernel for packed {} on {}", p.dtype(), self.isa.name()),
                 }
             }

@@ -793,8 +793,8 @@ fn get_block(t: GgmlType, fifth: FifthBits, l: &[Line], r: usize, blk: &mut [u8]
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::TensorBytes;
     use crate::tensor::k_quants::{Q2_K_BYTES, Q3_K_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES};
+    use crate::tensor::TensorBytes;
 
     /// ISAs whose kernels read the two forms of the fifth bits.
     const BOTH_FORMS: [Isa; 2] = [Isa::Avx2, Isa::Avx512Vnni];

@@ -24,6 +24,11 @@
 //! the scalar dots.
 
 use super::{Isa, Line, GROUP};
+
+#[cfg(target_arch = "aarch64")]
+pub(super) mod aarch64;
+#[cfg(target_arch = "x86_64")]
+pub(super) mod x86;
 use crate::tensor::{legacy, q8_0, GgmlType, Matrix};
 use rayon::prelude::*;
 
