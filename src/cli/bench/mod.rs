@@ -15,8 +15,8 @@
 //! alternating, on the same streams and token count: unconstrained and constrained. Both
 //! decode as the engine does, not by feeding random tokens: every step is one batched
 //! forward pass (for one stream too, as in the engine), then each stream's engine
-//! [`Sequence`] picks its next token greedily from the logits (for the constrained run:
-//! waits for the grammar mask its [`MaskWorker`] computed during the forward pass, masks
+//! [`Sequence`](crate::engine::generate::Sequence) picks its next token greedily from the logits (for the constrained run:
+//! waits for the grammar mask its `MaskWorker` computed during the forward pass, masks
 //! the logits, samples, commits, and starts the next mask). The engine's scheduler is not
 //! involved. Reported besides both figures: their ratio and the per-token mask time and
 //! wait. A stream whose grammar completes (or that picks end-of-generation where the
@@ -25,12 +25,12 @@
 //!
 //! With `--speculative ngram|draft` each generation test (one stream) also runs twice,
 //! alternating: without and with speculative decoding, both decoding greedily as `generate`
-//! does (the single-sequence [`generate_speculative`]) from the test's context — random
+//! does (the single-sequence [`generate_speculative`](crate::engine::generate::generate_speculative)) from the test's context — random
 //! tokens, or the text of `--prompt-file` — and reporting the decode rate after the first
 //! token. The speculative row adds the ratio, the drafted and accepted tokens, the
 //! acceptance rate and the mean accepted drafts per verification.
 //!
-//! Running the tests is [`measure`]'s; the table or JSON they are shown as, [`report`]'s.
+//! Running the tests is `measure`'s; the table or JSON they are shown as, `report`'s.
 
 mod measure;
 mod report;

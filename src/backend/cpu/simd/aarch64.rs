@@ -1,9 +1,8 @@
-//! AArch64 kernels: NEON activation quantization and the product of packed Q8_0 weights with
-//! `sdot` (signed 8-bit dot products of four bytes into each 32-bit lane), and the helpers
-//! the packed legacy and K-quant products beside them share (`packed_legacy/aarch64.rs`,
-//! `packed_k/aarch64.rs`).
+//! AArch64 kernels shared by the host's vector code: NEON activation quantization and the
+//! helpers of the packed-weight products in the folders beside this file (`sdot`, f16
+//! widening, storing a group's rows).
 //!
-//! The products use the interleaved layouts of [`super::PackedQ8`] (see `x86.rs`) and
+//! The products use the interleaved layouts of [`super::PackedQ8`] and
 //! [`super::PackedLegacy`]: a 64-byte slice holds four bytes of each of 16 rows, i.e. four
 //! 16-byte registers of four rows each, and `sdot` with the activation's four bytes broadcast
 //! to every lane adds each row's four products into its own lane. Lanes then follow the
@@ -14,7 +13,7 @@
 //!
 //! `sdot` is emitted with inline assembly: its intrinsic is not stable in Rust yet.
 
-use super::{ActQ8Ref, PackedQ8, GROUP};
+use super::GROUP;
 use std::arch::aarch64::*;
 use std::arch::asm;
 
@@ -110,79 +109,5 @@ pub(super) unsafe fn store_group(ac: &[float32x4_t; 4], dst: *mut f32, rows: usi
             vst1q_f32(lanes.as_mut_ptr().add(q * 4), *a);
         }
         std::ptr::copy_nonoverlapping(lanes.as_ptr(), dst, rows);
-    }
-}
-
-/// One group of 16 rows times `T` tokens.
-#[inline]
-#[target_feature(enable = "neon,dotprod")]
-unsafe fn group_sdot<const T: usize>(
-    w: &PackedQ8,
-    g: usize,
-    a: &ActQ8Ref<'_>,
-    t0: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    let nb = w.nb;
-    let cols = w.cols;
-    let qbase = w.group_quants(g).as_ptr() as *const i8;
-    let sbase = w.group_scales32(g).as_ptr();
-    let mut acc = [[vdupq_n_f32(0.0); 4]; T];
-    for b in 0..nb {
-        let mut isum = [[vdupq_n_s32(0); 4]; T];
-        // SAFETY: block `b` of group `g` holds 8 slices × 64 bytes.
-        let wq = unsafe { qbase.add(b * 512) };
-        for k in 0..8 {
-            // SAFETY: inside the block.
-            let wv: [int8x16_t; 4] =
-                std::array::from_fn(|j| unsafe { vld1q_s8(wq.add(k * 64 + j * 16)) });
-            for (t, is) in isum.iter_mut().enumerate() {
-                // SAFETY: token t0+t has `cols` quants; this slice is inside block `b`.
-                let xv = unsafe {
-                    (a.quants.as_ptr().add((t0 + t) * cols + b * 32 + k * 4) as *const i32)
-                        .read_unaligned()
-                };
-                let xb = vreinterpretq_s8_s32(vdupq_n_s32(xv));
-                for j in 0..4 {
-                    // SAFETY: the dot-product extension is enabled for this function.
-                    is[j] = unsafe { sdot(is[j], wv[j], xb) };
-                }
-            }
-        }
-        // SAFETY: 16 f32 scales per block.
-        let dw: [float32x4_t; 4] =
-            std::array::from_fn(|j| unsafe { vld1q_f32(sbase.add(b * 16 + j * 4)) });
-        for (t, (ac, is)) in acc.iter_mut().zip(&isum).enumerate() {
-            let dx = vdupq_n_f32(a.scales[(t0 + t) * nb + b]);
-            for j in 0..4 {
-                ac[j] = vaddq_f32(ac[j], vmulq_f32(vcvtq_f32_s32(is[j]), vmulq_f32(dw[j], dx)));
-            }
-        }
-    }
-    let rows = w.rows_in_group(g);
-    for (t, ac) in acc.iter().enumerate() {
-        // SAFETY: the destination rows are the caller's.
-        unsafe { store_group(ac, out.add((t0 + t) * ldo + g * GROUP), rows) };
-    }
-}
-
-/// Q8_0 product for the rows of groups `g0..g1` and tokens `0..n` with `sdot`.
-///
-/// # Safety
-/// NEON and the dot-product extension must be present; `w` packed with f32 scales; `out`
-/// writable at `t * ldo + r` for those tokens and rows.
-#[target_feature(enable = "neon,dotprod")]
-pub unsafe fn gemm_q8_sdot(
-    w: &PackedQ8,
-    a: &ActQ8Ref<'_>,
-    n: usize,
-    g0: usize,
-    g1: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    for g in g0..g1 {
-        for_token_tiles!(n, t, [4, 3, 2, 1], group_sdot(w, g, a, t, out, ldo));
     }
 }
