@@ -18,17 +18,18 @@
 //! the packed 4 × i8 dot product for Q8_0; `INFERNO_GPU_PLAIN=1` selects the plain paths (a
 //! workgroup-memory reduction and unpacked bytes), which every adapter runs.
 
+mod buffers;
 mod exec;
 mod kv;
 
+pub use buffers::{GpuScratch, StepTimes};
 pub(crate) use exec::GpuExec;
-pub use exec::{GpuScratch, StepTimes};
 pub use kv::GpuKv;
 
 use super::exec::ScratchSpec;
 use super::KvShape;
 use crate::tensor::{GgmlType, Matrix, Vector};
-use exec::{GpuExperts, GpuMatrix, GpuVector, MAX_HEAD_DIM};
+use buffers::{GpuExperts, GpuMatrix, GpuVector, MAX_HEAD_DIM};
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
