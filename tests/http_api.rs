@@ -390,7 +390,10 @@ async fn bad_input_gets_clear_statuses_and_the_server_stays_up() {
                       "ignore_eos": true, "temperature": 0, "stream": true});
     let tokens_before = server.metrics().tokens_total();
     let (s, _) = tokio::task::spawn_blocking(move || {
-        http::open_stream(addr, "/v1/chat/completions", &body, "\"content\":\"")
+        // A token's chunk, not the opening one: that carries the role with an empty content
+        // and goes out before the first token, so leaving on it could cancel the request
+        // while it still waits for its prefill.
+        http::open_stream(addr, "/v1/chat/completions", &body, "\"delta\":{\"content\":\"")
     })
     .await
     .unwrap();
