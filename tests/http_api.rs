@@ -393,7 +393,12 @@ async fn bad_input_gets_clear_statuses_and_the_server_stays_up() {
         // A token's chunk, not the opening one: that carries the role with an empty content
         // and goes out before the first token, so leaving on it could cancel the request
         // while it still waits for its prefill.
-        http::open_stream(addr, "/v1/chat/completions", &body, "\"delta\":{\"content\":\"")
+        http::open_stream(
+            addr,
+            "/v1/chat/completions",
+            &body,
+            "\"delta\":{\"content\":\"",
+        )
     })
     .await
     .unwrap();

@@ -19,12 +19,12 @@
 //! - [`SimdBackend`], which decorates a reference backend (normally `scalar`) and forwards it
 //!   the types it has no kernel for.
 //!
-//! Layout: one folder per concern, its dispatcher the parent of its x86 and AArch64
+//! Layout: one folder per concern, its dispatcher the parent of its x86, AArch64 and portable
 //! kernels: `packed_q8/`, `packed_legacy/`, `packed_k/` (weights repacked at load and their
-//! products), `quants/` (row dots of the types in their stored layout), `attention/`. The
-//! files beside them hold what several concerns share: `x86.rs`, `aarch64.rs` and
-//! `portable.rs` (activation quantization, float dots, element-wise operations, vector
-//! helpers), and this file (the ISA, the kernel table, the backend).
+//! products), `quants/` (row dots of the types in their stored layout), `float/` (float
+//! products and element-wise operations), `attention/`. The files beside them hold what the
+//! concerns share: `x86.rs`, `aarch64.rs` and `portable.rs` (activation quantization and
+//! vector helpers), and this file (the ISA, the kernel table, the backend).
 //!
 //! Numerics: the quantized products, RoPE and `add` reproduce the scalar backend bit for bit.
 //! The float-weight products, RMSNorm's sum of squares and attention's dot products sum in a
@@ -67,6 +67,7 @@ macro_rules! for_token_tiles {
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
 mod attention;
+mod float;
 pub mod packed_k;
 mod packed_legacy;
 mod packed_q8;
@@ -290,53 +291,11 @@ impl ActQ8 {
 
 thread_local! {
     static ACT: RefCell<ActQ8> = RefCell::new(ActQ8::default());
-    static ROPE: RefCell<RopeTable> = RefCell::new(RopeTable::default());
 }
 
 /// Runs `f` with this thread's activation scratch (grown to the largest request, then reused).
 pub fn with_act_scratch<R>(f: impl FnOnce(&mut ActQ8) -> R) -> R {
     ACT.with(|c| f(&mut c.borrow_mut()))
-}
-
-// -----------------------------------------------------------------------------------------
-// RoPE angles
-// -----------------------------------------------------------------------------------------
-
-/// Cosines and sines of the last positions asked for, shared by the 2 × n_layers RoPE calls
-/// of one forward pass. Computed exactly as the scalar backend computes them.
-#[derive(Default)]
-struct RopeTable {
-    pos0: usize,
-    n: usize,
-    inv_freq: Vec<f32>,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
-}
-
-impl RopeTable {
-    fn update(&mut self, pos0: usize, n: usize, inv_freq: &[f32]) {
-        if self.pos0 == pos0 && self.n == n && self.inv_freq == inv_freq && !self.cos.is_empty() {
-            return;
-        }
-        let half = inv_freq.len();
-        if self.inv_freq.len() != half {
-            self.inv_freq.resize(half, 0.0);
-        }
-        self.inv_freq.copy_from_slice(inv_freq);
-        if self.cos.len() < n * half {
-            self.cos.resize(n * half, 0.0);
-            self.sin.resize(n * half, 0.0);
-        }
-        for t in 0..n {
-            for (i, &f) in inv_freq.iter().enumerate() {
-                let (cos, sin) = crate::backend::rope_angle(pos0 + t, f);
-                self.cos[t * half + i] = cos;
-                self.sin[t * half + i] = sin;
-            }
-        }
-        self.pos0 = pos0;
-        self.n = n;
-    }
 }
 
 // -----------------------------------------------------------------------------------------
@@ -429,7 +388,7 @@ impl Kernels {
                 Isa::Avx512Vnni => packed_q8::x86::gemm_q8_vnni(w, a, n, g0, g1, out.0, ldo),
                 #[cfg(target_arch = "aarch64")]
                 Isa::Neon => packed_q8::aarch64::gemm_q8_sdot(w, a, n, g0, g1, out.0, ldo),
-                _ => portable::gemm_q8(w, a, n, g0, g1, out.0, ldo),
+                _ => packed_q8::portable::gemm_q8(w, a, n, g0, g1, out.0, ldo),
             }
         }
     }
@@ -480,106 +439,6 @@ impl Kernels {
                 }
             }
         }
-    }
-
-    /// One float-weight dot product.
-    #[inline]
-    pub fn dot_float(&self, dtype: GgmlType, w: &[u8], x: &[f32]) -> f32 {
-        match self.isa {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the ISA was checked at construction; `w` is one row matching `x`.
-            Isa::Avx2 | Isa::Avx512Vnni if w.len() >= x.len() * dtype.type_size() => unsafe {
-                x86::dot_float(dtype, w, x)
-            },
-            _ => portable::dot_float(dtype, w, x),
-        }
-    }
-
-    /// Float-weight product for rows `r0..r1` and tokens `t < n`.
-    ///
-    /// # Safety
-    /// As for [`Kernels::gemm_q8`], for the rows `r0..r1`.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn gemm_float(
-        &self,
-        w: &Matrix,
-        x: &[f32],
-        n: usize,
-        r0: usize,
-        r1: usize,
-        out: OutPtr,
-        ldo: usize,
-    ) {
-        let cols = w.cols;
-        for r in r0..r1 {
-            let row = w.row(r);
-            for t in 0..n {
-                let v = self.dot_float(w.dtype, row, &x[t * cols..(t + 1) * cols]);
-                // SAFETY: the caller owns this output element.
-                unsafe { *out.0.add(t * ldo + r) = v };
-            }
-        }
-    }
-
-    pub fn rms_norm(&self, x: &mut [f32], weight: &[f32], eps: f32) {
-        if weight.is_empty() {
-            return;
-        }
-        match self.isa {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the ISA was checked at construction.
-            i if i.x86_vector() => unsafe { x86::rms_norm(x, weight, eps) },
-            _ => portable::rms_norm(x, weight, eps),
-        }
-    }
-
-    pub fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
-        match self.isa {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the ISA was checked at construction.
-            i if i.x86_vector() => unsafe { x86::silu_mul(gate, up) },
-            _ => portable::silu_mul(gate, up),
-        }
-    }
-
-    pub fn add(&self, x: &mut [f32], y: &[f32]) {
-        match self.isa {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the ISA was checked at construction.
-            i if i.x86_vector() => unsafe { x86::add(x, y) },
-            _ => {
-                for (a, &b) in x.iter_mut().zip(y) {
-                    *a += b;
-                }
-            }
-        }
-    }
-
-    pub fn rope(
-        &self,
-        x: &mut [f32],
-        n_heads: usize,
-        head_dim: usize,
-        pos0: usize,
-        inv_freq: &[f32],
-    ) {
-        let row = n_heads * head_dim;
-        if row == 0 || inv_freq.len() * 2 != head_dim {
-            return;
-        }
-        let n = x.len() / row;
-        ROPE.with(|t| {
-            let mut t = t.borrow_mut();
-            t.update(pos0, n, inv_freq);
-            let half = head_dim / 2;
-            let (cos, sin) = (&t.cos[..n * half], &t.sin[..n * half]);
-            match self.isa {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: the ISA was checked at construction.
-                i if i.x86_vector() => unsafe { x86::rope_apply(x, n_heads, head_dim, cos, sin) },
-                _ => portable::rope_apply(x, n_heads, head_dim, cos, sin),
-            }
-        })
     }
 }
 

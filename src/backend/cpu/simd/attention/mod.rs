@@ -1,13 +1,14 @@
 //! Attention on the host: how one call is cut into work items (KV heads × blocks of query
 //! tokens) and, for long histories, into partitions of cached positions that threads fill
 //! apart and fold in order, so the result is the same at any thread count. The kernels are
-//! `x86.rs` beside this file (AVX2 / AVX-512) and the scalar reference's online softmax
-//! elsewhere ([`portable::attend_group`]).
+//! beside this file: `x86.rs` (AVX2 / AVX-512) and `portable.rs` (the scalar reference's
+//! online softmax, for other CPUs and shapes).
 
+pub(super) mod portable;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86;
 
-use super::{portable, Kernels, OutPtr};
+use super::{Kernels, OutPtr};
 use crate::backend::{AttentionShape, KvLayer};
 
 impl Kernels {

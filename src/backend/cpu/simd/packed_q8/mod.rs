@@ -1,10 +1,10 @@
 //! Q8_0 weights repacked at load for the integer kernels: 16-row interleaved groups, one
 //! 4-byte slice of each row side by side, so each 32-bit lane of a vector accumulates one
-//! output row. The x86 and AArch64 products are beside this file; the portable one is
-//! `portable::gemm_q8`.
+//! output row. The x86, AArch64 and portable products are beside this file.
 
 #[cfg(target_arch = "aarch64")]
 pub(super) mod aarch64;
+pub(super) mod portable;
 #[cfg(target_arch = "x86_64")]
 pub(super) mod x86;
 
