@@ -652,6 +652,8 @@ async fn serve_pulls_the_model_while_health_says_not_serving() {
         "127.0.0.1:0",
         "--metrics-addr",
         "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
         "--model",
         &format!("{TINY}:Q8_0"),
     ]);
@@ -687,7 +689,14 @@ async fn serve_pulls_the_model_while_health_says_not_serving() {
 async fn the_demo_model_says_how_to_serve_a_real_one() {
     use inferno::server::pb;
     let mut child = Command::new(env!("CARGO_BIN_EXE_inferno"))
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        // Free ports only: the HTTP API's default port may be another test's.
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -701,11 +710,9 @@ async fn the_demo_model_says_how_to_serve_a_real_one() {
             && first.contains("inferno serve --model Qwen/Qwen3-0.6B-GGUF:Q8_0"),
         "{first}"
     );
-    let line = BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .next()
-        .unwrap()
-        .unwrap();
+    // Kept open while the server runs: it prints more lines, and a closed pipe fails them.
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = out.next().unwrap().unwrap();
     let addr: std::net::SocketAddr = line
         .strip_prefix("inferno: gRPC listening on ")
         .unwrap()
