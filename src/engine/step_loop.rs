@@ -223,10 +223,12 @@ fn step(
     drafting: &mut Drafting<'_>,
     times: &mut StepClock,
 ) -> Vec<SeqStep<'static>> {
-    let plan = scheduler::plan(limits, times.times(), &mut active[..], Running::slot);
+    // One reading of the measured costs sizes both the prompt rows and the drafts' share.
+    let now = times.times();
+    let plan = scheduler::plan(limits, now, &mut active[..], Running::slot);
     let mut rows = scratch.rows();
     if plan.prefill_rows > 0 {
-        if let Some(budget) = scheduler::row_budget(limits, times.times()) {
+        if let Some(budget) = scheduler::row_budget(limits, now) {
             rows = rows.min(budget.max(plan.decode_rows + plan.prefill_rows));
         }
     }
