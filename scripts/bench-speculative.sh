@@ -3,7 +3,12 @@
 # a draft model (the model requantized to Q4_0, made here with `inferno quantize`), and
 # llama.cpp's `llama-server` without speculation and with each of its n-gram types, on the
 # same greedy 256-token chat requests (benches/speculative/*.txt): a code edit, a summary
-# that quotes its source, free text. One command:
+# that quotes its source, free text; and Inferno alone on the free text sampled
+# (`free_text_sampled`: generate's default sampling, temperature 0.8, seed = the round, the
+# same seed with and without speculation), text whose lookups find little that the sampler
+# keeps, which is what speculation costs where it has nothing to offer; SAMPLED_SEED fixes
+# the seed instead, to repeat one text). REQUESTS and METHODS narrow the run to some
+# requests and methods (`off` always runs). One command:
 #
 #   LLAMA_SERVER=/path/to/llama-server scripts/bench-speculative.sh [MODEL] [ROUNDS]
 #
@@ -32,17 +37,25 @@ out=${RESULTS_DIR:-$(mktemp -d)}
 inferno=target/release/inferno
 mkdir -p "$out"
 cargo build --release --quiet
-requests=(code_edit summary free_text)
+read -r -a requests <<<"${REQUESTS:-code_edit summary free_text free_text_sampled}"
+read -r -a methods <<<"off ${METHODS:-ngram draft}"
+methods=(off $(printf '%s\n' "${methods[@]}" | grep -vx off || true))
+# llama-server's sampler differs from Inferno's, so it runs only the greedy requests.
+llama_requests=()
+for req in "${requests[@]}"; do
+    if [ "$req" = "${req%_sampled}" ]; then llama_requests+=("$req"); fi
+done
 
 draft=$out/draft-q4_0.gguf
-[ -s "$draft" ] || "$inferno" quantize -m "$model" -o "$draft" --dtype q4_0 >&2
+[[ " ${methods[*]} " != *" draft "* ]] || [ -s "$draft" ] || "$inferno" quantize -m "$model" -o "$draft" --dtype q4_0 >&2
 
 run_inferno() { # request method round
-    local req=$1 method=$2 round=$3 extra=()
-    [ "$method" = draft ] && extra=(--draft-model "$draft")
-    "$inferno" generate -m "$model" --threads "$threads" --chat --temperature 0 -n "$n" \
+    local req=$1 method=$2 round=$3 extra=(--temperature 0)
+    [ "$req" != "${req%_sampled}" ] && extra=(--temperature "${SAMPLED_TEMPERATURE:-0.8}" --seed "${SAMPLED_SEED:-$round}")
+    [ "$method" = draft ] && extra+=(--draft-model "$draft")
+    "$inferno" generate -m "$model" --threads "$threads" --chat -n "$n" \
         --speculative "$method" "${extra[@]}" --output json \
-        "$(cat "benches/speculative/$req.txt")" \
+        "$(cat "benches/speculative/${req%_sampled}.txt")" \
         >"$out/inferno-$req-$method-r$round.json" 2>/dev/null
 }
 
@@ -55,7 +68,7 @@ run_llama() { # type round
         curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
         sleep 0.2
     done
-    for req in "${requests[@]}"; do
+    for req in "${llama_requests[@]}"; do
         python3 - "$port" "benches/speculative/$req.txt" "$n" \
             >"$out/llama-$req-$type-r$round.json" <<'EOF'
 import json, sys, urllib.request
@@ -82,14 +95,18 @@ echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) ($avx512
 for round in $(seq 1 "$rounds"); do
     echo "round $round start: load average $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/machine.txt"
     inferno_block() {
+        # Methods alternate their order each round, so a drift in the machine's speed
+        # falls on each equally.
+        local order=("${methods[@]}")
+        ((round % 2)) || mapfile -t order < <(printf '%s\n' "${methods[@]}" | tac)
         for req in "${requests[@]}"; do
-            for method in off ngram draft; do
+            for method in "${order[@]}"; do
                 run_inferno "$req" "$method" "$round"
             done
         done
     }
     llama_block() {
-        [ -n "$llama_server" ] || return 0
+        [ -n "$llama_server" ] && ((${#llama_requests[@]})) || return 0
         for type in $llama_types; do
             run_llama "$type" "$round"
         done
@@ -98,19 +115,20 @@ for round in $(seq 1 "$rounds"); do
     echo "round $round end: load average $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/machine.txt"
 done
 
-python3 - "$out" "$rounds" "${requests[*]}" "$llama_types" "${llama_server:+yes}" <<'EOF'
+python3 - "$out" "$rounds" "${requests[*]}" "$llama_types" "${llama_server:+yes}" "${methods[*]}" <<'EOF'
 import json, statistics, sys
 out, rounds, requests, types, llama = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split(), sys.argv[5] == "yes"
+methods = sys.argv[6].split()
 def load(path):
     with open(path) as f:
         return json.load(f)
 med = statistics.median
-print("| request | engine | speculation | decode t/s | × Inferno off | acceptance | accepted per verification | tokens |")
-print("|---|---|---|---:|---:|---:|---:|---:|")
+print("| request | engine | speculation | decode t/s | × Inferno off | × off per round | acceptance | accepted per verification | tokens |")
+print("|---|---|---|---:|---:|---|---:|---:|---:|")
 for req in requests:
     runs = {m: [load(f"{out}/inferno-{req}-{m}-r{r}.json") for r in range(1, rounds + 1)]
-            for m in ("off", "ngram", "draft")}
-    for m in ("ngram", "draft"):
+            for m in methods}
+    for m in methods[1:]:
         for a, b in zip(runs["off"], runs[m]):
             assert a["tokens"] == b["tokens"], f"{req}: {m} changed the tokens"
     base = med(r["metrics"]["decode_tokens_per_second"] for r in runs["off"])
@@ -122,8 +140,10 @@ for req in requests:
         acc = f"{a / d:.1%}" if d else "-"
         per = f"{a / v:.2f}" if v else "-"
         name = {"off": "off", "ngram": "ngram", "draft": "draft (Q4_0 self-draft)"}[m]
-        print(f"| {req} | Inferno | {name} | {tps:.1f} | {tps / base:.2f} | {acc} | {per} | {mt['completion_tokens']} |")
-    if not llama:
+        rounds_ratio = ", ".join(f"{r['metrics']['decode_tokens_per_second'] / o['metrics']['decode_tokens_per_second']:.3f}"
+                                 for o, r in zip(runs["off"], rs))
+        print(f"| {req} | Inferno | {name} | {tps:.1f} | {tps / base:.3f} | {rounds_ratio} | {acc} | {per} | {mt['completion_tokens']} |")
+    if not llama or req.endswith("_sampled"):
         continue
     best = None
     for t in types:
@@ -132,11 +152,11 @@ for req in requests:
         dn = sum(r["timings"].get("draft_n", 0) for r in rs)
         da = sum(r["timings"].get("draft_n_accepted", 0) for r in rs)
         acc = f"{da / dn:.1%}" if dn else "-"
-        print(f"| {req} | llama-server | {t} | {tps:.1f} | {tps / base:.2f} | {acc} | - | {rs[0]['tokens_predicted']} |")
+        print(f"| {req} | llama-server | {t} | {tps:.1f} | {tps / base:.2f} | | {acc} | - | {rs[0]['tokens_predicted']} |")
         if t != "none" and (best is None or tps > best[1]):
             best = (t, tps)
     if best:
         ours = med(r["metrics"]["decode_tokens_per_second"] for r in runs["ngram"])
-        print(f"| {req} | | Inferno ngram ÷ llama-server's best n-gram ({best[0]}) | | {ours / best[1]:.2f} | | | |")
+        print(f"| {req} | | Inferno ngram ÷ llama-server's best n-gram ({best[0]}) | | {ours / best[1]:.2f} | | | | |")
 EOF
 echo "raw results: $out" >&2
