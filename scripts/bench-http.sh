@@ -19,7 +19,8 @@
 # Hugging Face Hub. FIXED_CHUNK=N also runs inferno with a fixed prompt chunk of N tokens
 # while streams decode (`--prefill-chunk-running N`, the policy before `--target-itl-ms`) as
 # a third server; TARGET_ITL_MS sets the target of the first. OVERHEAD=0 skips the gRPC/HTTP
-# overhead part.
+# overhead part. LLAMA_SERVER=none leaves llama-server out (a sweep of inferno's own
+# settings, e.g. one run per TARGET_ITL_MS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,7 +40,7 @@ target_itl=${TARGET_ITL_MS:-}
 overhead=${OVERHEAD:-1}
 out=${RESULTS_DIR:-$(mktemp -d)}
 mkdir -p "$out"
-[ -x "$llama_server" ] || { echo "set LLAMA_SERVER to a llama-server binary" >&2; exit 1; }
+[ "$llama_server" = none ] || [ -x "$llama_server" ] || { echo "set LLAMA_SERVER to a llama-server binary" >&2; exit 1; }
 
 bench_tools="guidellm==0.8.1 gguf==0.19.0"
 if [ "$(cat .venv-bench/.inferno-bench-tools 2>/dev/null)" != "$bench_tools" ]; then
@@ -123,7 +124,8 @@ run_guidellm() { # who round concurrency
 load() { uptime | sed 's/.*load average: //'; }
 echo "load before: $(load)" | tee "$out/load.txt" >&2
 for round in $(seq 1 "$rounds"); do
-    order="inferno-target llama"
+    order="inferno-target"
+    [ "$llama_server" = none ] || order="$order llama"
     [ -z "$fixed_chunk" ] || order="$order inferno-fixed"
     ((round % 2)) || order=$(echo "$order" | tr ' ' '\n' | tac | tr '\n' ' ')
     for who in $order; do
@@ -154,9 +156,10 @@ done
 stop_server
 echo "load after: $(load)" | tee -a "$out/load.txt" >&2
 
-python3 - "$out" "$concurrency" "$rounds" "$fixed_chunk" <<'EOF'
+python3 - "$out" "$concurrency" "$rounds" "$fixed_chunk" "$llama_server" <<'EOF'
 import glob, json, statistics, sys
 out, levels, rounds, fixed = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), sys.argv[4]
+llama = sys.argv[5] != "none"
 
 def summary(path):
     b = json.load(open(path))["benchmarks"][0]
@@ -180,7 +183,7 @@ print("| concurrency | server | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p
 print("|---:|---|---:|---:|---:|---:|---:|---:|")
 for c in levels:
     row = {}
-    servers = [("inferno-target", "inferno serve"), ("llama", "llama-server")]
+    servers = [("inferno-target", "inferno serve")] + ([("llama", "llama-server")] if llama else [])
     if fixed:
         servers.append(("inferno-fixed", f"inferno, fixed chunk {fixed}"))
     for who, name in servers:
@@ -188,6 +191,8 @@ for c in levels:
         row[who] = vals
         print(f"| {c} | {name} | {vals['tps']:.1f} | {vals['ttft50']:.0f} | {vals['ttft99']:.0f} "
               f"| {vals['itl50']:.1f} | {vals['itl99']:.1f} | {vals['errors']:.0f} |")
+    if not llama:
+        continue
     i, l = row["inferno-target"], row["llama"]
     print(f"| {c} | inferno / llama-server | {i['tps'] / l['tps']:.2f}x | {i['ttft50'] / l['ttft50']:.2f}x "
           f"| {i['ttft99'] / l['ttft99']:.2f}x | {i['itl50'] / l['itl50']:.2f}x | {i['itl99'] / l['itl99']:.2f}x | |")
