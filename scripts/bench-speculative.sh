@@ -6,7 +6,7 @@
 # that quotes its source, free text; and Inferno alone on the free text sampled
 # (`free_text_sampled`: generate's default sampling, temperature 0.8, seed = the round, the
 # same seed with and without speculation), text whose lookups find little that the sampler
-# keeps, which is what speculation costs where it has nothing to offer; SAMPLED_SEED fixes
+# keeps, which is what speculation costs where it has nothing to offer (SAMPLED_SEED fixes
 # the seed instead, to repeat one text). REQUESTS and METHODS narrow the run to some
 # requests and methods (`off` always runs). One command:
 #
@@ -40,10 +40,11 @@ cargo build --release --quiet
 read -r -a requests <<<"${REQUESTS:-code_edit summary free_text free_text_sampled}"
 read -r -a methods <<<"off ${METHODS:-ngram draft}"
 methods=(off $(printf '%s\n' "${methods[@]}" | grep -vx off || true))
+sampled() { [ "$1" != "${1%_sampled}" ]; }
 # llama-server's sampler differs from Inferno's, so it runs only the greedy requests.
 llama_requests=()
 for req in "${requests[@]}"; do
-    if [ "$req" = "${req%_sampled}" ]; then llama_requests+=("$req"); fi
+    sampled "$req" || llama_requests+=("$req")
 done
 
 draft=$out/draft-q4_0.gguf
@@ -51,7 +52,7 @@ draft=$out/draft-q4_0.gguf
 
 run_inferno() { # request method round
     local req=$1 method=$2 round=$3 extra=(--temperature 0)
-    [ "$req" != "${req%_sampled}" ] && extra=(--temperature "${SAMPLED_TEMPERATURE:-0.8}" --seed "${SAMPLED_SEED:-$round}")
+    sampled "$req" && extra=(--temperature "${SAMPLED_TEMPERATURE:-0.8}" --seed "${SAMPLED_SEED:-$round}")
     [ "$method" = draft ] && extra+=(--draft-model "$draft")
     "$inferno" generate -m "$model" --threads "$threads" --chat -n "$n" \
         --speculative "$method" "${extra[@]}" --output json \
@@ -115,10 +116,10 @@ for round in $(seq 1 "$rounds"); do
     echo "round $round end: load average $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/machine.txt"
 done
 
-python3 - "$out" "$rounds" "${requests[*]}" "$llama_types" "${llama_server:+yes}" "${methods[*]}" <<'EOF'
+python3 - "$out" "$rounds" "${requests[*]}" "$llama_types" "${llama_server:+yes}" "${methods[*]}" "${llama_requests[*]}" <<'EOF'
 import json, statistics, sys
 out, rounds, requests, types, llama = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split(), sys.argv[5] == "yes"
-methods = sys.argv[6].split()
+methods, llama_requests = sys.argv[6].split(), sys.argv[7].split()
 def load(path):
     with open(path) as f:
         return json.load(f)
@@ -143,7 +144,7 @@ for req in requests:
         rounds_ratio = ", ".join(f"{r['metrics']['decode_tokens_per_second'] / o['metrics']['decode_tokens_per_second']:.3f}"
                                  for o, r in zip(runs["off"], rs))
         print(f"| {req} | Inferno | {name} | {tps:.1f} | {tps / base:.3f} | {rounds_ratio} | {acc} | {per} | {mt['completion_tokens']} |")
-    if not llama or req.endswith("_sampled"):
+    if not llama or req not in llama_requests:
         continue
     best = None
     for t in types:
@@ -155,7 +156,7 @@ for req in requests:
         print(f"| {req} | llama-server | {t} | {tps:.1f} | {tps / base:.2f} | | {acc} | - | {rs[0]['tokens_predicted']} |")
         if t != "none" and (best is None or tps > best[1]):
             best = (t, tps)
-    if best:
+    if best and "ngram" in runs:
         ours = med(r["metrics"]["decode_tokens_per_second"] for r in runs["ngram"])
         print(f"| {req} | | Inferno ngram ÷ llama-server's best n-gram ({best[0]}) | | {ours / best[1]:.2f} | | | | |")
 EOF
