@@ -10,7 +10,7 @@ mod common;
 
 use inferno::backend::cpu::simd::{Isa, Kernels, SimdBackend};
 use inferno::backend::{
-    create_backend, AttentionShape, Backend, BackendOptions, Device, KvLayer, KvRows,
+    create_backend, AttentionJob, AttentionShape, Backend, BackendOptions, Device, KvLayer, KvRows,
     ParallelBackend, PoolBackend, ScalarBackend,
 };
 use inferno::gguf::GgufFile;
@@ -522,6 +522,74 @@ fn long_attention_split_by_positions_is_bit_identical_at_any_thread_count() {
                             vr.kind()
                         );
                     }
+                }
+            }
+        }
+    }
+}
+
+/// A batched step's attention in one call (`attention_batch`): sequences decoding one token
+/// at short and long histories (a long one on a model with few KV heads keeps its own
+/// split by positions) and a prompt chunk, in any order and at every thread count, give
+/// each sequence the bits of its own `attention` call on `simd`, and leave the rows of
+/// the output that no sequence owns alone.
+#[test]
+fn a_steps_attention_in_one_call_equals_each_sequence_alone_bit_for_bit() {
+    let mut r = rng(19);
+    for (n_heads, n_kv, hd) in [(14, 2, 64), (16, 8, 128), (4, 1, 32)] {
+        let seqs: Vec<(usize, usize)> =
+            vec![(1, 40), (1, 0), (1, 2347), (7, 300), (1, 5), (1, 1100)];
+        let inputs: Vec<_> = seqs
+            .iter()
+            .map(|&(n, pos0)| attention_inputs(&mut r, (n_heads, n_kv, hd), n, pos0, pos0 + n + 3))
+            .collect();
+        let stored: Vec<_> = inputs
+            .iter()
+            .map(|(_, _, k, v)| (Stored::new(k, hd), Stored::new(v, hd)))
+            .collect();
+        let w = n_heads * hd;
+        let rows: usize = seqs.iter().map(|s| s.0).sum();
+        for isa in Isa::available() {
+            // Each sequence alone on `simd`, its rows at their place in the step; one row of
+            // padding after them must stay untouched.
+            let mut want = vec![f32::NAN; (rows + 1) * w];
+            let mut jobs = Vec::new();
+            let mut at = 0;
+            for ((shape, q, _, _), (ks, vs)) in inputs.iter().zip(&stored) {
+                let kv = KvLayer {
+                    k: KvRows::F16(&ks.f16),
+                    v: KvRows::F16(&vs.f16),
+                };
+                let job = AttentionJob {
+                    shape: *shape,
+                    q,
+                    kv,
+                    at,
+                };
+                simd(isa).attention(shape, q, kv, &mut want[at..at + job.out_len()]);
+                at += job.out_len();
+                jobs.push(job);
+            }
+            let mut backends: Vec<(String, Box<dyn Backend>)> = (1..=4)
+                .map(|t| {
+                    let be: Box<dyn Backend> = Box::new(PoolBackend::new(simd(isa), t));
+                    (format!("pool/{t}"), be)
+                })
+                .collect();
+            backends.push(("simd".into(), Box::new(simd(isa))));
+            for (name, be) in &backends {
+                for order in [false, true] {
+                    let mut js = jobs.clone();
+                    if order {
+                        js.reverse();
+                    }
+                    let mut got = vec![f32::NAN; (rows + 1) * w];
+                    be.attention_batch(&js, &mut got);
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{isa:?} {name} heads {n_heads}/{n_kv} hd {hd} reversed {order}"
+                    );
                 }
             }
         }

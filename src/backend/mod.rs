@@ -49,6 +49,23 @@ pub struct AttentionShape {
     pub scale: f32,
 }
 
+/// One sequence's attention in [`Backend::attention_batch`]: its shape, its query rows, its
+/// cache layer, and the float of the batch's output where its rows start.
+#[derive(Clone, Copy)]
+pub struct AttentionJob<'a> {
+    pub shape: AttentionShape,
+    pub q: &'a [f32],
+    pub kv: KvLayer<'a>,
+    pub at: usize,
+}
+
+impl AttentionJob<'_> {
+    /// Floats of output the job writes (as many as its queries).
+    pub fn out_len(&self) -> usize {
+        self.shape.n_tokens * self.shape.n_heads * self.shape.head_dim
+    }
+}
+
 /// One product of [`Backend::matmul_batch`]: `n` rows of `x` times `w`, written row-major
 /// (`n × w.rows`) from float `at` of the batch's output.
 #[derive(Clone, Copy)]
@@ -112,6 +129,16 @@ pub trait Backend: Send + Sync {
     /// `[n_kv_heads][capacity]`. `q` and `out` are `n_tokens × n_heads × head_dim`.
     fn attention(&self, shape: &AttentionShape, q: &[f32], kv: KvLayer<'_>, out: &mut [f32]);
 
+    /// The attention of several sequences of one step, each job's output at `out[job.at..]`,
+    /// every job's result that of [`Backend::attention`] bit for bit. A backend that can
+    /// share one dispatch out among all the sequences' work items overrides it: a batched
+    /// decode step has one token per sequence, too little work to pay a dispatch each.
+    fn attention_batch(&self, jobs: &[AttentionJob<'_>], out: &mut [f32]) {
+        for j in jobs {
+            self.attention(&j.shape, j.q, j.kv, &mut out[j.at..j.at + j.out_len()]);
+        }
+    }
+
     /// `gate = silu(gate) * up`, element-wise (the SwiGLU gate).
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]);
 
@@ -154,6 +181,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn attention(&self, shape: &AttentionShape, q: &[f32], kv: KvLayer<'_>, out: &mut [f32]) {
         (**self).attention(shape, q, kv, out)
+    }
+    fn attention_batch(&self, jobs: &[AttentionJob<'_>], out: &mut [f32]) {
+        (**self).attention_batch(jobs, out)
     }
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
         (**self).silu_mul(gate, up)

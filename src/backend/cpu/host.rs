@@ -4,10 +4,14 @@
 use crate::backend::exec::{
     wanted_rows, with_first_rows, Buf, Executor, MoeFfn, Op, ScratchSpec, SeqStep, LOGITS,
 };
-use crate::backend::{AttentionShape, Backend, MatmulJob};
+use crate::backend::{AttentionJob, AttentionShape, Backend, MatmulJob};
 
 /// Most experts one step's batched expert products take (see [`moe_ffn`]).
 const MAX_BATCHED_EXPERTS: usize = 32;
+
+/// Most sequences one [`Backend::attention_batch`] call takes: a step of more makes more
+/// calls, each from a list on the stack.
+const MAX_ATTENTION_JOBS: usize = 16;
 
 /// Host activation buffers for forward passes of up to `rows` token rows, sized once.
 pub struct HostScratch {
@@ -266,6 +270,34 @@ pub(crate) struct HostExec<'s, 'a> {
     target: Option<Target>,
 }
 
+/// The attention of sequence `s`, whose rows start at row `r0` of the step's queries `q`.
+fn attention_job<'x>(
+    r0: usize,
+    s: &'x SeqStep<'_>,
+    q: &'x [f32],
+    layer: usize,
+    n_heads: usize,
+    scale: f32,
+) -> AttentionJob<'x> {
+    let m = s.tokens.len();
+    let (_, n_kv_heads, head_dim) = s.kv.shape();
+    let w = n_heads * head_dim;
+    AttentionJob {
+        shape: AttentionShape {
+            n_tokens: m,
+            pos0: s.kv.len(),
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            capacity: s.kv.capacity(),
+            scale,
+        },
+        q: &q[r0 * w..(r0 + m) * w],
+        kv: s.kv.layer(layer),
+        at: r0 * w,
+    }
+}
+
 /// `(&bufs[read], &mut bufs[write])` for two different buffers.
 fn read_write(bufs: &mut [Vec<f32>], read: usize, write: usize) -> (&[f32], &mut [f32]) {
     assert_ne!(read, write, "an operation reads and writes the same buffer");
@@ -419,21 +451,22 @@ impl Executor for HostExec<'_, '_> {
                 scale,
             } => {
                 let (qb, ob) = read_write(&mut self.sc.bufs, q.0, out.0);
+                let job = |r0, s| attention_job(r0, s, qb, layer, n_heads, scale);
+                let Some(first) = self.seqs.first() else {
+                    return;
+                };
+                let mut jobs = [job(0, first); MAX_ATTENTION_JOBS];
+                let mut count = 0;
                 for (r0, s) in with_first_rows(self.seqs) {
-                    let m = s.tokens.len();
-                    let (_, n_kv_heads, head_dim) = s.kv.shape();
-                    let w = n_heads * head_dim;
-                    let shape = AttentionShape {
-                        n_tokens: m,
-                        pos0: s.kv.len(),
-                        n_heads,
-                        n_kv_heads,
-                        head_dim,
-                        capacity: s.kv.capacity(),
-                        scale,
-                    };
-                    let rows = r0 * w..(r0 + m) * w;
-                    be.attention(&shape, &qb[rows.clone()], s.kv.layer(layer), &mut ob[rows]);
+                    jobs[count] = job(r0, s);
+                    count += 1;
+                    if count == MAX_ATTENTION_JOBS {
+                        be.attention_batch(&jobs, ob);
+                        count = 0;
+                    }
+                }
+                if count > 0 {
+                    be.attention_batch(&jobs[..count], ob);
                 }
             }
             Op::SiluMul { gate, up, rows } => {

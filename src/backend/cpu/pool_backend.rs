@@ -12,7 +12,7 @@ use super::simd::quants::QuantMatmul;
 use super::simd::{with_act_scratch, Kernels, OutPtr, Packed, SimdBackend, GROUP};
 use super::threadpool::{default_threads, split, ThreadPool};
 use super::ScalarBackend;
-use crate::backend::{AttentionShape, Backend, KvLayer, MatmulJob};
+use crate::backend::{AttentionJob, AttentionShape, Backend, KvLayer, MatmulJob};
 use crate::tensor::{q8_0, GgmlType, Matrix};
 
 /// Products with fewer 16-row groups than this run on the caller alone (dispatch would cost
@@ -406,6 +406,68 @@ impl Backend for PoolBackend {
             let (i0, i1) = split(items, c, nc);
             // SAFETY: each item writes only its own heads of `out`, which outlives the job.
             unsafe { k.attention(shape, q, kv, o, len, i0, i1) };
+        });
+    }
+
+    fn attention_batch(&self, jobs: &[AttentionJob<'_>], out: &mut [f32]) {
+        let k = self.k;
+        let threads = self.pool.n_threads();
+        // A sequence with fewer work items than threads and a history long enough to split
+        // (one decoding on a model with few KV heads) keeps its own dispatch, which splits
+        // its positions over the threads; the rest share one dispatch out by item, instead
+        // of one dispatch per sequence (eight decoding streams: a token's attention each).
+        let shared = |j: &AttentionJob<'_>| {
+            k.attention_items(&j.shape) >= threads || k.attention_parts(&j.shape) <= 1
+        };
+        let mut items = 0;
+        let mut count = 0;
+        for j in jobs {
+            if shared(j) {
+                items += k.attention_items(&j.shape);
+                count += 1;
+            } else {
+                let o = &mut out[j.at..j.at + j.out_len()];
+                self.attention(&j.shape, j.q, j.kv, o);
+            }
+        }
+        if count == 0 {
+            return;
+        }
+        if count == 1 || threads == 1 {
+            for j in jobs.iter().filter(|j| shared(j)) {
+                let o = &mut out[j.at..j.at + j.out_len()];
+                self.attention(&j.shape, j.q, j.kv, o);
+            }
+            return;
+        }
+        for j in jobs {
+            assert!(
+                j.at + j.out_len() <= out.len(),
+                "attention job past the output"
+            );
+        }
+        let o = OutPtr(out.as_mut_ptr());
+        let nc = self.chunks(items);
+        self.pool.run(nc, &|c| {
+            let (i0, i1) = split(items, c, nc);
+            let mut first = 0;
+            for j in jobs.iter().filter(|j| shared(j)) {
+                let n = k.attention_items(&j.shape);
+                let (lo, hi) = (i0.max(first), i1.min(first + n));
+                if lo < hi {
+                    // SAFETY: each item writes only its own heads of its job's rows, which
+                    // lie inside `out` (checked above) and no other job's; `out` outlives
+                    // the job. Items are computed alone, so any split gives their bits.
+                    unsafe {
+                        let at = o.offset(j.at);
+                        k.attention(&j.shape, j.q, j.kv, at, j.out_len(), lo - first, hi - first)
+                    };
+                }
+                first += n;
+                if first >= i1 {
+                    break;
+                }
+            }
         });
     }
 

@@ -305,6 +305,13 @@ pub fn with_act_scratch<R>(f: impl FnOnce(&mut ActQ8) -> R) -> R {
 /// A raw output pointer handed to the threads of one operation, each writing its own share.
 #[derive(Clone, Copy)]
 pub struct OutPtr(pub *mut f32);
+impl OutPtr {
+    /// The pointer `count` floats further on (not dereferenced here).
+    pub fn offset(self, count: usize) -> OutPtr {
+        OutPtr(self.0.wrapping_add(count))
+    }
+}
+
 // SAFETY: only used to let threads write disjoint parts of one buffer that outlives the job.
 unsafe impl Send for OutPtr {}
 // SAFETY: as above.
