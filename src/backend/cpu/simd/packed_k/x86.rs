@@ -754,6 +754,7 @@ unsafe fn codes_vnni<const T: usize, const KIND: u8>(
     j: Job<'_>,
     g: usize,
     t0: usize,
+    n: usize,
     (b0, b1): (usize, usize),
     codes: &Codes,
 ) {
@@ -777,6 +778,7 @@ unsafe fn codes_vnni<const T: usize, const KIND: u8>(
         let x: [*const u8; T] =
             std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
         let cb = codes.block(b - b0);
+        prefetch_tokens(j, b - b0, t0, t0 + T, n);
         let mut isum = [_mm512_setzero_si512(); T];
         for pair in 0..CODE_LINES / (2 * sl) {
             let (ll, lh) = (2 * pair * sl, (2 * pair + 1) * sl);
@@ -878,11 +880,19 @@ unsafe fn gemm_codes_vnni<const KIND: u8>(j: Job<'_>, n: usize, g0: usize, g1: u
                 };
             }
             let sb = (b0, b1);
+            // A batched decode step (fewer tokens than a prompt's) is bound by the stream of
+            // weights: the next slice streams in while the tiles run from L1, as on AVX2.
+            let mut jt = j;
+            if n < UNPACK_MIN_TOKENS && (b1 < nsb || g + 1 < g1) {
+                // SAFETY: the next slice is inside the packed matrix (checked just above).
+                jt.pf = unsafe { base.add(b1 * j.p.block_bytes()) };
+                jt.pf_block = j.p.block_bytes();
+            }
             for_token_tiles!(
                 n,
                 t,
                 [8, 4, 2, 1],
-                codes_vnni::<_, KIND>(j, g, t, sb, &codes)
+                codes_vnni::<_, KIND>(jt, g, t, n, sb, &codes)
             );
         }
     }
@@ -1501,7 +1511,10 @@ pub(super) unsafe fn gemm_vnni(j: Job<'_>, n: usize, g0: usize, g1: usize) {
     // Prompts unpack each group's codes once for all their tiles: the 64-token products
     // took Q4_K 1.12 → 1.01 ms, Q5_K 1.25 → 1.04 ms and Q6_K 2.22 → 1.34 ms (Xeon, one
     // thread), the unpacking having cost as much as the products' scale multiplies.
-    if n >= UNPACK_MIN_TOKENS {
+    // Q3_K unpacks once from two tiles (a batched decode of 5 streams or more): its codes
+    // cost the most to take out of the packed lines (8 streams: 182 → 242 tok/s, Zen 4,
+    // where Q4_K, Q5_K, Q6_K and Q2_K lost up to 30% the same way; BENCHMARKS.md).
+    if n >= UNPACK_MIN_TOKENS || (j.p.dtype == GgmlType::Q3_K && n > 4) {
         // SAFETY: forwarded.
         unsafe {
             match j.p.dtype {
