@@ -420,32 +420,24 @@ impl Backend for PoolBackend {
         let shared = |j: &AttentionJob<'_>| {
             k.attention_items(&j.shape) >= threads || k.attention_parts(&j.shape) <= 1
         };
+        let together = threads > 1 && jobs.iter().filter(|j| shared(j)).count() > 1;
+        for j in jobs {
+            // Alone: its own dispatch (or none to share one with), as `attention` runs it.
+            if !(together && shared(j)) {
+                let o = &mut out[j.at..j.at + j.out_len()];
+                self.attention(&j.shape, j.q, j.kv, o);
+            }
+        }
+        if !together {
+            return;
+        }
         let mut items = 0;
-        let mut count = 0;
-        for j in jobs {
-            if shared(j) {
-                items += k.attention_items(&j.shape);
-                count += 1;
-            } else {
-                let o = &mut out[j.at..j.at + j.out_len()];
-                self.attention(&j.shape, j.q, j.kv, o);
-            }
-        }
-        if count == 0 {
-            return;
-        }
-        if count == 1 || threads == 1 {
-            for j in jobs.iter().filter(|j| shared(j)) {
-                let o = &mut out[j.at..j.at + j.out_len()];
-                self.attention(&j.shape, j.q, j.kv, o);
-            }
-            return;
-        }
-        for j in jobs {
+        for j in jobs.iter().filter(|j| shared(j)) {
             assert!(
                 j.at + j.out_len() <= out.len(),
                 "attention job past the output"
             );
+            items += k.attention_items(&j.shape);
         }
         let o = OutPtr(out.as_mut_ptr());
         let nc = self.chunks(items);

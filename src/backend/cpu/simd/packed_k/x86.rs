@@ -1512,8 +1512,8 @@ pub(super) unsafe fn gemm_vnni(j: Job<'_>, n: usize, g0: usize, g1: usize) {
     // took Q4_K 1.12 → 1.01 ms, Q5_K 1.25 → 1.04 ms and Q6_K 2.22 → 1.34 ms (Xeon, one
     // thread), the unpacking having cost as much as the products' scale multiplies.
     // Q3_K unpacks once from two tiles (a batched decode of 5 streams or more): its codes
-    // cost the most to take out of the packed lines (8 streams: 182 → 242 tok/s, Zen 4,
-    // where Q4_K, Q5_K, Q6_K and Q2_K lost up to 30% the same way; BENCHMARKS.md).
+    // cost the most to take out of the packed lines (8 pure-Q3_K streams: 152 → 219 tok/s,
+    // Zen 4, where Q4_K, Q5_K and Q2_K lost up to 30% the same way; BENCHMARKS.md).
     if n >= UNPACK_MIN_TOKENS || (j.p.dtype == GgmlType::Q3_K && n > 4) {
         // SAFETY: forwarded.
         unsafe {
