@@ -315,6 +315,17 @@ pub(super) unsafe fn x_bsum(x: *const u8, g: usize) -> i32 {
     unsafe { (x.add(XBS + 2 * g) as *const i16).read_unaligned() as i32 }
 }
 
+/// The 16 sums of 16 activation quants of the block at `x` (i16 each, in order).
+///
+/// # Safety
+/// As for [`x_d`]; the pointer is valid for 32 bytes.
+#[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) unsafe fn x_bsums(x: *const u8) -> *const u8 {
+    // SAFETY: the sums end the block.
+    unsafe { x.add(XBS) }
+}
+
 /// Bytes of min pairs per super-block after an activation row's Q8_K blocks.
 pub(crate) const MIN_PAIR_BYTES: usize = 16;
 
