@@ -249,18 +249,25 @@ fn vpdpbusd_alone_64x3072x1024(b: Bencher, exact_ops: bool) {
     }
     b.bench_local(|| {
         // SAFETY: AVX-512 VNNI was detected above.
-        unsafe { vpdpbusd_chains(black_box(3072 * 1024 * 64 / 64 / 16), exact_ops) }
+        unsafe {
+            vpdpbusd_chains(
+                black_box(3072 * 1024 * 64 / 64 / 16),
+                exact_ops,
+                Beside::Nothing,
+            )
+        }
     });
 }
 
 /// `iters` rounds of 16 independent `vpdpbusd` (with `exact_ops`, also 2 `vpmulld`, one
-/// `vpmaddwd` and one `vmulps`, independent too), in assembly so nothing is folded away.
+/// `vpmaddwd` and one `vmulps`, independent too; else what `beside` says), in assembly so
+/// nothing is folded away.
 ///
 /// # Safety
 /// AVX-512 F, BW and VNNI must be present; `iters > 0`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn vpdpbusd_chains(iters: usize, exact_ops: bool) {
+unsafe fn vpdpbusd_chains(iters: usize, exact_ops: bool, beside: Beside) {
     macro_rules! chains {
         ($($extra:literal,)*) => {
             std::arch::asm!(
@@ -300,17 +307,67 @@ unsafe fn vpdpbusd_chains(iters: usize, exact_ops: bool) {
     // SAFETY: register-only instructions the caller's CPU has; every register written is
     // declared clobbered; `iters > 0`, so the loop ends.
     unsafe {
-        if exact_ops {
-            chains!(
+        match (exact_ops, beside) {
+            (true, _) => chains!(
                 "vpmulld zmm16, zmm30, zmm31",
                 "vpmulld zmm17, zmm30, zmm31",
                 "vpmaddwd zmm18, zmm30, zmm31",
                 "vmulps zmm19, zmm30, zmm31",
-            );
-        } else {
-            chains!();
+            ),
+            (false, Beside::Nothing) => chains!(),
+            (false, Beside::Multiplies) => chains!(
+                "vpmulld zmm16, zmm30, zmm31",
+                "vpmulld zmm17, zmm30, zmm31",
+                "vpmulld zmm18, zmm30, zmm31",
+                "vpmulld zmm19, zmm30, zmm31",
+                "vpmulld zmm16, zmm30, zmm31",
+                "vpmulld zmm17, zmm30, zmm31",
+                "vpmulld zmm18, zmm30, zmm31",
+                "vpmulld zmm19, zmm30, zmm31",
+            ),
+            (false, Beside::Subtractions) => chains!(
+                "vpsubd zmm16, zmm16, zmm31",
+                "vpsubd zmm17, zmm17, zmm31",
+                "vpsubd zmm18, zmm18, zmm31",
+                "vpsubd zmm19, zmm19, zmm31",
+                "vpsubd zmm16, zmm16, zmm31",
+                "vpsubd zmm17, zmm17, zmm31",
+                "vpsubd zmm18, zmm18, zmm31",
+                "vpsubd zmm19, zmm19, zmm31",
+            ),
         }
     }
+}
+
+/// What [`vpdpbusd_chains`] issues beside each round of 16 `vpdpbusd`, besides `exact_ops`.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+enum Beside {
+    Nothing,
+    /// Eight `vpmulld`: on Zen 4 they share `vpdpbusd`'s port (the round takes 1.5× as long).
+    Multiplies,
+    /// Eight `vpsubd`: another port (the round takes as long as `vpdpbusd` alone). The VNNI
+    /// Q6_K and Q3_K products take their codes' offsets this way, not as pair products.
+    Subtractions,
+}
+
+/// [`vpdpbusd_alone_64x3072x1024`] with eight more operations beside every 16 `vpdpbusd`:
+/// `vpmulld` (the same port on Zen 4) or `vpsubd` (another port).
+#[cfg(target_arch = "x86_64")]
+#[divan::bench(args = ["vpmulld", "vpsubd"], sample_count = 20)]
+fn vpdpbusd_beside_64x3072x1024(b: Bencher, op: &str) {
+    if !std::arch::is_x86_feature_detected!("avx512vnni") {
+        return;
+    }
+    let beside = if op == "vpmulld" {
+        Beside::Multiplies
+    } else {
+        Beside::Subtractions
+    };
+    b.bench_local(|| {
+        // SAFETY: AVX-512 VNNI was detected above.
+        unsafe { vpdpbusd_chains(black_box(3072 * 1024 * 64 / 64 / 16), false, beside) }
+    });
 }
 
 /// A prefill matmul of the real model's most common type: 64 tokens through 4864 × 896.
