@@ -247,27 +247,25 @@ fn vpdpbusd_alone_64x3072x1024(b: Bencher, exact_ops: bool) {
     if !std::arch::is_x86_feature_detected!("avx512vnni") {
         return;
     }
+    let beside = if exact_ops {
+        Beside::ExactOps
+    } else {
+        Beside::Nothing
+    };
     b.bench_local(|| {
         // SAFETY: AVX-512 VNNI was detected above.
-        unsafe {
-            vpdpbusd_chains(
-                black_box(3072 * 1024 * 64 / 64 / 16),
-                exact_ops,
-                Beside::Nothing,
-            )
-        }
+        unsafe { vpdpbusd_chains(black_box(3072 * 1024 * 64 / 64 / 16), beside) }
     });
 }
 
-/// `iters` rounds of 16 independent `vpdpbusd` (with `exact_ops`, also 2 `vpmulld`, one
-/// `vpmaddwd` and one `vmulps`, independent too; else what `beside` says), in assembly so
-/// nothing is folded away.
+/// `iters` rounds of 16 independent `vpdpbusd`, each with what `beside` says (independent
+/// too), in assembly so nothing is folded away.
 ///
 /// # Safety
 /// AVX-512 F, BW and VNNI must be present; `iters > 0`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn vpdpbusd_chains(iters: usize, exact_ops: bool, beside: Beside) {
+unsafe fn vpdpbusd_chains(iters: usize, beside: Beside) {
     macro_rules! chains {
         ($($extra:literal,)*) => {
             std::arch::asm!(
@@ -307,15 +305,15 @@ unsafe fn vpdpbusd_chains(iters: usize, exact_ops: bool, beside: Beside) {
     // SAFETY: register-only instructions the caller's CPU has; every register written is
     // declared clobbered; `iters > 0`, so the loop ends.
     unsafe {
-        match (exact_ops, beside) {
-            (true, _) => chains!(
+        match beside {
+            Beside::ExactOps => chains!(
                 "vpmulld zmm16, zmm30, zmm31",
                 "vpmulld zmm17, zmm30, zmm31",
                 "vpmaddwd zmm18, zmm30, zmm31",
                 "vmulps zmm19, zmm30, zmm31",
             ),
-            (false, Beside::Nothing) => chains!(),
-            (false, Beside::Multiplies) => chains!(
+            Beside::Nothing => chains!(),
+            Beside::Multiplies => chains!(
                 "vpmulld zmm16, zmm30, zmm31",
                 "vpmulld zmm17, zmm30, zmm31",
                 "vpmulld zmm18, zmm30, zmm31",
@@ -325,7 +323,7 @@ unsafe fn vpdpbusd_chains(iters: usize, exact_ops: bool, beside: Beside) {
                 "vpmulld zmm18, zmm30, zmm31",
                 "vpmulld zmm19, zmm30, zmm31",
             ),
-            (false, Beside::Subtractions) => chains!(
+            Beside::Subtractions => chains!(
                 "vpsubd zmm16, zmm16, zmm31",
                 "vpsubd zmm17, zmm17, zmm31",
                 "vpsubd zmm18, zmm18, zmm31",
@@ -339,11 +337,14 @@ unsafe fn vpdpbusd_chains(iters: usize, exact_ops: bool, beside: Beside) {
     }
 }
 
-/// What [`vpdpbusd_chains`] issues beside each round of 16 `vpdpbusd`, besides `exact_ops`.
+/// What [`vpdpbusd_chains`] issues beside each round of 16 `vpdpbusd`.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 enum Beside {
     Nothing,
+    /// What the Q4_K/Q5_K products add for exactness: 2 `vpmulld`, one `vpmaddwd`, one
+    /// `vmulps`.
+    ExactOps,
     /// Eight `vpmulld`: on Zen 4 they share `vpdpbusd`'s port (the round takes 1.5× as long).
     Multiplies,
     /// Eight `vpsubd`: another port (the round takes as long as `vpdpbusd` alone). The VNNI
@@ -366,7 +367,7 @@ fn vpdpbusd_beside_64x3072x1024(b: Bencher, op: &str) {
     };
     b.bench_local(|| {
         // SAFETY: AVX-512 VNNI was detected above.
-        unsafe { vpdpbusd_chains(black_box(3072 * 1024 * 64 / 64 / 16), false, beside) }
+        unsafe { vpdpbusd_chains(black_box(3072 * 1024 * 64 / 64 / 16), beside) }
     });
 }
 

@@ -19,9 +19,10 @@
 //! mins against their activation sums; Q2_K's per 16-value sub-block) and the offsets of
 //! Q6_K (32) and Q3_K (4) are taken off with the activation block's sums of 16 values, as
 //! the scalar products take the mins: on AVX2 as pair products against the scales, on VNNI
-//! from each sub-block's sum before its scale multiplies in ([`code_offsets`]). Each super-block is folded into the f32 accumulator
-//! with the scalar expression (separate multiplies, no FMA), block after block, so every
-//! output is bit-identical to the scalar dot product of its row.
+//! from each sub-block's sum before its scale multiplies in ([`code_offsets`]). Each
+//! super-block is folded into the f32 accumulator with the scalar expression (separate
+//! multiplies, no FMA), block after block, so every output is bit-identical to the scalar
+//! dot product of its row.
 
 use super::super::x86::nibble_codes_512;
 use super::GROUP;
@@ -1594,12 +1595,12 @@ pub(super) unsafe fn gemm_vnni(j: Job<'_>, n: usize, g0: usize, g1: usize) {
         return;
     }
     // Q4_K and Q5_K keep two accumulators per token and take 8 tokens per pass over the
-    // weights from 9 tokens (64-token products 10-17% faster than with 4); Q3_K and Q2_K keep
-    // four per token and stop at 4 (8 made LLVM spill: Q6_K, then alike, 1.5-1.8x slower).
-    // Eight tokens alone (batched decode) still go 4 at a time: one pass of 8 left the memory
-    // idle behind the heavier compute (8 streams 181-189 tok/s against 199, prefetch or not;
-    // Q6_K's product by sub-block, 5% faster in 8 from cache, ran 8 Q6_K streams at 161
-    // against 203 tok/s).
+    // weights from 9 tokens (64-token products 10-17% faster than with 4); Q6_K, Q3_K and Q2_K
+    // stop at 4 (Q3_K and Q2_K keep four accumulators per token, which LLVM spilled at 8, as
+    // it did Q6_K's before its product went by sub-block: 1.5-1.8x slower). Eight tokens
+    // alone (batched decode) still go 4 at a time: one pass of 8 left the memory idle behind
+    // the heavier compute (8 streams 181-189 tok/s against 199, prefetch or not; Q6_K by
+    // sub-block, 5% faster in 8 from cache, ran 8 Q6_K streams at 161 against 203 tok/s).
     let wide = matches!(j.p.dtype, GgmlType::Q4_K | GgmlType::Q5_K) && n > 8;
     for g in g0..g1 {
         if wide {
