@@ -713,6 +713,60 @@ fn batched_packed_k_products_are_byte_identical_to_scalar() {
     }
 }
 
+/// `matmul_shared` (a layer's q, k and v from one input: quantized once, one dispatch on the
+/// pool) against each product alone on the same backend, bit for bit: K-quants, packed
+/// Q8_0 and legacy types together, and a mix of packed and stored forms (which goes one
+/// product at a time), with partial row groups, at decode and prompt token counts, on every
+/// instruction set and at 1–3 threads.
+#[test]
+fn shared_input_products_equal_each_product_alone() {
+    let mut r = ChaCha8Rng::seed_from_u64(21);
+    let cols = 512;
+    let sets: [&[GgmlType]; 5] = [
+        &[Q4_K, Q4_K, Q6_K],
+        &[Q5_K, Q3_K, Q2_K],
+        &[Q8_0, Q8_0, Q8_0],
+        &[Q4_0, Q5_1, Q5_0],
+        &[Q8_0, Q4_K, Q4_1],
+    ];
+    for isa in Isa::available() {
+        for threads in [1, 2, 3] {
+            let be = PoolBackend::new(simd(isa), threads);
+            for (s, types) in sets.iter().enumerate() {
+                let ws: Vec<Matrix> = types
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &t)| {
+                        let mut w = random_matrix(&mut r, t, 40 + 9 * i + 16 * s, cols);
+                        be.prepare(&mut w);
+                        w
+                    })
+                    .collect();
+                for n in [1, 8, 20] {
+                    let x: Vec<f32> = (0..n * cols)
+                        .map(|_| r.random_range(-2.0f32..2.0))
+                        .collect();
+                    let mut outs: Vec<Vec<f32>> =
+                        ws.iter().map(|w| vec![f32::NAN; n * w.rows]).collect();
+                    let refs: Vec<&Matrix> = ws.iter().collect();
+                    let mut slices: Vec<&mut [f32]> =
+                        outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+                    be.matmul_shared(&refs, &x, n, &mut slices);
+                    for (w, got) in ws.iter().zip(&outs) {
+                        let want = matmul(&be, w, &x, n);
+                        assert_eq!(
+                            bits(got),
+                            bits(&want),
+                            "{isa:?} {threads} threads: {} in {types:?}, {n} tokens",
+                            w.dtype
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn decode_matvecs_allocate_nothing_once_warm() {
     let mut r = ChaCha8Rng::seed_from_u64(3);

@@ -167,6 +167,15 @@ pub enum Op<'a> {
         rows: usize,
         out: Buf,
     },
+    /// `out_i[t] = w_i · x[t]` for `rows` rows and each `(w_i, out_i)` of `products`: the
+    /// products of one input (a layer's query, key and value projections), which a backend
+    /// may quantize once and dispatch together ([`crate::backend::Backend::matmul_shared`]).
+    /// The outputs are distinct buffers, none of them `x`.
+    MatMulShared {
+        x: Buf,
+        rows: usize,
+        products: &'a [(&'a Matrix, Buf)],
+    },
     /// `x[t] += bias` for `rows` rows.
     AddBias {
         x: Buf,
@@ -238,6 +247,9 @@ pub trait Executor {
     fn matmul(&mut self, w: &Matrix, x: Buf, rows: usize, out: Buf) {
         self.run(Op::MatMul { w, x, rows, out })
     }
+    fn matmul_shared(&mut self, x: Buf, rows: usize, products: &[(&Matrix, Buf)]) {
+        self.run(Op::MatMulShared { x, rows, products })
+    }
     fn add_bias(&mut self, x: Buf, rows: usize, bias: &Vector) {
         self.run(Op::AddBias { x, rows, bias })
     }
@@ -294,6 +306,7 @@ impl Executor for Traced<'_> {
             Op::Embed { table, .. } => trace_span!("embed", weight = %table.name),
             Op::RmsNorm { rows, gain, .. } => trace_span!("rms_norm", rows, dim = gain.len()),
             Op::MatMul { w, rows, .. } => trace_span!("matmul", weight = %w.name, dtype = %w.dtype, n = rows, rows = w.rows, cols = w.cols),
+            Op::MatMulShared { rows, products, .. } => trace_span!("matmul_shared", n = rows, products = products.len(), first = %products.first().map_or("", |p| p.0.name.as_str())),
             Op::AddBias { rows, .. } => trace_span!("add_bias", rows),
             Op::Rope { n_heads, .. } => trace_span!("rope", n_heads),
             Op::StoreKv { layer, .. } => trace_span!("store_kv", layer),

@@ -114,6 +114,17 @@ pub trait Backend: Send + Sync {
         }
     }
 
+    /// Products of several matrices with the same `n` input rows (a layer's query, key and
+    /// value projections): `outs[i] = ws[i] · x`, each `n × ws[i].rows`. A backend that
+    /// quantizes its activations quantizes `x` once for all of them, and a multi-threaded one
+    /// hands all their rows to its threads at once. Each output equals [`Backend::matmul`]'s.
+    fn matmul_shared(&self, ws: &[&Matrix], x: &[f32], n: usize, outs: &mut [&mut [f32]]) {
+        assert_eq!(ws.len(), outs.len(), "matmul_shared: one output per matrix");
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            self.matmul(w, x, n, out);
+        }
+    }
+
     /// Row `row` of `w` as f32 (the token-embedding lookup).
     fn get_row(&self, w: &Matrix, row: usize, out: &mut [f32]);
 
@@ -169,6 +180,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn matmul_batch(&self, jobs: &[MatmulJob<'_>], out: &mut [f32]) {
         (**self).matmul_batch(jobs, out)
+    }
+    fn matmul_shared(&self, ws: &[&Matrix], x: &[f32], n: usize, outs: &mut [&mut [f32]]) {
+        (**self).matmul_shared(ws, x, n, outs)
     }
     fn get_row(&self, w: &Matrix, row: usize, out: &mut [f32]) {
         (**self).get_row(w, row, out)

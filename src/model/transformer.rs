@@ -344,9 +344,7 @@ impl Model {
         let c = &self.config;
         let lw = &self.weights.layers[l];
         ex.rms_norm(X, XN, n, &lw.attn_norm, c.rms_eps);
-        ex.matmul(&lw.wq, XN, n, Q);
-        ex.matmul(&lw.wk, XN, n, K);
-        ex.matmul(&lw.wv, XN, n, V);
+        ex.matmul_shared(XN, n, &[(&lw.wq, Q), (&lw.wk, K), (&lw.wv, V)]);
         for (buf, bias) in [(Q, &lw.bq), (K, &lw.bk), (V, &lw.bv)] {
             if let Some(b) = bias {
                 ex.add_bias(buf, n, b);
@@ -376,8 +374,7 @@ impl Model {
         ex.rms_norm(X, XN, n, &lw.ffn_norm, c.rms_eps);
         match &lw.ffn {
             Ffn::Dense { gate, up, down } => {
-                ex.matmul(gate, XN, n, GATE);
-                ex.matmul(up, XN, n, UP);
+                ex.matmul_shared(XN, n, &[(gate, GATE), (up, UP)]);
                 ex.silu_mul(GATE, UP, n);
                 ex.matmul(down, GATE, n, XN);
                 ex.add(X, XN, n);

@@ -5,6 +5,7 @@ use crate::backend::exec::{
     wanted_rows, with_first_rows, Buf, Executor, MoeFfn, Op, ScratchSpec, SeqStep, LOGITS,
 };
 use crate::backend::{AttentionJob, AttentionShape, Backend, MatmulJob};
+use crate::tensor::Matrix;
 
 /// Most experts one step's batched expert products take (see [`moe_ffn`]).
 const MAX_BATCHED_EXPERTS: usize = 32;
@@ -12,6 +13,9 @@ const MAX_BATCHED_EXPERTS: usize = 32;
 /// Most sequences one [`Backend::attention_batch`] call takes: a step of more makes more
 /// calls, each from a list on the stack.
 const MAX_ATTENTION_JOBS: usize = 16;
+/// Products of one input handed to the backend together ([`Op::MatMulShared`]: a layer's
+/// query, key and value projections are three).
+const MAX_SHARED_PRODUCTS: usize = 4;
 
 /// Host activation buffers for forward passes of up to `rows` token rows, sized once.
 pub struct HostScratch {
@@ -310,6 +314,41 @@ fn read_write(bufs: &mut [Vec<f32>], read: usize, write: usize) -> (&[f32], &mut
     }
 }
 
+impl HostExec<'_, '_> {
+    /// [`Op::MatMulShared`]: the output buffers are moved out of the scratch (no allocation)
+    /// so the backend can write them all while reading `x`, then put back.
+    fn matmul_shared(&mut self, x: Buf, rows: usize, products: &[(&Matrix, Buf)]) {
+        for part in products.chunks(MAX_SHARED_PRODUCTS) {
+            let cols = part[0].0.cols;
+            let mut taken: [Vec<f32>; MAX_SHARED_PRODUCTS] = Default::default();
+            for (t, &(w, out)) in taken.iter_mut().zip(part) {
+                assert!(
+                    w.cols == cols && out != x && out != LOGITS,
+                    "matmul_shared: products of one input into other buffers"
+                );
+                // A buffer named twice is empty the second time: the slicing below fails.
+                *t = std::mem::take(&mut self.sc.bufs[out.0]);
+            }
+            let mut ws = [part[0].0; MAX_SHARED_PRODUCTS];
+            let mut outs: [&mut [f32]; MAX_SHARED_PRODUCTS] = Default::default();
+            for (((w, o), t), &(pw, _)) in ws.iter_mut().zip(&mut outs).zip(&mut taken).zip(part) {
+                *w = pw;
+                *o = &mut t[..rows * pw.rows];
+            }
+            let n = part.len();
+            self.be.matmul_shared(
+                &ws[..n],
+                &self.sc.bufs[x.0][..rows * cols],
+                rows,
+                &mut outs[..n],
+            );
+            for (t, &(_, out)) in taken.iter_mut().zip(part) {
+                self.sc.bufs[out.0] = std::mem::take(t);
+            }
+        }
+    }
+}
+
 impl<'s, 'a> HostExec<'s, 'a> {
     pub(crate) fn new(
         be: &'s dyn Backend,
@@ -404,6 +443,7 @@ impl Executor for HostExec<'_, '_> {
                 let (x, out) = self.io(x, rows * w.cols, out, rows * w.rows);
                 be.matmul(w, x, rows, out);
             }
+            Op::MatMulShared { x, rows, products } => self.matmul_shared(x, rows, products),
             Op::AddBias { x, rows, bias } => {
                 be.add_bias(&mut self.sc.bufs[x.0][..rows * bias.len()], bias);
             }

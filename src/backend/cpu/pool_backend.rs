@@ -4,13 +4,15 @@
 //! Every matmul (packed Q8_0, the other quantized types in their stored layout, float) is
 //! split by 16-row groups of output rows, attention by (token, KV head) items (a batched
 //! step's sequences together, in one dispatch), RMSNorm by rows and SiLU×up by 8-aligned
-//! element ranges, into chunks the threads claim as they go; every output value is computed
+//! element ranges, into chunks the threads claim as they go (the products of one input, a
+//! layer's query, key and value or its gate and up, quantize it once and go out in one
+//! dispatch: [`Backend::matmul_shared`]); every output value is computed
 //! start to finish by one thread with the same code and order as `simd`, so results are
 //! byte-identical to `simd` at any thread count. The caller works too.
 
 use super::scalar::with_quant_scratch;
 use super::simd::quants::QuantMatmul;
-use super::simd::{with_act_scratch, Kernels, OutPtr, Packed, SimdBackend, GROUP};
+use super::simd::{with_act_scratch, ActQ8, Kernels, OutPtr, Packed, SimdBackend, GROUP};
 use super::threadpool::{default_threads, split, ThreadPool};
 use super::ScalarBackend;
 use crate::backend::{AttentionJob, AttentionShape, Backend, KvLayer, MatmulJob};
@@ -81,39 +83,45 @@ impl PoolBackend {
         units.min(self.pool.n_threads() * CHUNKS_PER_THREAD)
     }
 
+    /// The `n` activation rows of `x` (`cols` long) quantized into `act` for the packed
+    /// kernels, split by token rows across the threads when large (a prompt's rows).
+    fn quantize_act(&self, x: &[f32], n: usize, cols: usize, act: &mut ActQ8) {
+        let k = self.k;
+        let nb = cols / q8_0::BLOCK;
+        act.reserve(n, cols);
+        if n * cols >= MIN_ELEMENTS_TO_SPLIT && n > 1 {
+            let (q, d, s, m) = (
+                SharedMut(act.quants.as_mut_ptr()),
+                SharedMut(act.scales.as_mut_ptr()),
+                SharedMut(act.offsets.as_mut_ptr()),
+                SharedMut(act.sums.as_mut_ptr()),
+            );
+            let nc = self.chunks(n);
+            self.pool.run(nc, &|c| {
+                let (t0, t1) = split(n, c, nc);
+                // SAFETY: token rows t0..t1 of the scratch are this thread's alone, and
+                // the scratch (reserved above) outlives the job.
+                let (q, d, s, m) = unsafe {
+                    (
+                        q.slice(t0 * cols, (t1 - t0) * cols),
+                        d.slice(t0 * nb, (t1 - t0) * nb),
+                        s.slice(t0 * nb, (t1 - t0) * nb),
+                        m.slice(t0 * nb, (t1 - t0) * nb),
+                    )
+                };
+                k.quantize(&x[t0 * cols..t1 * cols], q, d, s, m);
+            });
+        } else {
+            k.quantize_into(x, n, cols, act);
+        }
+    }
+
     fn matmul_packed(&self, w: &Matrix, p: Packed<'_>, x: &[f32], n: usize, out: &mut [f32]) {
         let k = self.k;
-        let cols = w.cols;
-        let nb = cols / q8_0::BLOCK;
         let o = OutPtr(out.as_mut_ptr());
         with_act_scratch(|act| {
-            act.reserve(n, cols);
-            if n * cols >= MIN_ELEMENTS_TO_SPLIT && n > 1 {
-                let (q, d, s, m) = (
-                    SharedMut(act.quants.as_mut_ptr()),
-                    SharedMut(act.scales.as_mut_ptr()),
-                    SharedMut(act.offsets.as_mut_ptr()),
-                    SharedMut(act.sums.as_mut_ptr()),
-                );
-                let nc = self.chunks(n);
-                self.pool.run(nc, &|c| {
-                    let (t0, t1) = split(n, c, nc);
-                    // SAFETY: token rows t0..t1 of the scratch are this thread's alone, and
-                    // the scratch (reserved above) outlives the job.
-                    let (q, d, s, m) = unsafe {
-                        (
-                            q.slice(t0 * cols, (t1 - t0) * cols),
-                            d.slice(t0 * nb, (t1 - t0) * nb),
-                            s.slice(t0 * nb, (t1 - t0) * nb),
-                            m.slice(t0 * nb, (t1 - t0) * nb),
-                        )
-                    };
-                    k.quantize(&x[t0 * cols..t1 * cols], q, d, s, m);
-                });
-            } else {
-                k.quantize_into(x, n, cols, act);
-            }
-            let a = act.view(n, cols);
+            self.quantize_act(x, n, w.cols, act);
+            let a = act.view(n, w.cols);
             let groups = p.groups();
             if groups < MIN_GROUPS_TO_SPLIT {
                 // SAFETY: `out` holds n × rows floats and is ours alone.
@@ -128,6 +136,67 @@ impl PoolBackend {
                 unsafe { k.gemm_packed(p, &a, n, g0, g1, o, w.rows) };
             });
         });
+    }
+
+    /// [`Backend::matmul_shared`] where every matrix has a packed form (Q8_0, and Q4_0 …
+    /// Q5_1 where packed): `x` quantized once, then the 16-row groups of all the products
+    /// in one dispatch. Returns false, having done nothing, for any other matrices.
+    ///
+    /// # Safety
+    /// `outs[i]` must be valid for `n × ws[i].rows` writes, apart from every other output
+    /// and from `x`, and touched by no one else during the call.
+    unsafe fn matmul_packed_shared(
+        &self,
+        ws: &[&Matrix],
+        x: &[f32],
+        n: usize,
+        outs: &[OutPtr],
+    ) -> bool {
+        let k = self.k;
+        let mut packed = [None; MAX_BATCH];
+        let cols = ws.first().map_or(0, |w| w.cols);
+        if ws.len() > MAX_BATCH || x.len() < n * cols {
+            return false;
+        }
+        for (p, w) in packed.iter_mut().zip(ws) {
+            *p = Packed::of(&k, w);
+            if p.is_none() || w.cols != cols {
+                return false;
+            }
+        }
+        let mut first = [0usize; MAX_BATCH + 1];
+        for (i, p) in packed.iter().take(ws.len()).enumerate() {
+            first[i + 1] = first[i] + p.map_or(0, |p| p.groups());
+        }
+        let units = first[ws.len()];
+        with_act_scratch(|act| {
+            self.quantize_act(x, n, cols, act);
+            let a = act.view(n, cols);
+            let run = |u0: usize, u1: usize| {
+                for (i, w) in ws.iter().enumerate() {
+                    let (g0, g1) = (u0.max(first[i]), u1.min(first[i + 1]));
+                    let Some(p) = packed[i].filter(|_| g0 < g1) else {
+                        continue;
+                    };
+                    // SAFETY: the caller's promise for product i's outputs; within them,
+                    // chunks take disjoint groups. The outputs and the scratch outlive
+                    // the job.
+                    unsafe {
+                        k.gemm_packed(p, &a, n, g0 - first[i], g1 - first[i], outs[i], w.rows)
+                    };
+                }
+            };
+            if units < MIN_GROUPS_TO_SPLIT {
+                run(0, units);
+            } else {
+                let nc = self.chunks(units);
+                self.pool.run(nc, &|c| {
+                    let (u0, u1) = split(units, c, nc);
+                    run(u0, u1);
+                });
+            }
+        });
+        true
     }
 }
 
@@ -179,38 +248,50 @@ impl PoolBackend {
 }
 
 impl PoolBackend {
-    /// [`Backend::matmul_batch`] for jobs that are all quantized products on Q8_K / Q8_1
-    /// activations (K-quants packed or stored, Q4_1 and Q5_1 stored, …; the legacy packed
-    /// form runs job by job through [`PoolBackend::matmul`]): each job's input quantized
-    /// once (a job with the previous job's input shares it), then the 16-row groups of
-    /// every job's output cut into chunks for the threads in one dispatch. Returns false,
-    /// having done nothing, for any other jobs.
-    fn matmul_batch_quant(&self, jobs: &[MatmulJob<'_>], out: &mut [f32]) -> bool {
+    /// [`Backend::matmul_batch`] and [`Backend::matmul_shared`] for products that are all
+    /// quantized ones on Q8_K / Q8_1 activations (K-quants packed or stored, Q4_1 and Q5_1
+    /// stored, …; the legacy packed form runs product by product through
+    /// [`PoolBackend::matmul`]): each input quantized once (a product with the previous
+    /// one's input rows shares them), then the 16-row groups of every product's output cut
+    /// into chunks for the threads in one dispatch. `job(i)` is product `i < count`: its
+    /// matrix, input rows, their count and where its `n × w.rows` outputs go. Returns false,
+    /// having done nothing, for any other products.
+    ///
+    /// # Safety
+    /// Each product's outputs must be valid for writes, apart from every other product's
+    /// and from the inputs, and touched by no one else during the call.
+    unsafe fn matmul_jobs_quant<'w>(
+        &self,
+        count: usize,
+        job: impl Fn(usize) -> (&'w Matrix, &'w [f32], usize, OutPtr) + Sync,
+    ) -> bool {
         let mut quant = [None; MAX_BATCH];
-        if jobs.len() > MAX_BATCH {
+        if count > MAX_BATCH {
             return false;
         }
-        for (j, q) in jobs.iter().zip(quant.iter_mut()) {
-            if Packed::of(&self.k, j.w).is_some() {
+        for (i, q) in quant.iter_mut().enumerate().take(count) {
+            let w = job(i).0;
+            if Packed::of(&self.k, w).is_some() {
                 return false;
             }
-            *q = QuantMatmul::new(&self.k, j.w);
+            *q = QuantMatmul::new(&self.k, w);
             if q.is_none() {
                 return false;
             }
         }
         let quant: [Option<QuantMatmul>; MAX_BATCH] = quant;
         let q = |i: usize| quant[i].expect("checked above");
-        // Where each job's quantized input starts; the first of a run of jobs on one input
-        // quantizes it.
+        // Where each product's quantized input starts; the first of a run of products on one
+        // input quantizes it.
         let mut offs = [0usize; MAX_BATCH];
         let mut owns = [true; MAX_BATCH];
         let mut total = 0;
-        for (i, j) in jobs.iter().enumerate() {
-            let (qi, prev) = (q(i), i.checked_sub(1).map(|p| (&jobs[p], q(p))));
-            let shared = prev.is_some_and(|(pj, pq)| {
-                std::ptr::eq(pj.x.as_ptr(), j.x.as_ptr())
-                    && pj.n == j.n
+        for i in 0..count {
+            let ((_, x, n, _), qi) = (job(i), q(i));
+            let shared = i.checked_sub(1).is_some_and(|p| {
+                let ((_, px, pn, _), pq) = (job(p), q(p));
+                std::ptr::eq(px.as_ptr(), x.as_ptr())
+                    && pn == n
                     && pq.cols == qi.cols
                     && pq.k.activation == qi.k.activation
             });
@@ -219,48 +300,36 @@ impl PoolBackend {
                 owns[i] = false;
             } else {
                 offs[i] = total;
-                total += j.n * qi.qrow;
+                total += n * qi.qrow;
             }
         }
-        // 16-row groups of all jobs, numbered in job order.
+        // 16-row groups of all products, numbered in product order.
         let mut first = [0usize; MAX_BATCH + 1];
-        for (i, j) in jobs.iter().enumerate() {
-            first[i + 1] = first[i] + j.w.rows.div_ceil(GROUP);
+        for i in 0..count {
+            first[i + 1] = first[i] + job(i).0.rows.div_ceil(GROUP);
         }
-        let units = first[jobs.len()];
-        let o = OutPtr(out.as_mut_ptr());
+        let units = first[count];
         with_quant_scratch(total, |qx| {
-            for (i, j) in jobs.iter().enumerate() {
+            for i in 0..count {
                 if owns[i] {
-                    let len = j.n * q(i).qrow;
-                    self.quantize_rows(&q(i), j.x, j.n, &mut qx[offs[i]..offs[i] + len]);
+                    let (_, x, n, _) = job(i);
+                    let len = n * q(i).qrow;
+                    self.quantize_rows(&q(i), x, n, &mut qx[offs[i]..offs[i] + len]);
                 }
             }
             let qx: &[u8] = qx;
             let run = |u0: usize, u1: usize| {
-                // Captured whole (Send + Sync), not as its raw pointer field.
-                let o: OutPtr = o;
-                for (i, j) in jobs.iter().enumerate() {
+                for i in 0..count {
                     let (g0, g1) = (u0.max(first[i]), u1.min(first[i + 1]));
                     if g0 >= g1 {
                         continue;
                     }
+                    let (w, _, n, o) = job(i);
                     let r0 = (g0 - first[i]) * GROUP;
-                    let r1 = ((g1 - first[i]) * GROUP).min(j.w.rows);
-                    // SAFETY: the caller checked that job i's output range lies inside `out`
-                    // and apart from every other job's; within it, chunks take disjoint
-                    // rows. `out` and the scratch outlive the job.
-                    unsafe {
-                        q(i).rows(
-                            j.w,
-                            &qx[offs[i]..],
-                            j.n,
-                            r0,
-                            r1,
-                            OutPtr(o.0.add(j.at)),
-                            j.w.rows,
-                        )
-                    };
+                    let r1 = ((g1 - first[i]) * GROUP).min(w.rows);
+                    // SAFETY: the caller's promise for product i's outputs; within them,
+                    // chunks take disjoint rows. The outputs and the scratch outlive the job.
+                    unsafe { q(i).rows(w, &qx[offs[i]..], n, r0, r1, o, w.rows) };
                 }
             };
             if units < MIN_GROUPS_TO_SPLIT {
@@ -335,9 +404,47 @@ impl Backend for PoolBackend {
             end = j.at + j.out_len();
         }
         assert!(end <= out.len(), "matmul_batch: the output is too short");
-        if !self.matmul_batch_quant(jobs, out) {
+        let o = OutPtr(out.as_mut_ptr());
+        let job = |i: usize| {
+            let j: &MatmulJob<'_> = &jobs[i];
+            (j.w, j.x, j.n, o.offset(j.at))
+        };
+        // SAFETY: the job's output ranges were checked above to be ascending, disjoint and
+        // inside `out`, which is ours alone; the inputs are shared borrows, apart from it.
+        if !unsafe { self.matmul_jobs_quant(jobs.len(), job) } {
             for j in jobs {
                 self.matmul(j.w, j.x, j.n, &mut out[j.at..j.at + j.out_len()]);
+            }
+        }
+    }
+
+    fn matmul_shared(&self, ws: &[&Matrix], x: &[f32], n: usize, outs: &mut [&mut [f32]]) {
+        assert_eq!(ws.len(), outs.len(), "matmul_shared: one output per matrix");
+        assert!(x.len() >= n * ws.iter().map(|w| w.cols).max().unwrap_or(0));
+        let mut ptrs = [OutPtr(std::ptr::null_mut()); MAX_BATCH];
+        for ((p, w), out) in ptrs.iter_mut().zip(ws).zip(outs.iter_mut()) {
+            assert!(
+                out.len() >= n * w.rows,
+                "matmul_shared: an output is too short"
+            );
+            *p = OutPtr(out.as_mut_ptr());
+        }
+        if ws.len() > MAX_BATCH {
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul(w, x, n, out);
+            }
+            return;
+        }
+        let job = |i: usize| (ws[i], x, n, ptrs[i]);
+        // SAFETY (both calls): each output is a distinct `&mut` slice (so apart from the
+        // others and from `x`) holding its n × rows floats, checked above.
+        let done = unsafe {
+            self.matmul_packed_shared(ws, x, n, &ptrs[..ws.len()])
+                || self.matmul_jobs_quant(ws.len(), job)
+        };
+        if !done {
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul(w, x, n, out);
             }
         }
     }

@@ -471,6 +471,11 @@ impl<'s, 'a> GpuExec<'s, 'a> {
             Op::MatMul { w, x, rows, out } => {
                 rec.matmul(device_matrix(w)?, sc.at(x), rows, sc.at(out));
             }
+            Op::MatMulShared { x, rows, products } => {
+                for &(w, out) in products {
+                    rec.matmul(device_matrix(w)?, sc.at(x), rows, sc.at(out));
+                }
+            }
             Op::AddBias { x, rows, bias } => {
                 let group = device_vector(bias)?;
                 let dim = bias.len();
