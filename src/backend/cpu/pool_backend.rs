@@ -116,6 +116,20 @@ impl PoolBackend {
         }
     }
 
+    /// `run(u0, u1)` over the 16-row groups `0..units` of one or more products: on the
+    /// caller alone when they are few, else cut into chunks the threads claim.
+    fn run_groups(&self, units: usize, run: &(dyn Fn(usize, usize) + Sync)) {
+        if units < MIN_GROUPS_TO_SPLIT {
+            run(0, units);
+        } else {
+            let nc = self.chunks(units);
+            self.pool.run(nc, &|c| {
+                let (u0, u1) = split(units, c, nc);
+                run(u0, u1);
+            });
+        }
+    }
+
     fn matmul_packed(&self, w: &Matrix, p: Packed<'_>, x: &[f32], n: usize, out: &mut [f32]) {
         let k = self.k;
         let o = OutPtr(out.as_mut_ptr());
@@ -186,15 +200,7 @@ impl PoolBackend {
                     };
                 }
             };
-            if units < MIN_GROUPS_TO_SPLIT {
-                run(0, units);
-            } else {
-                let nc = self.chunks(units);
-                self.pool.run(nc, &|c| {
-                    let (u0, u1) = split(units, c, nc);
-                    run(u0, u1);
-                });
-            }
+            self.run_groups(units, &run);
         });
         true
     }
@@ -332,15 +338,7 @@ impl PoolBackend {
                     unsafe { q(i).rows(w, &qx[offs[i]..], n, r0, r1, o, w.rows) };
                 }
             };
-            if units < MIN_GROUPS_TO_SPLIT {
-                run(0, units);
-            } else {
-                let nc = self.chunks(units);
-                self.pool.run(nc, &|c| {
-                    let (u0, u1) = split(units, c, nc);
-                    run(u0, u1);
-                });
-            }
+            self.run_groups(units, &run);
         });
         true
     }
