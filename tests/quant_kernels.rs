@@ -722,10 +722,12 @@ fn batched_packed_k_products_are_byte_identical_to_scalar() {
 fn shared_input_products_equal_each_product_alone() {
     let mut r = ChaCha8Rng::seed_from_u64(21);
     let cols = 512;
-    let sets: [&[GgmlType]; 5] = [
+    // The fourth is the real checkpoint's q, k and v in half its layers: two packed forms.
+    let sets: [&[GgmlType]; 6] = [
         &[Q4_K, Q4_K, Q6_K],
         &[Q5_K, Q3_K, Q2_K],
         &[Q8_0, Q8_0, Q8_0],
+        &[Q5_0, Q5_0, Q8_0],
         &[Q4_0, Q5_1, Q5_0],
         &[Q8_0, Q4_K, Q4_1],
     ];
