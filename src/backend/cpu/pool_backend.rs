@@ -154,7 +154,9 @@ impl PoolBackend {
 
     /// [`Backend::matmul_shared`] where every matrix has a packed form (Q8_0, and Q4_0 …
     /// Q5_1 where packed): `x` quantized once, then the 16-row groups of all the products
-    /// in one dispatch. Returns false, having done nothing, for any other matrices.
+    /// in one dispatch. Returns false, having done nothing, for any other matrices. Its
+    /// caller has checked that there are at most [`MAX_BATCH`] and that `x` holds their
+    /// `n` rows.
     ///
     /// # Safety
     /// `outs[i]` must be valid for `n × ws[i].rows` writes, apart from every other output
@@ -169,9 +171,6 @@ impl PoolBackend {
         let k = self.k;
         let mut packed = [None; MAX_BATCH];
         let cols = ws.first().map_or(0, |w| w.cols);
-        if ws.len() > MAX_BATCH || x.len() < n * cols {
-            return false;
-        }
         for (p, w) in packed.iter_mut().zip(ws) {
             *p = Packed::of(&k, w);
             if p.is_none() || w.cols != cols {
@@ -427,19 +426,14 @@ impl Backend for PoolBackend {
             );
             *p = OutPtr(out.as_mut_ptr());
         }
-        if ws.len() > MAX_BATCH {
-            for (w, out) in ws.iter().zip(outs.iter_mut()) {
-                self.matmul(w, x, n, out);
-            }
-            return;
-        }
         let job = |i: usize| (ws[i], x, n, ptrs[i]);
         // SAFETY (both calls): each output is a distinct `&mut` slice (so apart from the
         // others and from `x`) holding its n × rows floats, checked above.
-        let done = unsafe {
-            self.matmul_packed_shared(ws, x, n, &ptrs[..ws.len()])
-                || self.matmul_jobs_quant(ws.len(), job)
-        };
+        let done = ws.len() <= MAX_BATCH
+            && unsafe {
+                self.matmul_packed_shared(ws, x, n, &ptrs[..ws.len()])
+                    || self.matmul_jobs_quant(ws.len(), job)
+            };
         if !done {
             for (w, out) in ws.iter().zip(outs.iter_mut()) {
                 self.matmul(w, x, n, out);
