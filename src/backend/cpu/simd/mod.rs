@@ -427,22 +427,24 @@ impl Kernels {
                         && a.sums.len() >= n * p.nb
                         && g1 <= p.groups
                 );
-                // SAFETY (all arms): the ISA is available (checked at construction) and has
-                // kernels for the layout; sizes checked above; `out` is the caller's promise.
-                match self.isa {
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx512Vnni => unsafe {
-                        packed_legacy::x86::gemm_legacy_vnni(p, a, n, g0, g1, out.0, ldo)
-                    },
-                    #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => unsafe {
-                        packed_legacy::x86::gemm_legacy_avx2(p, a, n, g0, g1, out.0, ldo)
-                    },
-                    #[cfg(target_arch = "aarch64")]
-                    Isa::Neon => unsafe {
-                        packed_legacy::aarch64::gemm_legacy_sdot(p, a, n, g0, g1, out.0, ldo)
-                    },
-                    _ => panic!("no kernel for packed {} on {}", p.dtype(), self.isa.name()),
+                // SAFETY: the ISA is available (checked at construction) and has kernels for
+                // the layout; sizes checked above; `out` is the caller's promise.
+                unsafe {
+                    match self.isa {
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx512Vnni => {
+                            packed_legacy::x86::gemm_legacy_vnni(p, a, n, g0, g1, out.0, ldo)
+                        }
+                        #[cfg(target_arch = "x86_64")]
+                        Isa::Avx2 => {
+                            packed_legacy::x86::gemm_legacy_avx2(p, a, n, g0, g1, out.0, ldo)
+                        }
+                        #[cfg(target_arch = "aarch64")]
+                        Isa::Neon => {
+                            packed_legacy::aarch64::gemm_legacy_sdot(p, a, n, g0, g1, out.0, ldo)
+                        }
+                        _ => panic!("no kernel for packed {} on {}", p.dtype(), self.isa.name()),
+                    }
                 }
             }
         }

@@ -233,16 +233,18 @@ impl PackedK {
             return false;
         }
         let (g0, g1) = (r0 / GROUP, r1.div_ceil(GROUP));
-        // SAFETY (all arms): the ISA is the caller's promise, the sizes were checked above,
-        // the output is the caller's.
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => unsafe { x86::gemm_vnni(j, n, g0, g1) },
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => unsafe { x86::gemm_avx2(j, n, g0, g1) },
-            #[cfg(target_arch = "aarch64")]
-            Isa::Neon => unsafe { aarch64::gemm_sdot(j, n, g0, g1) },
-            _ => return false,
+        // SAFETY: the ISA is the caller's promise, the sizes were checked above, the output
+        // is the caller's.
+        unsafe {
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512Vnni => x86::gemm_vnni(j, n, g0, g1),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => x86::gemm_avx2(j, n, g0, g1),
+                #[cfg(target_arch = "aarch64")]
+                Isa::Neon => aarch64::gemm_sdot(j, n, g0, g1),
+                _ => return false,
+            }
         }
         true
     }
