@@ -20,7 +20,8 @@
 # while streams decode (`--prefill-chunk-running N`, the policy before `--target-itl-ms`) as
 # a third server; TARGET_ITL_MS sets the target of the first. OVERHEAD=0 skips the gRPC/HTTP
 # overhead part. LLAMA_SERVER=none leaves llama-server out (a sweep of inferno's own
-# settings, e.g. one run per TARGET_ITL_MS).
+# settings, e.g. one run per TARGET_ITL_MS). The requests are generated before the servers
+# start (see below; SYNTHETIC_IN_RUN=1: during each run, as guidellm does by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,6 +60,44 @@ model, dest = sys.argv[1], sys.argv[2]
 tok = AutoTokenizer.from_pretrained(os.path.dirname(model), gguf_file=os.path.basename(model))
 tok.save_pretrained(dest)
 EOF
+fi
+
+# The requests, written before any server starts: guidellm's synthetic-text generator
+# tokenizes as it samples words until each prompt has exactly PROMPT_TOKENS tokens, and
+# doing that during the run took a whole vCPU from the server under test for the first
+# seconds (its data worker process), which is when the first burst of prompts is served.
+# Read from a file, the rows cost guidellm nothing measurable. SYNTHETIC_IN_RUN=1 keeps
+# the generation in the run, as before.
+requests=0
+for c in $concurrency; do
+    n=$((per_stream * c))
+    [ "$n" -ge 8 ] || n=8
+    [ "$n" -le "$requests" ] || requests=$n
+done
+data="kind=synthetic_text,prompt_tokens=$prompt_tokens,output_tokens=$output_tokens"
+if [ "${SYNTHETIC_IN_RUN:-0}" = 0 ]; then
+    rows="$out/requests-p$prompt_tokens-o$output_tokens.jsonl"
+    .venv-bench/bin/python - "$tokenizer" "$prompt_tokens" "$output_tokens" "$requests" "$rows" \
+        2>/dev/null <<'EOF'
+import itertools, json, sys
+from transformers import AutoTokenizer
+from guidellm.data.deserializers.synthetic import SyntheticTextDataset
+from guidellm.schemas.data.deserializers.synthetic import SyntheticTextDataArgs
+tokenizer, prompt, output, n, path = sys.argv[1:6]
+args = SyntheticTextDataArgs.model_validate(
+    {"kind": "synthetic_text", "prompt_tokens": int(prompt), "output_tokens": int(output)})
+rows = SyntheticTextDataset(args, AutoTokenizer.from_pretrained(tokenizer), random_seed=42)
+with open(path, "w") as f:
+    for row in itertools.islice(iter(rows), int(n)):
+        turn = json.loads(row["conversation_turns"])["turns"][0]["columns"]
+        f.write(json.dumps({
+            "prompt": turn["text_column"][0],
+            "prompt_tokens_count": turn["prompt_tokens_count_column"][0],
+            "output_tokens_count": turn["output_tokens_count_column"][0],
+        }) + "\n")
+EOF
+    [ "$(wc -l <"$rows")" -eq "$requests" ] || { echo "could not write $requests requests to $rows" >&2; exit 1; }
+    data="kind=json_file,path=$rows"
 fi
 
 cargo build --release --quiet --bin inferno
@@ -114,7 +153,7 @@ run_guidellm() { # who round concurrency
     .venv-bench/bin/guidellm run \
         --backend "kind=openai_http,target=http://127.0.0.1:$port,request_format=/v1/completions" \
         --profile "kind=concurrent,streams=$3" \
-        --data "kind=synthetic_text,prompt_tokens=$prompt_tokens,output_tokens=$output_tokens" \
+        --data "$data" \
         --tokenizer "kind=hf_auto,model=$tokenizer" \
         --constraint "kind=max_requests,count=$n" \
         --output "kind=json,path=$out/$1-r$2-c$3.json" \
