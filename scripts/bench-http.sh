@@ -64,7 +64,7 @@ fi
 
 # The requests, written before any server starts: guidellm's synthetic-text generator
 # tokenizes as it samples words until each prompt has exactly PROMPT_TOKENS tokens, and
-# doing that during the run took a whole vCPU from the server under test for the first
+# doing that during the run took most of a vCPU from the server under test for the first
 # seconds (its data worker process), which is when the first burst of prompts is served.
 # Read from a file, the rows cost guidellm nothing measurable. SYNTHETIC_IN_RUN=1 keeps
 # the generation in the run, as before.
@@ -150,14 +150,24 @@ start_llama() {
 run_guidellm() { # who round concurrency
     local n=$((per_stream * $3))
     [ "$n" -ge 8 ] || n=8
-    .venv-bench/bin/guidellm run \
+    # The load generator's CPU seconds (its worker processes included), beside the run's
+    # length: on two vCPUs every second it takes is one the server under test does not get.
+    .venv-bench/bin/python - "$out/$1-r$2-c$3.cpu" .venv-bench/bin/guidellm run \
         --backend "kind=openai_http,target=http://127.0.0.1:$port,request_format=/v1/completions" \
         --profile "kind=concurrent,streams=$3" \
         --data "$data" \
         --tokenizer "kind=hf_auto,model=$tokenizer" \
         --constraint "kind=max_requests,count=$n" \
         --output "kind=json,path=$out/$1-r$2-c$3.json" \
-        --disable-console >/dev/null 2>"$out/$1-r$2-c$3.log"
+        --disable-console >/dev/null 2>"$out/$1-r$2-c$3.log" <<'EOF'
+import resource, subprocess, sys, time
+start = time.monotonic()
+code = subprocess.run(sys.argv[2:]).returncode
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+with open(sys.argv[1], "w") as f:
+    f.write(f"{usage.ru_utime + usage.ru_stime:.2f} {time.monotonic() - start:.2f}\n")
+sys.exit(code)
+EOF
 }
 
 load() { uptime | sed 's/.*load average: //'; }
@@ -212,14 +222,29 @@ def summary(path):
         "itl50": ok("inter_token_latency_ms")["percentiles"]["p50"],
         "itl99": ok("inter_token_latency_ms")["percentiles"]["p99"],
         "errors": m["request_totals"]["errored"],
+        "client_cpu": client_cpu(path),
     }
+
+def client_cpu(path):
+    """The load generator's CPU seconds over its run, start-up included (None if not
+    recorded)."""
+    try:
+        return float(open(path[: -len(".json")] + ".cpu").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 def median(who, c, key):
     vals = [summary(p)[key] for p in sorted(glob.glob(f"{out}/{who}-r*-c{c}.json"))]
     return statistics.median(vals), len(vals)
 
-print("| concurrency | server | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | errors |")
-print("|---:|---|---:|---:|---:|---:|---:|---:|")
+def cpu_share(who, c):
+    vals = [v for p in sorted(glob.glob(f"{out}/{who}-r*-c{c}.json"))
+            if (v := client_cpu(p)) is not None]
+    return f"{statistics.median(vals):.1f}" if vals else "-"
+
+print("| concurrency | server | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms "
+      "| errors | guidellm CPU s |")
+print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
 for c in levels:
     row = {}
     servers = [("inferno-target", "inferno serve")] + ([("llama", "llama-server")] if llama else [])
@@ -229,12 +254,12 @@ for c in levels:
         vals = {k: median(who, c, k)[0] for k in ("tps", "ttft50", "ttft99", "itl50", "itl99", "errors")}
         row[who] = vals
         print(f"| {c} | {name} | {vals['tps']:.1f} | {vals['ttft50']:.0f} | {vals['ttft99']:.0f} "
-              f"| {vals['itl50']:.1f} | {vals['itl99']:.1f} | {vals['errors']:.0f} |")
+              f"| {vals['itl50']:.1f} | {vals['itl99']:.1f} | {vals['errors']:.0f} | {cpu_share(who, c)} |")
     if not llama:
         continue
     i, l = row["inferno-target"], row["llama"]
     print(f"| {c} | inferno / llama-server | {i['tps'] / l['tps']:.2f}x | {i['ttft50'] / l['ttft50']:.2f}x "
-          f"| {i['ttft99'] / l['ttft99']:.2f}x | {i['itl50'] / l['itl50']:.2f}x | {i['itl99'] / l['itl99']:.2f}x | |")
+          f"| {i['ttft99'] / l['ttft99']:.2f}x | {i['itl50'] / l['itl50']:.2f}x | {i['itl99'] / l['itl99']:.2f}x | | |")
 print()
 if not glob.glob(f"{out}/overhead-*.json"):
     print("load average (1, 5, 15 min):", " / ".join(open(f"{out}/load.txt").read().split("\n")[:2]))
