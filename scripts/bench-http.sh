@@ -62,6 +62,13 @@ tok.save_pretrained(dest)
 EOF
 fi
 
+# Requests one run at concurrency $1 sends: REQUESTS_PER_STREAM per stream, at least 8.
+requests_at() {
+    local n=$((per_stream * $1))
+    [ "$n" -ge 8 ] || n=8
+    echo "$n"
+}
+
 # The requests, written before any server starts: guidellm's synthetic-text generator
 # tokenizes as it samples words until each prompt has exactly PROMPT_TOKENS tokens, and
 # doing that during the run took most of a vCPU from the server under test for the first
@@ -70,15 +77,14 @@ fi
 # the generation in the run, as before.
 requests=0
 for c in $concurrency; do
-    n=$((per_stream * c))
-    [ "$n" -ge 8 ] || n=8
+    n=$(requests_at "$c")
     [ "$n" -le "$requests" ] || requests=$n
 done
 data="kind=synthetic_text,prompt_tokens=$prompt_tokens,output_tokens=$output_tokens"
 if [ "${SYNTHETIC_IN_RUN:-0}" = 0 ]; then
     rows="$out/requests-p$prompt_tokens-o$output_tokens.jsonl"
-    .venv-bench/bin/python - "$tokenizer" "$prompt_tokens" "$output_tokens" "$requests" "$rows" \
-        2>/dev/null <<'EOF'
+    if ! .venv-bench/bin/python - "$tokenizer" "$prompt_tokens" "$output_tokens" "$requests" \
+        "$rows" 2>"$out/requests.log" <<'EOF'
 import itertools, json, sys
 from transformers import AutoTokenizer
 from guidellm.data.deserializers.synthetic import SyntheticTextDataset
@@ -96,7 +102,13 @@ with open(path, "w") as f:
             "output_tokens_count": turn["output_tokens_count_column"][0],
         }) + "\n")
 EOF
-    [ "$(wc -l <"$rows")" -eq "$requests" ] || { echo "could not write $requests requests to $rows" >&2; exit 1; }
+    then
+        echo "writing the requests failed: see $out/requests.log" >&2
+        exit 1
+    fi
+    written=$(wc -l <"$rows")
+    [ "$written" -eq "$requests" ] ||
+        { echo "$rows has $written requests, not $requests: see $out/requests.log" >&2; exit 1; }
     data="kind=json_file,path=$rows"
 fi
 
@@ -148,8 +160,8 @@ start_llama() {
 }
 
 run_guidellm() { # who round concurrency
-    local n=$((per_stream * $3))
-    [ "$n" -ge 8 ] || n=8
+    local n
+    n=$(requests_at "$3")
     # The load generator's CPU seconds (its worker processes included), beside the run's
     # length: on two vCPUs every second it takes is one the server under test does not get.
     .venv-bench/bin/python - "$out/$1-r$2-c$3.cpu" .venv-bench/bin/guidellm run \
@@ -222,7 +234,6 @@ def summary(path):
         "itl50": ok("inter_token_latency_ms")["percentiles"]["p50"],
         "itl99": ok("inter_token_latency_ms")["percentiles"]["p99"],
         "errors": m["request_totals"]["errored"],
-        "client_cpu": client_cpu(path),
     }
 
 def client_cpu(path):
@@ -237,7 +248,7 @@ def median(who, c, key):
     vals = [summary(p)[key] for p in sorted(glob.glob(f"{out}/{who}-r*-c{c}.json"))]
     return statistics.median(vals), len(vals)
 
-def cpu_share(who, c):
+def client_cpu_median(who, c):
     vals = [v for p in sorted(glob.glob(f"{out}/{who}-r*-c{c}.json"))
             if (v := client_cpu(p)) is not None]
     return f"{statistics.median(vals):.1f}" if vals else "-"
@@ -254,7 +265,7 @@ for c in levels:
         vals = {k: median(who, c, k)[0] for k in ("tps", "ttft50", "ttft99", "itl50", "itl99", "errors")}
         row[who] = vals
         print(f"| {c} | {name} | {vals['tps']:.1f} | {vals['ttft50']:.0f} | {vals['ttft99']:.0f} "
-              f"| {vals['itl50']:.1f} | {vals['itl99']:.1f} | {vals['errors']:.0f} | {cpu_share(who, c)} |")
+              f"| {vals['itl50']:.1f} | {vals['itl99']:.1f} | {vals['errors']:.0f} | {client_cpu_median(who, c)} |")
     if not llama:
         continue
     i, l = row["inferno-target"], row["llama"]
