@@ -53,11 +53,11 @@ unsafe fn group_legacy_avx2<const T: usize, const FIVE: bool, const MIN: bool>(
     let mut acc = [[_mm256_setzero_ps(); 2]; T];
     for b in 0..nb {
         // The offset types start from −off·Σx; the minimum types add `m · s` after.
-        // SAFETY: block `b` of each of the T tokens is inside the slices taken above.
         let mut isum: [[__m256i; 2]; T] = std::array::from_fn(|t| {
             if MIN {
                 [_mm256_setzero_si256(); 2]
             } else {
+                // SAFETY: block `b` of each of the T tokens is inside the slices taken above.
                 [_mm256_set1_epi32(unsafe { *xo.add(t * nb + b) } >> shift); 2]
             }
         });
@@ -288,11 +288,11 @@ unsafe fn group_legacy_vnni<const T: usize, const FIVE: bool, const MIN: bool>(
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..nb {
         // The offset types start from −off·Σx; the minimum types add `m · s` after.
-        // SAFETY: block `b` of each of the T tokens is inside the slices taken above.
         let mut isum: [__m512i; T] = std::array::from_fn(|t| {
             if MIN {
                 _mm512_setzero_si512()
             } else {
+                // SAFETY: block `b` of each of the T tokens is inside the slices taken above.
                 _mm512_set1_epi32(unsafe { *xo.add(t * nb + b) } >> shift)
             }
         });
