@@ -4,7 +4,7 @@
 //! thread pool's dispatch cost. Run with `cargo bench --bench kernels`.
 
 use divan::{black_box, Bencher};
-use inferno::backend::cpu::simd::{Isa, SimdBackend};
+use inferno::backend::cpu::simd::{Isa, Kernels, SimdBackend};
 use inferno::backend::cpu::threadpool::ThreadPool;
 use inferno::backend::{AttentionShape, Backend, KvLayer, KvRows, PoolBackend, ScalarBackend};
 use inferno::tensor::{q8_0, GgmlType, Matrix, TensorBytes};
@@ -85,6 +85,26 @@ fn q8_matmul_8x3072x1024(b: Bencher, k: &str) {
 #[divan::bench(args = kernels(), sample_count = 20)]
 fn q8_matmul_64x3072x1024(b: Bencher, k: &str) {
     bench_matmul(b, backend(k).as_ref(), 3072, 1024, 64);
+}
+
+/// A prompt's activations quantized to Q8_K for the K-quant products: 64 tokens of the
+/// hidden size, 1024 values each (without the packed kernels' min pairs).
+#[divan::bench(args = kernels())]
+fn q8_k_quantize_64x1024(b: Bencher, k: &str) {
+    let kq = match Isa::from_name(k) {
+        Some(isa) => Kernels::new(isa).quant_dot(GgmlType::Q4_K),
+        None => inferno::tensor::quant_dot(GgmlType::Q4_K),
+    }
+    .expect("Q4_K has an integer product");
+    let x = values(64 * 1024, 5);
+    let row = GgmlType::Q8_K.row_size(1024).unwrap() as usize;
+    let mut q = vec![0u8; 64 * row];
+    b.counter(divan::counter::ItemsCount::new(x.len()))
+        .bench_local(|| {
+            for (xr, qr) in x.chunks_exact(1024).zip(q.chunks_exact_mut(row)) {
+                (kq.quantize)(black_box(xr), qr);
+            }
+        });
 }
 
 /// A matrix of quantized type `t` with pseudo-random quant bytes and moderate f16 scales

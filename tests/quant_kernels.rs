@@ -211,8 +211,8 @@ fn every_type_has_a_kernel_and_the_scheme_of_the_scalar_code() {
 
 /// Each instruction set's activation quantizer writes the scalar quantizer's bytes: on the
 /// ranges of `activations`, on rows whose largest magnitude occurs twice with both signs (the
-/// first one sets the scale's sign), on values that land exactly on rounding ties, and on
-/// rows holding NaN and infinities.
+/// first one sets the scale's sign), on values that land exactly on rounding ties, on rows
+/// holding NaN and infinities, and on blocks of NaN and of signed zeros.
 #[test]
 fn activation_quantizers_write_the_scalar_bytes_on_every_isa() {
     let mut r = ChaCha8Rng::seed_from_u64(0xacc);
@@ -243,6 +243,26 @@ fn activation_quantizers_write_the_scalar_bytes_on_every_isa() {
         x[400] = special;
         inputs.push(x);
     }
+    // Both infinities (in either order), a block of NaN beside one of signed zeros, and a
+    // block whose largest magnitude is negative.
+    for (a, b) in [
+        (f32::INFINITY, f32::NEG_INFINITY),
+        (f32::NEG_INFINITY, f32::INFINITY),
+    ] {
+        let mut x = activations(&mut r, n);
+        x[17] = a;
+        x[400] = b;
+        inputs.push(x);
+    }
+    let mut x = vec![f32::NAN; n];
+    x[256..]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = if i % 2 == 0 { -0.0 } else { 0.0 });
+    inputs.push(x);
+    let mut x = activations(&mut r, n);
+    x[3] = -1e3;
+    inputs.push(x);
     for isa in Isa::available() {
         let k = Kernels::new(isa);
         for t in TYPES {

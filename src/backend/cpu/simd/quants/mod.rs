@@ -72,7 +72,7 @@ macro_rules! every_type_kernels {
     };
 }
 
-/// Safe entry points to the AVX2 kernels.
+/// Safe entry points to the x86 kernels (AVX2, and AVX-512 where the name says so).
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::x86 as k;
@@ -82,6 +82,11 @@ mod avx2 {
     pub(super) fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
         // SAFETY: only reachable through `simd_quantize`, which checked the features.
         unsafe { k::quantize_q8_k(x, out) }
+    }
+
+    pub(super) fn quantize_q8_k_avx512(x: &[f32], out: &mut [u8]) {
+        // SAFETY: only reachable through `simd_quantize`, which checked the features.
+        unsafe { k::quantize_q8_k_avx512(x, out) }
     }
 }
 
@@ -138,6 +143,8 @@ fn simd_dot(isa: Isa, weight: GgmlType) -> Option<DotFn> {
 /// writes exactly the bytes of the scalar quantizer).
 fn simd_quantize(isa: Isa, act: GgmlType) -> Option<fn(&[f32], &mut [u8])> {
     match (isa, act) {
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512Vnni, GgmlType::Q8_K) if isa.is_available() => Some(avx2::quantize_q8_k_avx512),
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2 | Isa::Avx512Vnni, GgmlType::Q8_K) if Isa::Avx2.is_available() => {
             Some(avx2::quantize_q8_k)

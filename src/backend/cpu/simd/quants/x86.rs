@@ -785,12 +785,32 @@ legacy_dot4!(
     dot4_q5_0_q8_0, Q5_0_BYTES, codes_q5_0, 16
 );
 
-/// Q8_K quantization identical to `k_quants::quantize_q8_k` byte for byte: the largest
-/// magnitude by a vector max (a NaN lane never wins, as in the scalar comparison), the first
-/// element of that magnitude as `max`, then per 16 values `round(iscale · v)` clamped to
-/// [−128, 127] (the conversion rounds to nearest, ties to even, as the scalar code does;
-/// clamping before or after rounding to integer bounds is the same), NaN to 0 as the scalar
-/// cast does, and the group's sum.
+/// The first element of the largest magnitude in a block whose largest and smallest values
+/// (each taken from 0) are `hi` and `lo`: the extreme of the larger side, or where both
+/// sides reach that magnitude, the element `first(magnitude)` finds by a scan. `None` when
+/// the magnitude is 0 (the block quantizes to zeros).
+#[inline(always)]
+fn block_max(hi: f32, lo: f32, first: impl FnOnce(f32) -> Option<f32>) -> Option<f32> {
+    let amax = hi.max(-lo);
+    if amax == 0.0 {
+        None
+    } else if hi > -lo {
+        Some(hi)
+    } else if hi < -lo {
+        Some(lo)
+    } else {
+        first(amax).or(Some(amax))
+    }
+}
+
+/// Q8_K quantization identical to `k_quants::quantize_q8_k` byte for byte. The scale comes
+/// from the first element of the largest magnitude: one pass takes the block's largest and
+/// smallest values (a NaN lane never wins, as in the scalar comparison), and that element is
+/// the extreme of the larger side, unless both sides reach the same magnitude, when a scan
+/// finds which comes first. Then per 16 values `round(iscale · v)` clamped to [−128, 127]
+/// (the conversion rounds to nearest, ties to even, as the scalar code does; clamping before
+/// or after rounding to integer bounds is the same), NaN to 0 as the scalar cast does, and
+/// the group sums, reduced four groups at a time.
 ///
 /// # Safety
 /// AVX2 must be present.
@@ -799,38 +819,46 @@ pub unsafe fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
     let sign = _mm256_set1_ps(-0.0);
     for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(Q8_K_BYTES)) {
         let p = xb.as_ptr();
-        let mut m = _mm256_setzero_ps();
-        // SAFETY (this block and the loops below): indices below 256 are inside the block.
+        // The largest and smallest values, as in `quantize_q8_k_avx512`.
+        let (mut hv, mut lv) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        // SAFETY (this block and the scan below): indices below 256 are inside the block.
         unsafe {
             for i in (0..256).step_by(8) {
-                // `max_ps` returns its second operand when the first is NaN.
-                m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(i))), m);
+                hv = _mm256_max_ps(_mm256_loadu_ps(p.add(i)), hv);
+                lv = _mm256_min_ps(_mm256_loadu_ps(p.add(i)), lv);
             }
         }
-        let mut lanes = [0f32; 8];
-        // SAFETY: 8 floats.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
-        let amax = lanes.iter().fold(0f32, |a, &b| if b > a { b } else { a });
-        if amax == 0.0 {
+        let (mut his, mut los) = ([0f32; 8], [0f32; 8]);
+        // SAFETY: 8 floats each.
+        unsafe {
+            _mm256_storeu_ps(his.as_mut_ptr(), hv);
+            _mm256_storeu_ps(los.as_mut_ptr(), lv);
+        }
+        let hi = his.iter().fold(0f32, |a, &b| if b > a { b } else { a });
+        let lo = los.iter().fold(0f32, |a, &b| if b < a { b } else { a });
+        let first = |amax: f32| {
+            let target = _mm256_set1_ps(amax);
+            (0..256).step_by(8).find_map(|i| {
+                // SAFETY: as above.
+                let v = unsafe { _mm256_loadu_ps(p.add(i)) };
+                let eq = _mm256_movemask_ps(_mm256_cmp_ps(
+                    _mm256_andnot_ps(sign, v),
+                    target,
+                    _CMP_EQ_OQ,
+                ));
+                (eq != 0).then(|| xb[i + eq.trailing_zeros() as usize])
+            })
+        };
+        let Some(max) = block_max(hi, lo, first) else {
             ob.fill(0);
             continue;
-        }
-        let mut max = 0f32;
-        let target = _mm256_set1_ps(amax);
-        for i in (0..256).step_by(8) {
-            // SAFETY: as above.
-            let v = unsafe { _mm256_loadu_ps(p.add(i)) };
-            let eq =
-                _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, v), target, _CMP_EQ_OQ));
-            if eq != 0 {
-                max = xb[i + eq.trailing_zeros() as usize];
-                break;
-            }
-        }
+        };
         let iscale = -127.0 / max;
         let s = _mm256_set1_ps(iscale);
         let (lo, hi) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
-        for g in 0..16 {
+        // Each group's codes as eight i32 lanes to sum, reduced four groups at a time below.
+        let mut parts = [_mm256_setzero_si256(); 16];
+        for (g, part) in parts.iter_mut().enumerate() {
             let q = |i: usize| {
                 // SAFETY: as above.
                 let y = _mm256_mul_ps(s, unsafe { _mm256_loadu_ps(p.add(16 * g + i)) });
@@ -848,9 +876,120 @@ pub unsafe fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
                     _mm256_castsi256_si128(w8),
                 )
             };
-            let sum = hsum_i32(_mm256_add_epi32(a, b)) as i16;
-            ob[Q8K_BSUMS + 2 * g..Q8K_BSUMS + 2 * g + 2].copy_from_slice(&sum.to_le_bytes());
+            *part = _mm256_add_epi32(a, b);
         }
+        let sums: [__m128i; 4] = std::array::from_fn(|i| {
+            reduce4(
+                parts[4 * i],
+                parts[4 * i + 1],
+                parts[4 * i + 2],
+                parts[4 * i + 3],
+            )
+        });
+        // |sum| <= 16 · 128, so packing to i16 saturates nothing.
+        let words = [
+            _mm_packs_epi32(sums[0], sums[1]),
+            _mm_packs_epi32(sums[2], sums[3]),
+        ];
+        for (i, w) in words.iter().enumerate() {
+            // SAFETY: 16 of the 32 bytes of group sums inside the output block.
+            unsafe {
+                _mm_storeu_si128(ob.as_mut_ptr().add(Q8K_BSUMS + 16 * i) as *mut __m128i, *w)
+            };
+        }
+        ob[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    }
+}
+
+/// [`quantize_q8_k`] on AVX-512, the same bytes: a 16-value group is one register, so its
+/// codes are one rounding conversion and one saturating narrowing, and the 16 group sums
+/// come out of one tree of lane-block shuffles instead of a horizontal sum per group (the
+/// sums are of integers, so their order does not matter). A prompt's rows are quantized
+/// before every product: in a 512-token Q5_K_M prompt on Zen 4 the AVX2 form took 4.4% of
+/// the samples and this one 1.1%.
+///
+/// # Safety
+/// AVX-512 F and BW must be present.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub unsafe fn quantize_q8_k_avx512(x: &[f32], out: &mut [u8]) {
+    let magnitude = _mm512_set1_epi32(0x7fff_ffff);
+    let abs = |v: __m512| _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), magnitude));
+    for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(Q8_K_BYTES)) {
+        let p = xb.as_ptr();
+        // SAFETY (every load below): indices below 256 are inside the block.
+        let load = |g: usize| unsafe { _mm512_loadu_ps(p.add(16 * g)) };
+        // The largest and smallest values (from 0, so an all-NaN block gives 0 and 0):
+        // `max_ps` and `min_ps` return their second operand when the first is NaN, as the
+        // scalar comparison never picks NaN. The first value of the largest magnitude is
+        // the extreme of that side, unless both sides reach it: then a scan finds which
+        // comes first.
+        let (mut hi, mut lo) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for g in 0..16 {
+            hi = _mm512_max_ps(load(g), hi);
+            lo = _mm512_min_ps(load(g), lo);
+        }
+        // No lane is NaN, so each extreme is the same in any order.
+        let (hi, lo) = (_mm512_reduce_max_ps(hi), _mm512_reduce_min_ps(lo));
+        let first = |amax: f32| {
+            let target = _mm512_set1_ps(amax);
+            (0..16).find_map(|g| {
+                let eq = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(abs(load(g)), target);
+                (eq != 0).then(|| xb[16 * g + eq.trailing_zeros() as usize])
+            })
+        };
+        let Some(max) = block_max(hi, lo, first) else {
+            ob.fill(0);
+            continue;
+        };
+        let iscale = -127.0 / max;
+        let s = _mm512_set1_ps(iscale);
+        let (lo, hi) = (_mm512_set1_ps(-128.0), _mm512_set1_ps(127.0));
+        let codes: [__m512i; 16] = std::array::from_fn(|g| {
+            let y = _mm512_mul_ps(s, load(g));
+            let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(y, y);
+            let c = _mm512_min_ps(_mm512_max_ps(y, lo), hi);
+            // NaN to 0, as the scalar cast does; the rest round to nearest, ties to even.
+            _mm512_maskz_cvtps_epi32(ordered, c)
+        });
+        for (g, &c) in codes.iter().enumerate() {
+            // SAFETY: bytes 4 + 16g .. +16 of the output block; the codes fit a byte.
+            unsafe {
+                _mm_storeu_si128(
+                    ob.as_mut_ptr().add(Q8K_QS + 16 * g) as *mut __m128i,
+                    _mm512_cvtepi32_epi8(c),
+                )
+            };
+        }
+        // Pairs of registers to one: 128-bit blocks 0 and 2 of each beside 1 and 3, added,
+        // so each block holds part of one group; twice over, each block holds four lanes
+        // of one group.
+        let blocks = |a: __m512i, b: __m512i| {
+            _mm512_add_epi32(
+                _mm512_shuffle_i32x4::<0x88>(a, b),
+                _mm512_shuffle_i32x4::<0xDD>(a, b),
+            )
+        };
+        let h: [__m512i; 8] = std::array::from_fn(|i| blocks(codes[2 * i], codes[2 * i + 1]));
+        let q: [__m512i; 4] = std::array::from_fn(|i| blocks(h[2 * i], h[2 * i + 1]));
+        // Block k of q[i] holds the four lanes of group 4i + k. Within each block, lanes
+        // 0 + 2 and 1 + 3 of two registers side by side, then adjacent pairs: lane 4k + m
+        // of `sums` is group 4m + k.
+        let halves = |a: __m512i, b: __m512i| {
+            _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b))
+        };
+        let (t0, t1) = (
+            _mm512_castsi512_ps(halves(q[0], q[1])),
+            _mm512_castsi512_ps(halves(q[2], q[3])),
+        );
+        let sums = _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps::<0x88>(t0, t1)),
+            _mm512_castps_si512(_mm512_shuffle_ps::<0xDD>(t0, t1)),
+        );
+        let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        // |sum| <= 16 · 128, so each fits the i16 it is stored as.
+        let sums = _mm512_cvtepi32_epi16(_mm512_permutexvar_epi32(idx, sums));
+        // SAFETY: the 32 bytes of group sums inside the output block.
+        unsafe { _mm256_storeu_si256(ob.as_mut_ptr().add(Q8K_BSUMS) as *mut __m256i, sums) };
         ob[..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
     }
 }
