@@ -4,7 +4,7 @@
 //! thread pool's dispatch cost. Run with `cargo bench --bench kernels`.
 
 use divan::{black_box, Bencher};
-use inferno::backend::cpu::simd::{Isa, Kernels, SimdBackend};
+use inferno::backend::cpu::simd::{AttentionWidth, Isa, Kernels, SimdBackend};
 use inferno::backend::cpu::threadpool::ThreadPool;
 use inferno::backend::{AttentionShape, Backend, KvLayer, KvRows, PoolBackend, ScalarBackend};
 use inferno::tensor::{q8_0, GgmlType, Matrix, TensorBytes};
@@ -21,10 +21,33 @@ fn kernels() -> Vec<&'static str> {
 }
 
 fn backend(name: &str) -> Box<dyn Backend> {
-    match Isa::from_name(name) {
-        Some(isa) => Box::new(SimdBackend::with_isa(ScalarBackend::new(), isa)),
+    // "avx512vnni/zmm" and "avx512vnni/ymm": attention's 16- or 8-lane forms, whichever the
+    // CPU picks by default.
+    let (isa, width) = match name.split_once('/') {
+        Some((isa, "zmm")) => (isa, Some(AttentionWidth::Zmm)),
+        Some((isa, _)) => (isa, Some(AttentionWidth::Ymm)),
+        None => (name, None),
+    };
+    match Isa::from_name(isa) {
+        Some(isa) => {
+            let be = SimdBackend::with_isa(ScalarBackend::new(), isa);
+            Box::new(match width {
+                Some(width) => be.with_attention_width(width),
+                None => be,
+            })
+        }
         None => Box::new(ScalarBackend::new()),
     }
+}
+
+/// [`kernels`], with AVX-512's two forms of attention named apart where it is available.
+fn attention_kernels() -> Vec<&'static str> {
+    let mut v = kernels();
+    if Isa::Avx512Vnni.is_available() {
+        v.retain(|&k| k != Isa::Avx512Vnni.name());
+        v.extend(["avx512vnni/zmm", "avx512vnni/ymm"]);
+    }
+    v
 }
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
@@ -457,46 +480,17 @@ fn rope_16x128(b: Bencher, k: &str) {
     });
 }
 
-/// One decode step's attention for one layer at 512 positions of context.
-#[divan::bench(args = kernels())]
-fn attention_decode_ctx512(b: Bencher, k: &str) {
+/// One layer's attention with Qwen3-0.6B's heads (16 query heads, 8 KV heads of 128):
+/// `n` tokens after `pos0` cached positions, keys and values in F16 or F32, timed on `k`.
+fn bench_attention(b: Bencher, k: &str, n: usize, pos0: usize, f16: bool) {
     let be = backend(k);
-    let (n_heads, n_kv, hd, ctx) = (16, 8, 128, 512);
-    let q = values(n_heads * hd, 1);
-    let kc = values(n_kv * ctx * hd, 2);
-    let vc = values(n_kv * ctx * hd, 3);
-    let shape = AttentionShape {
-        n_tokens: 1,
-        pos0: ctx - 1,
-        n_heads,
-        n_kv_heads: n_kv,
-        head_dim: hd,
-        capacity: ctx,
-        scale: 1.0 / (hd as f32).sqrt(),
-    };
-    let mut out = vec![0.0f32; n_heads * hd];
-    let kv = KvLayer {
-        k: KvRows::F32(&kc),
-        v: KvRows::F32(&vc),
-    };
-    b.bench_local(|| be.attention(&shape, black_box(&q), kv, &mut out));
-}
-
-/// A prompt's attention for one layer: 64 tokens after 2048 cached positions, with an F16
-/// cache (the default for quantized models), Qwen3-0.6B's heads.
-#[divan::bench(args = kernels(), sample_count = 20)]
-fn attention_prompt_64_at_2048_f16(b: Bencher, k: &str) {
-    let be = backend(k);
-    let (n_heads, n_kv, hd, n, pos0) = (16, 8, 128, 64, 2048);
+    let (n_heads, n_kv, hd) = (16, 8, 128);
     let ctx = pos0 + n;
     let q = values(n * n_heads * hd, 1);
-    let half = |seed| -> Vec<half::f16> {
-        values(n_kv * ctx * hd, seed)
-            .into_iter()
-            .map(half::f16::from_f32)
-            .collect()
-    };
-    let (kc, vc) = (half(2), half(3));
+    let (kc, vc) = (values(n_kv * ctx * hd, 2), values(n_kv * ctx * hd, 3));
+    let half =
+        |v: &[f32]| -> Vec<half::f16> { v.iter().map(|&x| half::f16::from_f32(x)).collect() };
+    let (kh, vh) = (half(&kc), half(&vc));
     let shape = AttentionShape {
         n_tokens: n,
         pos0,
@@ -507,9 +501,36 @@ fn attention_prompt_64_at_2048_f16(b: Bencher, k: &str) {
         scale: 1.0 / (hd as f32).sqrt(),
     };
     let mut out = vec![0.0f32; n * n_heads * hd];
-    let kv = KvLayer {
-        k: KvRows::F16(&kc),
-        v: KvRows::F16(&vc),
+    let kv = if f16 {
+        KvLayer {
+            k: KvRows::F16(&kh),
+            v: KvRows::F16(&vh),
+        }
+    } else {
+        KvLayer {
+            k: KvRows::F32(&kc),
+            v: KvRows::F32(&vc),
+        }
     };
     b.bench_local(|| be.attention(&shape, black_box(&q), kv, &mut out));
+}
+
+/// One decode step's attention for one layer at 512 positions of an F32 cache.
+#[divan::bench(args = attention_kernels())]
+fn attention_decode_ctx512(b: Bencher, k: &str) {
+    bench_attention(b, k, 1, 511, false);
+}
+
+/// One decode step's attention for one layer at 2048 positions of an F16 cache (the default
+/// for quantized models).
+#[divan::bench(args = attention_kernels())]
+fn attention_decode_ctx2048_f16(b: Bencher, k: &str) {
+    bench_attention(b, k, 1, 2047, true);
+}
+
+/// A prompt's attention for one layer: 64 tokens after 2048 cached positions, with an F16
+/// cache.
+#[divan::bench(args = attention_kernels(), sample_count = 20)]
+fn attention_prompt_64_at_2048_f16(b: Bencher, k: &str) {
+    bench_attention(b, k, 64, 2048, true);
 }

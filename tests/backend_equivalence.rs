@@ -8,7 +8,7 @@
 
 mod common;
 
-use inferno::backend::cpu::simd::{Isa, Kernels, SimdBackend};
+use inferno::backend::cpu::simd::{AttentionWidth, Isa, Kernels, SimdBackend};
 use inferno::backend::{
     create_backend, AttentionJob, AttentionShape, Backend, BackendOptions, Device, KvLayer, KvRows,
     ParallelBackend, PoolBackend, ScalarBackend,
@@ -358,13 +358,28 @@ fn attention_matches_scalar_within_softmax_error() {
 /// in one register for the scores and sixteen values per lane group for the weighted sum)
 /// form every score and every output lane in the same order: the same bits on either ISA,
 /// for decode steps and prompts (rows grouped 1, 2 and 4 to a key), every cache type, head
-/// sizes with and without a 16-wide remainder, and chunks with a remainder of keys.
+/// sizes with and without a 16-wide remainder, and chunks with a remainder of keys. A VNNI
+/// CPU runs every choice of forms here, whichever it picks by default.
 #[test]
 fn attention_is_bit_identical_on_every_x86_isa() {
-    let isas: Vec<Isa> = Isa::available()
-        .into_iter()
-        .filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512Vnni))
-        .collect();
+    let mut backends: Vec<(String, SimdBackend<ScalarBackend>)> = Vec::new();
+    for isa in Isa::available() {
+        match isa {
+            Isa::Avx2 => backends.push(("avx2".into(), simd(isa))),
+            Isa::Avx512Vnni => {
+                for width in [
+                    AttentionWidth::Zmm,
+                    AttentionWidth::ZmmOnF32,
+                    AttentionWidth::Ymm,
+                ] {
+                    let name = format!("avx512vnni, attention {width:?}");
+                    backends.push((name, simd(isa).with_attention_width(width)));
+                }
+            }
+            _ => {}
+        }
+    }
+    let isas: Vec<&str> = backends.iter().map(|(name, _)| name.as_str()).collect();
     if isas.len() < 2 {
         eprintln!("only {isas:?} here: nothing to compare");
         return;
@@ -395,11 +410,11 @@ fn attention_is_bit_identical_on_every_x86_isa() {
             );
             let (ks, vs) = (Stored::new(&k, hd), Stored::new(&v, hd));
             for (kr, vr) in type_pairs(&ks, &vs) {
-                let outs: Vec<Vec<u32>> = isas
+                let outs: Vec<Vec<u32>> = backends
                     .iter()
-                    .map(|&isa| {
+                    .map(|(_, be)| {
                         let mut got = vec![f32::NAN; q.len()];
-                        simd(isa).attention(&shape, &q, KvLayer { k: kr, v: vr }, &mut got);
+                        be.attention(&shape, &q, KvLayer { k: kr, v: vr }, &mut got);
                         bits(&got)
                     })
                     .collect();
@@ -511,6 +526,17 @@ fn long_attention_split_by_positions_is_bit_identical_at_any_thread_count() {
                         "parallel/3".into(),
                         Box::new(ParallelBackend::new(simd(isa), 3)),
                     ));
+                    if isa == Isa::Avx512Vnni {
+                        // Every form of attention, split too, whichever this CPU picks.
+                        for width in [
+                            AttentionWidth::Zmm,
+                            AttentionWidth::ZmmOnF32,
+                            AttentionWidth::Ymm,
+                        ] {
+                            let be = PoolBackend::new(simd(isa).with_attention_width(width), 2);
+                            others.push((format!("pool/2, attention {width:?}"), Box::new(be)));
+                        }
+                    }
                     for (name, be) in &others {
                         let mut got = vec![f32::NAN; q.len()];
                         be.attention(&shape, &q, kv, &mut got);

@@ -169,11 +169,19 @@ impl Isa {
         Self::ALL.into_iter().filter(|i| i.is_available()).collect()
     }
 
-    /// Whether attention runs its AVX-512 forms (every CPU with the VNNI kernels has
-    /// AVX-512 F).
+    /// Which forms attention runs by default: AVX-512's on a VNNI CPU (every one has AVX-512
+    /// F), except on AMD's family 19h (Zen 4), which splits each 512-bit operation into two
+    /// 256-bit halves, so a 16-lane FMA does no more per cycle there. Its 16-lane forms then
+    /// won only on f32 rows and lost on F16 ones, where the AVX2 forms skip the extra lane
+    /// shuffles and a conversion of two keys' slices at once (`cargo bench --bench kernels --
+    /// attention_`, BENCHMARKS.md). Every form gives the same bits.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    fn attention_512(self) -> bool {
-        self == Isa::Avx512Vnni
+    fn attention_width(self) -> AttentionWidth {
+        match self {
+            Isa::Avx512Vnni if splits_512_bit_ops() => AttentionWidth::ZmmOnF32,
+            Isa::Avx512Vnni => AttentionWidth::Zmm,
+            _ => AttentionWidth::Ymm,
+        }
     }
 
     /// Whether the AVX2 kernels for the non-matmul operations apply.
@@ -317,11 +325,51 @@ unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
 
+/// Whether this is an AMD family 19h CPU (Zen 3 and Zen 4; of them only Zen 4 has AVX-512,
+/// and it executes each 512-bit operation as two 256-bit halves).
+#[cfg(target_arch = "x86_64")]
+fn splits_512_bit_ops() -> bool {
+    use std::arch::x86_64::__cpuid;
+    // Leaves 0 and 1 exist on every x86-64 CPU.
+    let (r0, r1) = (__cpuid(0), __cpuid(1));
+    let mut vendor = [0u8; 12];
+    for (chunk, reg) in vendor.chunks_exact_mut(4).zip([r0.ebx, r0.edx, r0.ecx]) {
+        chunk.copy_from_slice(&reg.to_le_bytes());
+    }
+    // The family is the base field plus, when that is 0xF, the extended one.
+    let base = (r1.eax >> 8) & 0xF;
+    let family = if base == 0xF {
+        base + ((r1.eax >> 20) & 0xFF)
+    } else {
+        base
+    };
+    &vendor == b"AuthenticAMD" && family == 0x19
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn splits_512_bit_ops() -> bool {
+    false
+}
+
+/// Which of the x86 attention kernels' forms run (each gives the same bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionWidth {
+    /// The 8-lane AVX2 forms.
+    Ymm,
+    /// The 16-lane AVX-512 forms.
+    Zmm,
+    /// The 16-lane forms on f32 rows (an F32 cache, or a chunk of a Q8_0 one widened to f32
+    /// for a prompt), the 8-lane ones on F16 and Q8_0 rows as stored.
+    ZmmOnF32,
+}
+
 /// The vector kernels for one instruction set. Each entry point computes a share of an
 /// operation so callers can split it over threads.
 #[derive(Clone, Copy, Debug)]
 pub struct Kernels {
     pub isa: Isa,
+    /// Attention's forms (16-lane ones on [`Isa::Avx512Vnni`] only).
+    attention_width: AttentionWidth,
 }
 
 impl Kernels {
@@ -331,7 +379,29 @@ impl Kernels {
         } else {
             Isa::Portable
         };
-        Self { isa }
+        Self {
+            isa,
+            attention_width: isa.attention_width(),
+        }
+    }
+
+    /// These kernels with attention in the forms `width` names, whatever this CPU's default
+    /// (for tests and benchmarks). Only AVX-512 kernels have 16-lane forms; the others keep
+    /// their own.
+    pub fn with_attention_width(self, width: AttentionWidth) -> Self {
+        Self {
+            attention_width: if self.isa == Isa::Avx512Vnni {
+                width
+            } else {
+                self.attention_width
+            },
+            ..self
+        }
+    }
+
+    /// The forms attention runs.
+    pub fn attention_width(&self) -> AttentionWidth {
+        self.attention_width
     }
 
     /// Quantizes rows of `x` (each `cols` long) into the given split-form slices (`s`: −128
@@ -480,6 +550,13 @@ impl<B: Backend> SimdBackend<B> {
 
     pub fn kernels(&self) -> Kernels {
         self.k
+    }
+
+    /// This backend with attention in the forms `width` names
+    /// ([`Kernels::with_attention_width`]).
+    pub fn with_attention_width(mut self, width: AttentionWidth) -> Self {
+        self.k = self.k.with_attention_width(width);
+        self
     }
 
     pub fn inner(&self) -> &B {

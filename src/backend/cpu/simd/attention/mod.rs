@@ -78,7 +78,7 @@ impl Kernels {
         {
             let parts = self.attention_parts(s);
             let hd = s.head_dim;
-            let wide = self.isa.attention_512();
+            let width = self.attention_width;
             let per = self.attention_part_floats(s);
             for item in i0..i1.min(parts * s.n_kv_heads) {
                 let (kvh, part) = (item / parts, item % parts);
@@ -90,7 +90,7 @@ impl Kernels {
                 unsafe {
                     let base = scratch.0.add(item * per);
                     let range = (part * x86::PART, (part + 1) * x86::PART);
-                    x86::attend_rows_partial(wide, s, &rows[..n], k, v, range, base, &mut state);
+                    x86::attend_rows_partial(width, s, &rows[..n], k, v, range, base, &mut state);
                     for (h, st) in state.iter().enumerate().take(n) {
                         *base.add(x86::MAX_ROWS * hd + 2 * h) = st.max;
                         *base.add(x86::MAX_ROWS * hd + 2 * h + 1) = st.denom;
@@ -233,7 +233,7 @@ impl Kernels {
             assert!(base(tokens.end - 1) + group * hd <= out_len.min(q.len()));
             #[cfg(target_arch = "x86_64")]
             if self.isa.x86_vector() && hd % 8 == 0 {
-                let wide = self.isa.attention_512();
+                let width = self.attention_width;
                 let mut rows = [x86::AttnRow {
                     q: std::ptr::null(),
                     out: std::ptr::null_mut(),
@@ -253,14 +253,14 @@ impl Kernels {
                         if n == x86::MAX_ROWS {
                             // SAFETY: the ISA and head size were checked; every row's kv_len
                             // is within `k`/`v`; the rows' outputs are this item's alone.
-                            unsafe { x86::attend_rows_any(wide, s, &rows[..n], k, v) };
+                            unsafe { x86::attend_rows_any(width, s, &rows[..n], k, v) };
                             n = 0;
                         }
                     }
                 }
                 if n > 0 {
                     // SAFETY: as above.
-                    unsafe { x86::attend_rows_any(wide, s, &rows[..n], k, v) };
+                    unsafe { x86::attend_rows_any(width, s, &rows[..n], k, v) };
                 }
                 continue;
             }

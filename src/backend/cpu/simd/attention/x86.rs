@@ -5,6 +5,7 @@
 //! for that reason.
 
 use super::super::x86::{exp256, exp512, hmax, hsum, hsum8};
+use super::super::AttentionWidth;
 use crate::backend::{AttentionShape, KvRows};
 use std::arch::x86_64::*;
 
@@ -294,7 +295,7 @@ unsafe fn weigh_values_512<V: KvLoad, const U: usize, const R: usize>(
 /// # Safety
 /// As for [`attend_rows`], with `k` and `v` holding the rows.
 pub unsafe fn attend_rows_any(
-    wide: bool,
+    width: AttentionWidth,
     s: &AttentionShape,
     rows: &[AttnRow],
     k: KvRows<'_>,
@@ -305,15 +306,15 @@ pub unsafe fn attend_rows_any(
     // SAFETY (every arm): the caller's promise, with the loaders of the rows' own types.
     unsafe {
         match (k, v) {
-            (F32(_), F32(_)) => attend_rows::<F32Rows, F32Rows>(wide, s, rows, kp, vp),
-            (F32(_), F16(_)) => attend_rows::<F32Rows, F16Rows>(wide, s, rows, kp, vp),
-            (F32(_), Q8_0(_)) => attend_rows::<F32Rows, Q8Rows>(wide, s, rows, kp, vp),
-            (F16(_), F32(_)) => attend_rows::<F16Rows, F32Rows>(wide, s, rows, kp, vp),
-            (F16(_), F16(_)) => attend_rows::<F16Rows, F16Rows>(wide, s, rows, kp, vp),
-            (F16(_), Q8_0(_)) => attend_rows::<F16Rows, Q8Rows>(wide, s, rows, kp, vp),
-            (Q8_0(_), F32(_)) => attend_rows::<Q8Rows, F32Rows>(wide, s, rows, kp, vp),
-            (Q8_0(_), F16(_)) => attend_rows::<Q8Rows, F16Rows>(wide, s, rows, kp, vp),
-            (Q8_0(_), Q8_0(_)) => attend_rows::<Q8Rows, Q8Rows>(wide, s, rows, kp, vp),
+            (F32(_), F32(_)) => attend_rows::<F32Rows, F32Rows>(width, s, rows, kp, vp),
+            (F32(_), F16(_)) => attend_rows::<F32Rows, F16Rows>(width, s, rows, kp, vp),
+            (F32(_), Q8_0(_)) => attend_rows::<F32Rows, Q8Rows>(width, s, rows, kp, vp),
+            (F16(_), F32(_)) => attend_rows::<F16Rows, F32Rows>(width, s, rows, kp, vp),
+            (F16(_), F16(_)) => attend_rows::<F16Rows, F16Rows>(width, s, rows, kp, vp),
+            (F16(_), Q8_0(_)) => attend_rows::<F16Rows, Q8Rows>(width, s, rows, kp, vp),
+            (Q8_0(_), F32(_)) => attend_rows::<Q8Rows, F32Rows>(width, s, rows, kp, vp),
+            (Q8_0(_), F16(_)) => attend_rows::<Q8Rows, F16Rows>(width, s, rows, kp, vp),
+            (Q8_0(_), Q8_0(_)) => attend_rows::<Q8Rows, Q8Rows>(width, s, rows, kp, vp),
         }
     }
 }
@@ -673,11 +674,14 @@ impl PartState {
 /// unnormalized weighted values of row `h` into `bufs + h * hd`. Rows that see no position
 /// of the range are left [`PartState::EMPTY`] (and their buffer untouched).
 ///
+/// The 16-lane forms run where `W`, on every chunk if `WS`, else only on f32 rows (an F32
+/// cache, or a chunk widened to f32).
+///
 /// # Safety
 /// As for [`attend_rows`]; `bufs` has room for `rows.len() * hd` floats; only inlined into
 /// [`attend_part_avx2`] (`W` false) or [`attend_part_avx512`] (`W` true).
 #[inline(always)]
-unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool>(
+unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool, const WS: bool>(
     s: &AttentionShape,
     rows: &[AttnRow],
     k: *const u8,
@@ -731,8 +735,10 @@ unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool>(
                     vbuf.as_ptr().cast()
                 };
                 chunk_rows::<F32Rows, F32Rows, W>(s, rows, c0, (kw, vw), &mut p, state);
+            } else if W && (WS || K::IS_F32 && V::IS_F32) {
+                chunk_rows::<K, V, true>(s, rows, c0, (kc, vc), &mut p, state);
             } else {
-                chunk_rows::<K, V, W>(s, rows, c0, (kc, vc), &mut p, state);
+                chunk_rows::<K, V, false>(s, rows, c0, (kc, vc), &mut p, state);
             }
         }
         c0 += CHUNK;
@@ -753,16 +759,17 @@ unsafe fn attend_part_avx2<K: KvLoad, V: KvLoad>(
     state: &mut [PartState; MAX_ROWS],
 ) {
     // SAFETY: the caller's promise.
-    unsafe { attend_part::<K, V, false>(s, rows, kv.0, kv.1, range, bufs, state) }
+    unsafe { attend_part::<K, V, false, false>(s, rows, kv.0, kv.1, range, bufs, state) }
 }
 
 /// [`attend_part`] with the AVX-512 forms of the score and value products: twice the lanes
-/// per FMA (a prompt's attention is bound by them), the same bits.
+/// per FMA (a prompt's attention is bound by them), the same bits; on F16 and Q8_0 rows as
+/// stored too where `WS`.
 ///
 /// # Safety
 /// As for [`attend_part`]; AVX-512 F, AVX2, FMA and F16C present.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn attend_part_avx512<K: KvLoad, V: KvLoad>(
+unsafe fn attend_part_avx512<K: KvLoad, V: KvLoad, const WS: bool>(
     s: &AttentionShape,
     rows: &[AttnRow],
     kv: (*const u8, *const u8),
@@ -771,16 +778,17 @@ unsafe fn attend_part_avx512<K: KvLoad, V: KvLoad>(
     state: &mut [PartState; MAX_ROWS],
 ) {
     // SAFETY: the caller's promise.
-    unsafe { attend_part::<K, V, true>(s, rows, kv.0, kv.1, range, bufs, state) }
+    unsafe { attend_part::<K, V, true, WS>(s, rows, kv.0, kv.1, range, bufs, state) }
 }
 
-/// [`attend_part`] on AVX-512 where `wide`, else on AVX2.
+/// [`attend_part`] in the forms `width` names.
 ///
 /// # Safety
-/// As for [`attend_part_avx2`], and for [`attend_part_avx512`] where `wide`.
+/// As for [`attend_part_avx2`], and for [`attend_part_avx512`] unless `width` is
+/// [`AttentionWidth::Ymm`].
 #[inline]
 unsafe fn attend_part_on<K: KvLoad, V: KvLoad>(
-    wide: bool,
+    width: AttentionWidth,
     s: &AttentionShape,
     rows: &[AttnRow],
     kv: (*const u8, *const u8),
@@ -790,10 +798,14 @@ unsafe fn attend_part_on<K: KvLoad, V: KvLoad>(
 ) {
     // SAFETY: the caller's promise.
     unsafe {
-        if wide {
-            attend_part_avx512::<K, V>(s, rows, kv, range, bufs, state)
-        } else {
-            attend_part_avx2::<K, V>(s, rows, kv, range, bufs, state)
+        match width {
+            AttentionWidth::Ymm => attend_part_avx2::<K, V>(s, rows, kv, range, bufs, state),
+            AttentionWidth::Zmm => {
+                attend_part_avx512::<K, V, true>(s, rows, kv, range, bufs, state)
+            }
+            AttentionWidth::ZmmOnF32 => {
+                attend_part_avx512::<K, V, false>(s, rows, kv, range, bufs, state)
+            }
         }
     }
 }
@@ -929,7 +941,7 @@ pub unsafe fn normalize_row(hd: usize, total: PartState, out: *mut f32) {
 /// distinct and written by no one else during the call.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
-    wide: bool,
+    width: AttentionWidth,
     s: &AttentionShape,
     rows: &[AttnRow],
     k: *const u8,
@@ -946,7 +958,7 @@ unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
     while p0 < kv_max {
         let p1 = (p0 + PART).min(kv_max);
         // SAFETY: the caller's promise; `bufs` holds MAX_ROWS rows of up to MAX_HD floats.
-        unsafe { attend_part_on::<K, V>(wide, s, rows, (k, v), (p0, p1), bp, &mut state) };
+        unsafe { attend_part_on::<K, V>(width, s, rows, (k, v), (p0, p1), bp, &mut state) };
         for (h, row) in rows.iter().enumerate() {
             // SAFETY: row h's output and buffer hold hd floats.
             unsafe { fold_part(hd, &mut total[h], row.out, state[h], bp.add(h * hd)) };
@@ -965,7 +977,7 @@ unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
 /// # Safety
 /// As for [`attend_rows_any`]; `bufs` has room for `rows.len() * hd` floats.
 pub unsafe fn attend_rows_partial(
-    wide: bool,
+    width: AttentionWidth,
     s: &AttentionShape,
     rows: &[AttnRow],
     k: KvRows<'_>,
@@ -980,31 +992,31 @@ pub unsafe fn attend_rows_partial(
     unsafe {
         match (k, v) {
             (F32(_), F32(_)) => {
-                attend_part_on::<F32Rows, F32Rows>(wide, s, rows, (kp, vp), range, bufs, state)
+                attend_part_on::<F32Rows, F32Rows>(width, s, rows, (kp, vp), range, bufs, state)
             }
             (F32(_), F16(_)) => {
-                attend_part_on::<F32Rows, F16Rows>(wide, s, rows, (kp, vp), range, bufs, state)
+                attend_part_on::<F32Rows, F16Rows>(width, s, rows, (kp, vp), range, bufs, state)
             }
             (F32(_), Q8_0(_)) => {
-                attend_part_on::<F32Rows, Q8Rows>(wide, s, rows, (kp, vp), range, bufs, state)
+                attend_part_on::<F32Rows, Q8Rows>(width, s, rows, (kp, vp), range, bufs, state)
             }
             (F16(_), F32(_)) => {
-                attend_part_on::<F16Rows, F32Rows>(wide, s, rows, (kp, vp), range, bufs, state)
+                attend_part_on::<F16Rows, F32Rows>(width, s, rows, (kp, vp), range, bufs, state)
             }
             (F16(_), F16(_)) => {
-                attend_part_on::<F16Rows, F16Rows>(wide, s, rows, (kp, vp), range, bufs, state)
+                attend_part_on::<F16Rows, F16Rows>(width, s, rows, (kp, vp), range, bufs, state)
             }
             (F16(_), Q8_0(_)) => {
-                attend_part_on::<F16Rows, Q8Rows>(wide, s, rows, (kp, vp), range, bufs, state)
+                attend_part_on::<F16Rows, Q8Rows>(width, s, rows, (kp, vp), range, bufs, state)
             }
             (Q8_0(_), F32(_)) => {
-                attend_part_on::<Q8Rows, F32Rows>(wide, s, rows, (kp, vp), range, bufs, state)
+                attend_part_on::<Q8Rows, F32Rows>(width, s, rows, (kp, vp), range, bufs, state)
             }
             (Q8_0(_), F16(_)) => {
-                attend_part_on::<Q8Rows, F16Rows>(wide, s, rows, (kp, vp), range, bufs, state)
+                attend_part_on::<Q8Rows, F16Rows>(width, s, rows, (kp, vp), range, bufs, state)
             }
             (Q8_0(_), Q8_0(_)) => {
-                attend_part_on::<Q8Rows, Q8Rows>(wide, s, rows, (kp, vp), range, bufs, state)
+                attend_part_on::<Q8Rows, Q8Rows>(width, s, rows, (kp, vp), range, bufs, state)
             }
         }
     }
