@@ -40,11 +40,11 @@ fn backend(name: &str) -> Box<dyn Backend> {
     }
 }
 
-/// [`kernels`], with AVX-512's two forms of attention named apart where it is available.
+/// [`kernels`], and AVX-512's two forms of attention named apart where it is available
+/// ("avx512vnni" alone runs the forms this CPU picks).
 fn attention_kernels() -> Vec<&'static str> {
     let mut v = kernels();
     if Isa::Avx512Vnni.is_available() {
-        v.retain(|&k| k != Isa::Avx512Vnni.name());
         v.extend(["avx512vnni/zmm", "avx512vnni/ymm"]);
     }
     v
@@ -481,8 +481,9 @@ fn rope_16x128(b: Bencher, k: &str) {
 }
 
 /// One layer's attention with Qwen3-0.6B's heads (16 query heads, 8 KV heads of 128):
-/// `n` tokens after `pos0` cached positions, keys and values in F16 or F32, timed on `k`.
-fn bench_attention(b: Bencher, k: &str, n: usize, pos0: usize, f16: bool) {
+/// `n` tokens after `pos0` cached positions, keys and values stored as `kv` ("f32", "f16"
+/// or "q8_0"), timed on `k`.
+fn bench_attention(b: Bencher, k: &str, n: usize, pos0: usize, kv: &str) {
     let be = backend(k);
     let (n_heads, n_kv, hd) = (16, 8, 128);
     let ctx = pos0 + n;
@@ -491,6 +492,12 @@ fn bench_attention(b: Bencher, k: &str, n: usize, pos0: usize, f16: bool) {
     let half =
         |v: &[f32]| -> Vec<half::f16> { v.iter().map(|&x| half::f16::from_f32(x)).collect() };
     let (kh, vh) = (half(&kc), half(&vc));
+    let q8 = |v: &[f32]| -> Vec<u8> {
+        let mut d = vec![0u8; v.len() / 32 * 34];
+        q8_0::quantize(v, &mut d);
+        d
+    };
+    let (kq, vq) = (q8(&kc), q8(&vc));
     let shape = AttentionShape {
         n_tokens: n,
         pos0,
@@ -501,16 +508,19 @@ fn bench_attention(b: Bencher, k: &str, n: usize, pos0: usize, f16: bool) {
         scale: 1.0 / (hd as f32).sqrt(),
     };
     let mut out = vec![0.0f32; n * n_heads * hd];
-    let kv = if f16 {
-        KvLayer {
+    let kv = match kv {
+        "f16" => KvLayer {
             k: KvRows::F16(&kh),
             v: KvRows::F16(&vh),
-        }
-    } else {
-        KvLayer {
+        },
+        "q8_0" => KvLayer {
+            k: KvRows::Q8_0(&kq),
+            v: KvRows::Q8_0(&vq),
+        },
+        _ => KvLayer {
             k: KvRows::F32(&kc),
             v: KvRows::F32(&vc),
-        }
+        },
     };
     b.bench_local(|| be.attention(&shape, black_box(&q), kv, &mut out));
 }
@@ -518,19 +528,37 @@ fn bench_attention(b: Bencher, k: &str, n: usize, pos0: usize, f16: bool) {
 /// One decode step's attention for one layer at 512 positions of an F32 cache.
 #[divan::bench(args = attention_kernels())]
 fn attention_decode_ctx512(b: Bencher, k: &str) {
-    bench_attention(b, k, 1, 511, false);
+    bench_attention(b, k, 1, 511, "f32");
 }
 
 /// One decode step's attention for one layer at 2048 positions of an F16 cache (the default
 /// for quantized models).
 #[divan::bench(args = attention_kernels())]
 fn attention_decode_ctx2048_f16(b: Bencher, k: &str) {
-    bench_attention(b, k, 1, 2047, true);
+    bench_attention(b, k, 1, 2047, "f16");
 }
 
 /// A prompt's attention for one layer: 64 tokens after 2048 cached positions, with an F16
 /// cache.
 #[divan::bench(args = attention_kernels(), sample_count = 20)]
 fn attention_prompt_64_at_2048_f16(b: Bencher, k: &str) {
-    bench_attention(b, k, 64, 2048, true);
+    bench_attention(b, k, 64, 2048, "f16");
+}
+
+/// [`attention_decode_ctx2048_f16`] on a Q8_0 cache, read as stored.
+#[divan::bench(args = attention_kernels())]
+fn attention_decode_ctx2048_q8_0(b: Bencher, k: &str) {
+    bench_attention(b, k, 1, 2047, "q8_0");
+}
+
+/// [`attention_prompt_64_at_2048_f16`] on an F32 cache.
+#[divan::bench(args = attention_kernels(), sample_count = 20)]
+fn attention_prompt_64_at_2048_f32(b: Bencher, k: &str) {
+    bench_attention(b, k, 64, 2048, "f32");
+}
+
+/// [`attention_prompt_64_at_2048_f16`] on a Q8_0 cache, each chunk widened to f32 once.
+#[divan::bench(args = attention_kernels(), sample_count = 20)]
+fn attention_prompt_64_at_2048_q8_0(b: Bencher, k: &str) {
+    bench_attention(b, k, 64, 2048, "q8_0");
 }

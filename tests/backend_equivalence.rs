@@ -369,7 +369,7 @@ fn attention_is_bit_identical_on_every_x86_isa() {
             Isa::Avx512Vnni => {
                 for width in [
                     AttentionWidth::Zmm,
-                    AttentionWidth::ZmmOnF32,
+                    AttentionWidth::ZmmExceptF16OrWidened,
                     AttentionWidth::Ymm,
                 ] {
                     let name = format!("avx512vnni, attention {width:?}");
@@ -530,7 +530,7 @@ fn long_attention_split_by_positions_is_bit_identical_at_any_thread_count() {
                         // Every form of attention, split too, whichever this CPU picks.
                         for width in [
                             AttentionWidth::Zmm,
-                            AttentionWidth::ZmmOnF32,
+                            AttentionWidth::ZmmExceptF16OrWidened,
                             AttentionWidth::Ymm,
                         ] {
                             let be = PoolBackend::new(simd(isa).with_attention_width(width), 2);

@@ -171,14 +171,13 @@ impl Isa {
 
     /// Which forms attention runs by default: AVX-512's on a VNNI CPU (every one has AVX-512
     /// F), except on AMD's family 19h (Zen 4), which splits each 512-bit operation into two
-    /// 256-bit halves, so a 16-lane FMA does no more per cycle there. Its 16-lane forms then
-    /// won only on f32 rows and lost on F16 ones, where the AVX2 forms skip the extra lane
-    /// shuffles and a conversion of two keys' slices at once (`cargo bench --bench kernels --
-    /// attention_`, BENCHMARKS.md). Every form gives the same bits.
+    /// 256-bit halves. There the 16-lane forms won on F32 rows and on Q8_0 rows as stored,
+    /// and lost on F16 rows and on Q8_0 chunks widened to f32 for a prompt (`cargo bench
+    /// --bench kernels -- attention_`, BENCHMARKS.md). Every form gives the same bits.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn attention_width(self) -> AttentionWidth {
         match self {
-            Isa::Avx512Vnni if splits_512_bit_ops() => AttentionWidth::ZmmOnF32,
+            Isa::Avx512Vnni if splits_512_bit_ops() => AttentionWidth::ZmmExceptF16OrWidened,
             Isa::Avx512Vnni => AttentionWidth::Zmm,
             _ => AttentionWidth::Ymm,
         }
@@ -358,9 +357,9 @@ pub enum AttentionWidth {
     Ymm,
     /// The 16-lane AVX-512 forms.
     Zmm,
-    /// The 16-lane forms on f32 rows (an F32 cache, or a chunk of a Q8_0 one widened to f32
-    /// for a prompt), the 8-lane ones on F16 and Q8_0 rows as stored.
-    ZmmOnF32,
+    /// The 16-lane forms on F32 and Q8_0 rows as stored, the 8-lane ones on F16 rows and on
+    /// chunks of a Q8_0 cache widened to f32 for a prompt.
+    ZmmExceptF16OrWidened,
 }
 
 /// The vector kernels for one instruction set. Each entry point computes a share of an

@@ -23,6 +23,9 @@ trait KvLoad {
     /// reloads of a widened copy (a 16-row prompt ran 25% faster and decode at depth 4096
     /// 74% faster reading F16 as stored).
     const WIDEN: bool = false;
+    /// Whether rows are F16, which Zen 4 reads faster in the 8-lane forms
+    /// ([`AttentionWidth::ZmmExceptF16OrWidened`]).
+    const IS_F16: bool = false;
     /// Bytes of one row of `hd` values.
     fn row_bytes(hd: usize) -> usize;
     /// Values `i .. i + 8` of the row at `row` (`i` a multiple of 8).
@@ -87,6 +90,7 @@ impl KvLoad for F32Rows {
 }
 
 impl KvLoad for F16Rows {
+    const IS_F16: bool = true;
     #[inline(always)]
     fn row_bytes(hd: usize) -> usize {
         hd * 2
@@ -626,6 +630,12 @@ const WIDEN_MAX_HD: usize = 256;
 /// against 23–29 tok/s for Qwen3-0.6B's 2 rows; a prompt's 16 rows gain 25% from widening).
 const WIDEN_MIN_ROWS: usize = 4;
 
+/// Whether `rows` query rows with heads of `hd` widen each chunk of keys and values to f32
+/// once before reading it.
+fn widens<K: KvLoad, V: KvLoad>(hd: usize, rows: usize) -> bool {
+    (K::WIDEN || V::WIDEN) && hd <= WIDEN_MAX_HD && rows > WIDEN_MIN_ROWS
+}
+
 /// Rows `0..n` of `hd` values at `src` (read by `L`) as f32 rows at `dst`.
 ///
 /// # Safety
@@ -674,14 +684,11 @@ impl PartState {
 /// unnormalized weighted values of row `h` into `bufs + h * hd`. Rows that see no position
 /// of the range are left [`PartState::EMPTY`] (and their buffer untouched).
 ///
-/// The 16-lane forms run where `W`, on every chunk if `WS`, else only on f32 rows (an F32
-/// cache, or a chunk widened to f32).
-///
 /// # Safety
 /// As for [`attend_rows`]; `bufs` has room for `rows.len() * hd` floats; only inlined into
 /// [`attend_part_avx2`] (`W` false) or [`attend_part_avx512`] (`W` true).
 #[inline(always)]
-unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool, const WS: bool>(
+unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool>(
     s: &AttentionShape,
     rows: &[AttnRow],
     k: *const u8,
@@ -711,7 +718,7 @@ unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool, const WS: bool>(
     }
     let rows = &part_rows[..rows.len()];
     let (krb, vrb) = (K::row_bytes(hd), V::row_bytes(hd));
-    let widen = (K::WIDEN || V::WIDEN) && hd <= WIDEN_MAX_HD && rows.len() > WIDEN_MIN_ROWS;
+    let widen = widens::<K, V>(hd, rows.len());
     let mut kbuf = [std::mem::MaybeUninit::<f32>::uninit(); CHUNK * WIDEN_MAX_HD];
     let mut vbuf = [std::mem::MaybeUninit::<f32>::uninit(); CHUNK * WIDEN_MAX_HD];
     let mut c0 = p0;
@@ -735,10 +742,8 @@ unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool, const WS: bool>(
                     vbuf.as_ptr().cast()
                 };
                 chunk_rows::<F32Rows, F32Rows, W>(s, rows, c0, (kw, vw), &mut p, state);
-            } else if W && (WS || K::IS_F32 && V::IS_F32) {
-                chunk_rows::<K, V, true>(s, rows, c0, (kc, vc), &mut p, state);
             } else {
-                chunk_rows::<K, V, false>(s, rows, c0, (kc, vc), &mut p, state);
+                chunk_rows::<K, V, W>(s, rows, c0, (kc, vc), &mut p, state);
             }
         }
         c0 += CHUNK;
@@ -759,17 +764,16 @@ unsafe fn attend_part_avx2<K: KvLoad, V: KvLoad>(
     state: &mut [PartState; MAX_ROWS],
 ) {
     // SAFETY: the caller's promise.
-    unsafe { attend_part::<K, V, false, false>(s, rows, kv.0, kv.1, range, bufs, state) }
+    unsafe { attend_part::<K, V, false>(s, rows, kv.0, kv.1, range, bufs, state) }
 }
 
 /// [`attend_part`] with the AVX-512 forms of the score and value products: twice the lanes
-/// per FMA (a prompt's attention is bound by them), the same bits; on F16 and Q8_0 rows as
-/// stored too where `WS`.
+/// per FMA (a prompt's attention is bound by them), the same bits.
 ///
 /// # Safety
 /// As for [`attend_part`]; AVX-512 F, AVX2, FMA and F16C present.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn attend_part_avx512<K: KvLoad, V: KvLoad, const WS: bool>(
+unsafe fn attend_part_avx512<K: KvLoad, V: KvLoad>(
     s: &AttentionShape,
     rows: &[AttnRow],
     kv: (*const u8, *const u8),
@@ -778,7 +782,7 @@ unsafe fn attend_part_avx512<K: KvLoad, V: KvLoad, const WS: bool>(
     state: &mut [PartState; MAX_ROWS],
 ) {
     // SAFETY: the caller's promise.
-    unsafe { attend_part::<K, V, true, WS>(s, rows, kv.0, kv.1, range, bufs, state) }
+    unsafe { attend_part::<K, V, true>(s, rows, kv.0, kv.1, range, bufs, state) }
 }
 
 /// [`attend_part`] in the forms `width` names.
@@ -800,11 +804,13 @@ unsafe fn attend_part_on<K: KvLoad, V: KvLoad>(
     unsafe {
         match width {
             AttentionWidth::Ymm => attend_part_avx2::<K, V>(s, rows, kv, range, bufs, state),
-            AttentionWidth::Zmm => {
-                attend_part_avx512::<K, V, true>(s, rows, kv, range, bufs, state)
+            AttentionWidth::ZmmExceptF16OrWidened
+                if K::IS_F16 || V::IS_F16 || widens::<K, V>(s.head_dim, rows.len()) =>
+            {
+                attend_part_avx2::<K, V>(s, rows, kv, range, bufs, state)
             }
-            AttentionWidth::ZmmOnF32 => {
-                attend_part_avx512::<K, V, false>(s, rows, kv, range, bufs, state)
+            AttentionWidth::Zmm | AttentionWidth::ZmmExceptF16OrWidened => {
+                attend_part_avx512::<K, V>(s, rows, kv, range, bufs, state)
             }
         }
     }
