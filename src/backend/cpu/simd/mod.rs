@@ -324,10 +324,10 @@ unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
 
-/// Whether this is an AMD family 19h CPU (Zen 3 and Zen 4; of them only Zen 4 has AVX-512,
-/// and it executes each 512-bit operation as two 256-bit halves).
+/// The CPU's vendor string (EBX, EDX, ECX of CPUID leaf 0) and family (leaf 1's base
+/// family, plus its extended family when the base is 0xF).
 #[cfg(target_arch = "x86_64")]
-fn splits_512_bit_ops() -> bool {
+pub(crate) fn cpu_vendor_family() -> ([u8; 12], u32) {
     use std::arch::x86_64::__cpuid;
     // Leaves 0 and 1 exist on every x86-64 CPU.
     let (r0, r1) = (__cpuid(0), __cpuid(1));
@@ -335,14 +335,20 @@ fn splits_512_bit_ops() -> bool {
     for (chunk, reg) in vendor.chunks_exact_mut(4).zip([r0.ebx, r0.edx, r0.ecx]) {
         chunk.copy_from_slice(&reg.to_le_bytes());
     }
-    // The family is the base field plus, when that is 0xF, the extended one.
     let base = (r1.eax >> 8) & 0xF;
     let family = if base == 0xF {
         base + ((r1.eax >> 20) & 0xFF)
     } else {
         base
     };
-    &vendor == b"AuthenticAMD" && family == 0x19
+    (vendor, family)
+}
+
+/// Whether this is an AMD family 19h CPU (Zen 3 and Zen 4; of them only Zen 4 has AVX-512,
+/// and it executes each 512-bit operation as two 256-bit halves).
+#[cfg(target_arch = "x86_64")]
+fn splits_512_bit_ops() -> bool {
+    cpu_vendor_family() == (*b"AuthenticAMD", 0x19)
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -674,5 +680,30 @@ impl<B: Backend> Backend for SimdBackend<B> {
 
     fn add(&self, x: &mut [f32], y: &[f32]) {
         self.k.add(x, y)
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
+mod tests {
+    /// The vendor and family that choose attention's forms are those the kernel reports
+    /// (Linux only: elsewhere there is nothing to compare against).
+    #[test]
+    fn cpu_vendor_and_family_are_as_the_kernel_reports_them() {
+        let info = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo");
+        let field = |name: &str| -> String {
+            info.lines()
+                .find_map(|l| {
+                    let (key, value) = l.split_once(':')?;
+                    (key.trim() == name).then(|| value.trim().to_string())
+                })
+                .unwrap_or_else(|| panic!("a {name} line"))
+        };
+        let (vendor, family) = super::cpu_vendor_family();
+        assert_eq!(std::str::from_utf8(&vendor).unwrap(), field("vendor_id"));
+        assert_eq!(family.to_string(), field("cpu family"));
+        assert_eq!(
+            super::splits_512_bit_ops(),
+            field("vendor_id") == "AuthenticAMD" && field("cpu family") == "25"
+        );
     }
 }

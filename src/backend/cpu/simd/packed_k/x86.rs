@@ -1515,13 +1515,7 @@ fn prefetch_single_tile() -> bool {
 
 /// Whether the CPU's vendor string is Intel's.
 fn is_intel() -> bool {
-    // The vendor string is EBX, EDX, ECX of leaf 0, which every x86-64 CPU has.
-    let r = __cpuid(0);
-    let mut v = [0u8; 12];
-    for (chunk, reg) in v.chunks_exact_mut(4).zip([r.ebx, r.edx, r.ecx]) {
-        chunk.copy_from_slice(&reg.to_le_bytes());
-    }
-    &v == b"GenuineIntel"
+    crate::backend::cpu::simd::cpu_vendor_family().0 == *b"GenuineIntel"
 }
 
 /// Prefetches part `part` of `parts` of super-block `b`'s share of the next group (see

@@ -901,8 +901,9 @@ pub unsafe fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
     }
 }
 
-/// [`quantize_q8_k`] on AVX-512, the same bytes: a 16-value group is one register, so its
-/// codes are one rounding conversion and one saturating narrowing, and the 16 group sums
+/// [`quantize_q8_k`] on AVX-512, the same bytes and the same scale: a 16-value group is one
+/// register, so its codes are one rounding conversion and one narrowing (exact: they are
+/// clamped to a byte's range first), and the 16 group sums
 /// come out of one tree of lane-block shuffles instead of a horizontal sum per group (the
 /// sums are of integers, so their order does not matter). A prompt's rows are quantized
 /// before every product: in a 512-token Q5_K_M prompt on Zen 4 the AVX2 form took 4.4% of
