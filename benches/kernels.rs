@@ -6,7 +6,9 @@
 use divan::{black_box, Bencher};
 use inferno::backend::cpu::simd::{AttentionWidth, Isa, Kernels, SimdBackend};
 use inferno::backend::cpu::threadpool::ThreadPool;
-use inferno::backend::{AttentionShape, Backend, KvLayer, KvRows, PoolBackend, ScalarBackend};
+use inferno::backend::{
+    AttentionShape, Backend, KvCache, KvShape, KvType, PoolBackend, ScalarBackend,
+};
 use inferno::tensor::{q8_0, GgmlType, Matrix, TensorBytes};
 
 fn main() {
@@ -481,23 +483,26 @@ fn rope_16x128(b: Bencher, k: &str) {
 }
 
 /// One layer's attention with Qwen3-0.6B's heads (16 query heads, 8 KV heads of 128):
-/// `n` tokens after `pos0` cached positions, keys and values stored as `kv` ("f32", "f16"
-/// or "q8_0"), timed on `k`.
-fn bench_attention(b: Bencher, k: &str, n: usize, pos0: usize, kv: &str) {
+/// `n` tokens after `pos0` cached positions, the keys and values stored in a KV cache of
+/// type `kv`, timed on `k`.
+fn bench_attention(b: Bencher, k: &str, n: usize, pos0: usize, kv: KvType) {
     let be = backend(k);
     let (n_heads, n_kv, hd) = (16, 8, 128);
     let ctx = pos0 + n;
     let q = values(n * n_heads * hd, 1);
-    let (kc, vc) = (values(n_kv * ctx * hd, 2), values(n_kv * ctx * hd, 3));
-    let half =
-        |v: &[f32]| -> Vec<half::f16> { v.iter().map(|&x| half::f16::from_f32(x)).collect() };
-    let (kh, vh) = (half(&kc), half(&vc));
-    let q8 = |v: &[f32]| -> Vec<u8> {
-        let mut d = vec![0u8; v.len() / 32 * 34];
-        q8_0::quantize(v, &mut d);
-        d
+    let shape = KvShape {
+        n_layers: 1,
+        n_kv_heads: n_kv,
+        head_dim: hd,
+        types: (kv, kv),
     };
-    let (kq, vq) = (q8(&kc), q8(&vc));
+    let mut cache = KvCache::with_shape(shape, ctx);
+    cache.store(
+        0,
+        0,
+        &values(ctx * n_kv * hd, 2),
+        &values(ctx * n_kv * hd, 3),
+    );
     let shape = AttentionShape {
         n_tokens: n,
         pos0,
@@ -508,57 +513,44 @@ fn bench_attention(b: Bencher, k: &str, n: usize, pos0: usize, kv: &str) {
         scale: 1.0 / (hd as f32).sqrt(),
     };
     let mut out = vec![0.0f32; n * n_heads * hd];
-    let kv = match kv {
-        "f16" => KvLayer {
-            k: KvRows::F16(&kh),
-            v: KvRows::F16(&vh),
-        },
-        "q8_0" => KvLayer {
-            k: KvRows::Q8_0(&kq),
-            v: KvRows::Q8_0(&vq),
-        },
-        _ => KvLayer {
-            k: KvRows::F32(&kc),
-            v: KvRows::F32(&vc),
-        },
-    };
+    let kv = cache.layer(0);
     b.bench_local(|| be.attention(&shape, black_box(&q), kv, &mut out));
 }
 
 /// One decode step's attention for one layer at 512 positions of an F32 cache.
 #[divan::bench(args = attention_kernels())]
 fn attention_decode_ctx512(b: Bencher, k: &str) {
-    bench_attention(b, k, 1, 511, "f32");
+    bench_attention(b, k, 1, 511, KvType::F32);
 }
 
 /// One decode step's attention for one layer at 2048 positions of an F16 cache (the default
 /// for quantized models).
 #[divan::bench(args = attention_kernels())]
 fn attention_decode_ctx2048_f16(b: Bencher, k: &str) {
-    bench_attention(b, k, 1, 2047, "f16");
+    bench_attention(b, k, 1, 2047, KvType::F16);
 }
 
 /// A prompt's attention for one layer: 64 tokens after 2048 cached positions, with an F16
 /// cache.
 #[divan::bench(args = attention_kernels(), sample_count = 20)]
 fn attention_prompt_64_at_2048_f16(b: Bencher, k: &str) {
-    bench_attention(b, k, 64, 2048, "f16");
+    bench_attention(b, k, 64, 2048, KvType::F16);
 }
 
 /// [`attention_decode_ctx2048_f16`] on a Q8_0 cache, read as stored.
 #[divan::bench(args = attention_kernels())]
 fn attention_decode_ctx2048_q8_0(b: Bencher, k: &str) {
-    bench_attention(b, k, 1, 2047, "q8_0");
+    bench_attention(b, k, 1, 2047, KvType::Q8_0);
 }
 
 /// [`attention_prompt_64_at_2048_f16`] on an F32 cache.
 #[divan::bench(args = attention_kernels(), sample_count = 20)]
 fn attention_prompt_64_at_2048_f32(b: Bencher, k: &str) {
-    bench_attention(b, k, 64, 2048, "f32");
+    bench_attention(b, k, 64, 2048, KvType::F32);
 }
 
 /// [`attention_prompt_64_at_2048_f16`] on a Q8_0 cache, each chunk widened to f32 once.
 #[divan::bench(args = attention_kernels(), sample_count = 20)]
 fn attention_prompt_64_at_2048_q8_0(b: Bencher, k: &str) {
-    bench_attention(b, k, 64, 2048, "q8_0");
+    bench_attention(b, k, 64, 2048, KvType::Q8_0);
 }

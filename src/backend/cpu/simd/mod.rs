@@ -174,7 +174,6 @@ impl Isa {
     /// 256-bit halves. There the 16-lane forms won on F32 rows and on Q8_0 rows as stored,
     /// and lost on F16 rows and on Q8_0 chunks widened to f32 for a prompt (`cargo bench
     /// --bench kernels -- attention_`, BENCHMARKS.md). Every form gives the same bits.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fn attention_width(self) -> AttentionWidth {
         match self {
             Isa::Avx512Vnni if splits_512_bit_ops() => AttentionWidth::ZmmExceptF16OrWidened,

@@ -12,6 +12,7 @@
 //! Slices are cut to whole blocks, as the scalar code does. Every function needs AVX2, FMA
 //! and F16C (checked by the caller; see [`super::Isa`]), hence `unsafe`.
 
+use super::super::x86::hmax;
 use super::scale_min_k4_words as scale_min_k4;
 use crate::tensor::k_quants::{Q2_K_BYTES, Q3_K_BYTES};
 use crate::tensor::k_quants::{Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_K_BYTES};
@@ -828,14 +829,9 @@ pub unsafe fn quantize_q8_k(x: &[f32], out: &mut [u8]) {
                 lv = _mm256_min_ps(_mm256_loadu_ps(p.add(i)), lv);
             }
         }
-        let (mut his, mut los) = ([0f32; 8], [0f32; 8]);
-        // SAFETY: 8 floats each.
-        unsafe {
-            _mm256_storeu_ps(his.as_mut_ptr(), hv);
-            _mm256_storeu_ps(los.as_mut_ptr(), lv);
-        }
-        let hi = his.iter().fold(0f32, |a, &b| if b > a { b } else { a });
-        let lo = los.iter().fold(0f32, |a, &b| if b < a { b } else { a });
+        // No lane is NaN, so each extreme is the same in any order (the smallest value is
+        // the largest of the negated lanes, negated: exact).
+        let (hi, lo) = (hmax(hv), -hmax(_mm256_xor_ps(lv, sign)));
         let first = |amax: f32| {
             let target = _mm256_set1_ps(amax);
             (0..256).step_by(8).find_map(|i| {
