@@ -263,6 +263,61 @@ fn q6_k_matmul_8x3072x1024(b: Bencher, k: &str) {
     bench_quant(b, backend(k).as_ref(), GgmlType::Q6_K, 3072, 1024, 8);
 }
 
+/// [`bench_quant`] for a product of `n` tokens whose weights come from memory, as in a
+/// decode step, rather than from cache: each iteration multiplies the next of enough copies
+/// of the matrix to outgrow the last-level cache (128 MiB of weights in all).
+fn bench_quant_from_memory(
+    b: Bencher,
+    be: &dyn Backend,
+    t: GgmlType,
+    rows: usize,
+    cols: usize,
+    n: usize,
+) {
+    let bytes = t.row_size(cols as u64).unwrap() as usize * rows;
+    let copies = (128usize << 20).div_ceil(bytes);
+    let ws: Vec<Matrix> = (0..copies)
+        .map(|_| {
+            let mut w = quant_matrix(t, rows, cols);
+            if t != GgmlType::Q8_0 {
+                be.prepare(&mut w);
+            }
+            w
+        })
+        .collect();
+    let x = values(n * cols, 3);
+    let mut out = vec![0.0f32; n * rows];
+    let mut i = 0;
+    b.counter(divan::counter::BytesCount::new(bytes))
+        .bench_local(|| {
+            i = (i + 1) % copies;
+            be.matmul(black_box(&ws[i]), black_box(&x), n, &mut out)
+        });
+}
+
+// The batched decode products above with their weights streamed from memory, as a decode
+// step reads them: beside the cached figures, what the memory costs them.
+
+#[divan::bench(args = isas())]
+fn q4_k_matmul_8x3072x1024_from_memory(b: Bencher, k: &str) {
+    bench_quant_from_memory(b, backend(k).as_ref(), GgmlType::Q4_K, 3072, 1024, 8);
+}
+
+#[divan::bench(args = isas())]
+fn q6_k_matmul_8x3072x1024_from_memory(b: Bencher, k: &str) {
+    bench_quant_from_memory(b, backend(k).as_ref(), GgmlType::Q6_K, 3072, 1024, 8);
+}
+
+#[divan::bench(args = isas())]
+fn q4_k_matvec_3072x1024_from_memory(b: Bencher, k: &str) {
+    bench_quant_from_memory(b, backend(k).as_ref(), GgmlType::Q4_K, 3072, 1024, 1);
+}
+
+#[divan::bench(args = isas())]
+fn q4_k_matvec_3072x1024(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q4_K, 3072, 1024, 1);
+}
+
 // Prefill matmuls of the K-quants of a Q4_K_M / Q5_K_M file on Qwen3-0.6B's FFN up shape
 // (64 tokens through 3072 × 1024), beside Q8_0 on the same shape (`q8_matmul_64x3072x1024`).
 
@@ -414,6 +469,100 @@ fn vpdpbusd_beside_64x3072x1024(b: Bencher, op: &str) {
         // SAFETY: AVX-512 VNNI was detected above.
         unsafe { vpdpbusd_chains(black_box(3072 * 1024 * 64 / 64 / 16), beside) }
     });
+}
+
+/// The floor under the AVX2 batched decode products (`q4_k_matmul_8x3072x1024`,
+/// `q6_k_matmul_8x3072x1024`): the 3072 · 1024 · 8 / 32 = 786,432 `vpmaddubsw` they issue
+/// (8 rows × 4 bytes against one token each), every one with the `vpaddw` that adds it to
+/// its line's running sum, plus the `vpmaddwd` by the sub-block scale and its `vpaddd`: one
+/// per 8 lines for Q4_K, one per 2 for Q6_K (`i16_lines` in the kernel). In 16 independent
+/// chains, from registers: no loads, no unpacking, no fold.
+#[cfg(target_arch = "x86_64")]
+#[divan::bench(args = ["q4_k", "q6_k"], sample_count = 20)]
+fn vpmaddubsw_floor_8x3072x1024(b: Bencher, kind: &str) {
+    if !std::arch::is_x86_feature_detected!("avx2") {
+        return;
+    }
+    let q6 = kind == "q6_k";
+    b.bench_local(|| {
+        // SAFETY: AVX2 was detected above.
+        unsafe { vpmaddubsw_chains(black_box(3072 * 1024 * 8 / 32 / 16), q6) }
+    });
+}
+
+/// `iters` rounds of 16 independent `vpmaddubsw` + `vpaddw` pairs, with 2 (`q6` false) or
+/// 8 (`q6` true) `vpmaddwd` + `vpaddd` pairs beside, in assembly so nothing is folded away.
+///
+/// # Safety
+/// AVX2 must be present; `iters > 0`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn vpmaddubsw_chains(iters: usize, q6: bool) {
+    macro_rules! chains {
+        ($($extra:literal,)*) => {
+            std::arch::asm!(
+                "vpxor ymm14, ymm14, ymm14",
+                "vpxor ymm15, ymm15, ymm15",
+                "2:",
+                "vpmaddubsw ymm0, ymm14, ymm15", "vpaddw ymm8, ymm8, ymm0",
+                "vpmaddubsw ymm1, ymm14, ymm15", "vpaddw ymm9, ymm9, ymm1",
+                "vpmaddubsw ymm2, ymm14, ymm15", "vpaddw ymm10, ymm10, ymm2",
+                "vpmaddubsw ymm3, ymm14, ymm15", "vpaddw ymm11, ymm11, ymm3",
+                "vpmaddubsw ymm4, ymm14, ymm15", "vpaddw ymm8, ymm8, ymm4",
+                "vpmaddubsw ymm5, ymm14, ymm15", "vpaddw ymm9, ymm9, ymm5",
+                "vpmaddubsw ymm6, ymm14, ymm15", "vpaddw ymm10, ymm10, ymm6",
+                "vpmaddubsw ymm7, ymm14, ymm15", "vpaddw ymm11, ymm11, ymm7",
+                "vpmaddubsw ymm0, ymm14, ymm15", "vpaddw ymm8, ymm8, ymm0",
+                "vpmaddubsw ymm1, ymm14, ymm15", "vpaddw ymm9, ymm9, ymm1",
+                "vpmaddubsw ymm2, ymm14, ymm15", "vpaddw ymm10, ymm10, ymm2",
+                "vpmaddubsw ymm3, ymm14, ymm15", "vpaddw ymm11, ymm11, ymm3",
+                "vpmaddubsw ymm4, ymm14, ymm15", "vpaddw ymm8, ymm8, ymm4",
+                "vpmaddubsw ymm5, ymm14, ymm15", "vpaddw ymm9, ymm9, ymm5",
+                "vpmaddubsw ymm6, ymm14, ymm15", "vpaddw ymm10, ymm10, ymm6",
+                "vpmaddubsw ymm7, ymm14, ymm15", "vpaddw ymm11, ymm11, ymm7",
+                $($extra,)*
+                "dec {n}",
+                "jnz 2b",
+                n = inout(reg) iters => _,
+                out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _,
+                out("ymm4") _, out("ymm5") _, out("ymm6") _, out("ymm7") _,
+                out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
+                out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+                options(nomem, nostack),
+            )
+        };
+    }
+    // SAFETY: register-only instructions the caller's CPU has; every register written is
+    // declared clobbered; `iters > 0`, so the loop ends.
+    unsafe {
+        if q6 {
+            chains!(
+                "vpmaddwd ymm12, ymm14, ymm15",
+                "vpaddd ymm13, ymm13, ymm12",
+                "vpmaddwd ymm12, ymm14, ymm15",
+                "vpaddd ymm13, ymm13, ymm12",
+                "vpmaddwd ymm12, ymm14, ymm15",
+                "vpaddd ymm13, ymm13, ymm12",
+                "vpmaddwd ymm12, ymm14, ymm15",
+                "vpaddd ymm13, ymm13, ymm12",
+                "vpmaddwd ymm12, ymm14, ymm15",
+                "vpaddd ymm13, ymm13, ymm12",
+                "vpmaddwd ymm12, ymm14, ymm15",
+                "vpaddd ymm13, ymm13, ymm12",
+                "vpmaddwd ymm12, ymm14, ymm15",
+                "vpaddd ymm13, ymm13, ymm12",
+                "vpmaddwd ymm12, ymm14, ymm15",
+                "vpaddd ymm13, ymm13, ymm12",
+            )
+        } else {
+            chains!(
+                "vpmaddwd ymm12, ymm14, ymm15",
+                "vpaddd ymm13, ymm13, ymm12",
+                "vpmaddwd ymm12, ymm14, ymm15",
+                "vpaddd ymm13, ymm13, ymm12",
+            )
+        }
+    }
 }
 
 /// A prefill matmul of the real model's most common type: 64 tokens through 4864 × 896.
