@@ -1244,20 +1244,32 @@ unsafe fn q6_avx2_half<const T: usize>(
         let x: [*const u8; T] =
             std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
         let mut isum = [_mm256_setzero_si256(); T];
+        let w = i16_lines(KIND_Q6);
         for h in 0..2 {
-            for k in 0..8 {
-                // Slot s holds elements 128h + 32s + 4k .., in group 8h + 2s + k / 4.
-                // SAFETY (this block): the three lines of (h, k), the scales, the quants.
-                unsafe {
-                    let c = q6_codes_256(blk.add((5 + (8 * h + k) * 3) * 64 + 32 * half));
-                    for s in 0..4 {
-                        let gi = 8 * h + 2 * s + k / 4;
-                        let sc = scale_lanes_i8(blk.add(64 + 16 * gi + 8 * half));
-                        for t in 0..T {
-                            let xv = _mm256_set1_epi32(x4(x[t], 128 * h + 32 * s + 4 * k));
-                            let v = _mm256_madd_epi16(_mm256_maddubs_epi16(c[s], xv), sc);
-                            isum[t] = _mm256_add_epi32(isum[t], v);
+            for k0 in (0..8).step_by(w) {
+                // Slot s holds elements 128h + 32s + 4k .., in group 8h + 2s + k / 4: the
+                // same group for the whole window (w divides 4), summed in i16.
+                let mut a16 = [[_mm256_setzero_si256(); 4]; T];
+                for k in k0..k0 + w {
+                    // SAFETY (this block): the three lines of (h, k), the quants.
+                    unsafe {
+                        let c = q6_codes_256(blk.add((5 + (8 * h + k) * 3) * 64 + 32 * half));
+                        for s in 0..4 {
+                            for t in 0..T {
+                                let xv = _mm256_set1_epi32(x4(x[t], 128 * h + 32 * s + 4 * k));
+                                let v = _mm256_maddubs_epi16(c[s], xv);
+                                a16[t][s] = _mm256_add_epi16(a16[t][s], v);
+                            }
                         }
+                    }
+                }
+                for s in 0..4 {
+                    let gi = 8 * h + 2 * s + k0 / 4;
+                    // SAFETY: group gi's scales for these 8 rows.
+                    let sc = unsafe { scale_lanes_i8(blk.add(64 + 16 * gi + 8 * half)) };
+                    for t in 0..T {
+                        let v = _mm256_madd_epi16(a16[t][s], sc);
+                        isum[t] = _mm256_add_epi32(isum[t], v);
                     }
                 }
             }
@@ -1333,22 +1345,34 @@ unsafe fn q3_avx2_half<const T: usize>(
         let x: [*const u8; T] =
             std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
         let mut isum = [_mm256_setzero_si256(); T];
-        for k in 0..8 {
-            for pass in 0..2 {
-                // Slot s: run 4·pass + s, elements 32(4·pass + s) + 4k .., sub-block
-                // 2(4·pass + s) + k / 4.
-                // SAFETY (this block): the three lines of k, the scales, the quants.
-                unsafe {
-                    let c = q3_codes_256(blk.add((ql + 3 * k) * 64 + 32 * half), pass);
-                    for s in 0..4 {
-                        let jr = 4 * pass + s;
-                        let sc = scale_lanes_i8(blk.add(64 + 16 * (2 * jr + k / 4) + 8 * half));
-                        for t in 0..T {
-                            let xv = _mm256_set1_epi32(x4(x[t], 32 * jr + 4 * k));
-                            let v = _mm256_madd_epi16(_mm256_maddubs_epi16(c[s], xv), sc);
-                            isum[t] = _mm256_add_epi32(isum[t], v);
+        let w = i16_lines(KIND_Q3);
+        for k0 in (0..8).step_by(w) {
+            // Run jr's lines of the window, all in sub-block 2·jr + k0 / 4 (w divides 4),
+            // summed in i16.
+            let mut a16 = [[_mm256_setzero_si256(); 8]; T];
+            for k in k0..k0 + w {
+                for pass in 0..2 {
+                    // Slot s: run 4·pass + s, elements 32(4·pass + s) + 4k ...
+                    // SAFETY (this block): the three lines of k, the quants.
+                    unsafe {
+                        let c = q3_codes_256(blk.add((ql + 3 * k) * 64 + 32 * half), pass);
+                        for s in 0..4 {
+                            let jr = 4 * pass + s;
+                            for t in 0..T {
+                                let xv = _mm256_set1_epi32(x4(x[t], 32 * jr + 4 * k));
+                                let v = _mm256_maddubs_epi16(c[s], xv);
+                                a16[t][jr] = _mm256_add_epi16(a16[t][jr], v);
+                            }
                         }
                     }
+                }
+            }
+            for jr in 0..8 {
+                // SAFETY: sub-block 2·jr + k0 / 4's scales for these 8 rows.
+                let sc = unsafe { scale_lanes_i8(blk.add(64 + 16 * (2 * jr + k0 / 4) + 8 * half)) };
+                for t in 0..T {
+                    let v = _mm256_madd_epi16(a16[t][jr], sc);
+                    isum[t] = _mm256_add_epi32(isum[t], v);
                 }
             }
         }
@@ -1385,21 +1409,34 @@ unsafe fn q2_avx2_half<const T: usize>(
         let x: [*const u8; T] =
             std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
         let mut isum = [_mm256_setzero_si256(); T];
+        let w = i16_lines(KIND_Q2);
         for h in 0..2 {
-            for k in 0..8 {
-                // Slot s holds elements 128h + 32s + 4k .., in sub-block 8h + 2s + k / 4.
-                // SAFETY (this block): the quant line of (h, k), the scales, the quants.
-                unsafe {
-                    let c = q2_codes_256(blk.add((ql + 8 * h + k) * 64 + 32 * half));
-                    for s in 0..4 {
-                        let gi = 8 * h + 2 * s + k / 4;
-                        let sc =
-                            _mm256_and_si256(scale_lanes_u8(blk.add(64 + 16 * gi + 8 * half)), m15);
-                        for t in 0..T {
-                            let xv = _mm256_set1_epi32(x4(x[t], 128 * h + 32 * s + 4 * k));
-                            let v = _mm256_madd_epi16(_mm256_maddubs_epi16(c[s], xv), sc);
-                            isum[t] = _mm256_add_epi32(isum[t], v);
+            for k0 in (0..8).step_by(w) {
+                // Slot s holds elements 128h + 32s + 4k .., in sub-block 8h + 2s + k / 4:
+                // the same sub-block for the whole window (w divides 4), summed in i16.
+                let mut a16 = [[_mm256_setzero_si256(); 4]; T];
+                for k in k0..k0 + w {
+                    // SAFETY (this block): the quant line of (h, k), the quants.
+                    unsafe {
+                        let c = q2_codes_256(blk.add((ql + 8 * h + k) * 64 + 32 * half));
+                        for s in 0..4 {
+                            for t in 0..T {
+                                let xv = _mm256_set1_epi32(x4(x[t], 128 * h + 32 * s + 4 * k));
+                                let v = _mm256_maddubs_epi16(c[s], xv);
+                                a16[t][s] = _mm256_add_epi16(a16[t][s], v);
+                            }
                         }
+                    }
+                }
+                for s in 0..4 {
+                    let gi = 8 * h + 2 * s + k0 / 4;
+                    // SAFETY: sub-block gi's scales for these 8 rows.
+                    let sc = unsafe {
+                        _mm256_and_si256(scale_lanes_u8(blk.add(64 + 16 * gi + 8 * half)), m15)
+                    };
+                    for t in 0..T {
+                        let v = _mm256_madd_epi16(a16[t][s], sc);
+                        isum[t] = _mm256_add_epi32(isum[t], v);
                     }
                 }
             }
