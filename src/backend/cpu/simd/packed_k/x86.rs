@@ -1223,6 +1223,55 @@ unsafe fn fold_signed_avx2<const T: usize, const SHIFT: i32>(
     }
 }
 
+/// Adds line `k`'s four code slots of a Q6_K or Q2_K super-block (slot s: elements
+/// `128h + 32s + 4k ..` of 8 rows) times each token's activation bytes to the tokens'
+/// running i16 sums of the window.
+///
+/// # Safety
+/// Each `x` is a token's Q8_K block; AVX2 enabled.
+#[inline(always)]
+unsafe fn add_slots_i16<const T: usize>(
+    c: [__m256i; 4],
+    x: &[*const u8; T],
+    h: usize,
+    k: usize,
+    a16: &mut [[__m256i; 4]; T],
+) {
+    for (s, &cs) in c.iter().enumerate() {
+        for t in 0..T {
+            // SAFETY: 4 bytes inside the token's block.
+            let xv = _mm256_set1_epi32(unsafe { x4(x[t], 128 * h + 32 * s + 4 * k) });
+            a16[t][s] = _mm256_add_epi16(a16[t][s], _mm256_maddubs_epi16(cs, xv));
+        }
+    }
+}
+
+/// Takes a window's i16 sums of [`add_slots_i16`] (lines `k0 ..` of half `h`: slot s in
+/// sub-block `8h + 2s + k0 / 4`) times their sub-block's scale into the tokens' integer sums.
+///
+/// # Safety
+/// `blk` is a packed Q6_K or Q2_K super-block (the kind); AVX2 enabled.
+// Index loop: the slot index is also the sub-block's arithmetic.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn fold_slots<const T: usize, const KIND: u8>(
+    blk: *const u8,
+    half: usize,
+    h: usize,
+    k0: usize,
+    a16: &[[__m256i; 4]; T],
+    isum: &mut [__m256i; T],
+) {
+    for s in 0..4 {
+        let gi = 8 * h + 2 * s + k0 / 4;
+        // SAFETY: sub-block gi's scales for these 8 rows.
+        let sc = unsafe { scale_lanes::<KIND>(blk.add(64 + 16 * gi + 8 * half)) };
+        for t in 0..T {
+            isum[t] = _mm256_add_epi32(isum[t], _mm256_madd_epi16(a16[t][s], sc));
+        }
+    }
+}
+
 /// Q6_K, rows `8·half ..` of group `g`, tokens `t0..t0 + T`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -1251,27 +1300,14 @@ unsafe fn q6_avx2_half<const T: usize>(
                 // same group for the whole window (w divides 4), summed in i16.
                 let mut a16 = [[_mm256_setzero_si256(); 4]; T];
                 for k in k0..k0 + w {
-                    // SAFETY (this block): the three lines of (h, k), the quants.
+                    // SAFETY: the three lines of (h, k); the tokens' blocks.
                     unsafe {
                         let c = q6_codes_256(blk.add((5 + (8 * h + k) * 3) * 64 + 32 * half));
-                        for s in 0..4 {
-                            for t in 0..T {
-                                let xv = _mm256_set1_epi32(x4(x[t], 128 * h + 32 * s + 4 * k));
-                                let v = _mm256_maddubs_epi16(c[s], xv);
-                                a16[t][s] = _mm256_add_epi16(a16[t][s], v);
-                            }
-                        }
+                        add_slots_i16(c, &x, h, k, &mut a16);
                     }
                 }
-                for s in 0..4 {
-                    let gi = 8 * h + 2 * s + k0 / 4;
-                    // SAFETY: group gi's scales for these 8 rows.
-                    let sc = unsafe { scale_lanes_i8(blk.add(64 + 16 * gi + 8 * half)) };
-                    for t in 0..T {
-                        let v = _mm256_madd_epi16(a16[t][s], sc);
-                        isum[t] = _mm256_add_epi32(isum[t], v);
-                    }
-                }
+                // SAFETY: the group's scales.
+                unsafe { fold_slots::<T, KIND_Q6>(blk, half, h, k0, &a16, &mut isum) };
             }
         }
         // The codes are the values plus 32.
@@ -1398,8 +1434,6 @@ unsafe fn q2_avx2_half<const T: usize>(
     let base = p.group(g).as_ptr();
     let bb = p.block_bytes();
     let ql = quant_line(p.dtype);
-    // The scales are the low nibbles of the scale bytes, in both halves of each lane.
-    let m15 = _mm256_set1_epi16(0x0f);
     let mut acc = [_mm256_setzero_ps(); T];
     for b in 0..p.nsb {
         prefetch_share(j, b, half, 2);
@@ -1416,29 +1450,14 @@ unsafe fn q2_avx2_half<const T: usize>(
                 // the same sub-block for the whole window (w divides 4), summed in i16.
                 let mut a16 = [[_mm256_setzero_si256(); 4]; T];
                 for k in k0..k0 + w {
-                    // SAFETY (this block): the quant line of (h, k), the quants.
+                    // SAFETY: the quant line of (h, k); the tokens' blocks.
                     unsafe {
                         let c = q2_codes_256(blk.add((ql + 8 * h + k) * 64 + 32 * half));
-                        for s in 0..4 {
-                            for t in 0..T {
-                                let xv = _mm256_set1_epi32(x4(x[t], 128 * h + 32 * s + 4 * k));
-                                let v = _mm256_maddubs_epi16(c[s], xv);
-                                a16[t][s] = _mm256_add_epi16(a16[t][s], v);
-                            }
-                        }
+                        add_slots_i16(c, &x, h, k, &mut a16);
                     }
                 }
-                for s in 0..4 {
-                    let gi = 8 * h + 2 * s + k0 / 4;
-                    // SAFETY: sub-block gi's scales for these 8 rows.
-                    let sc = unsafe {
-                        _mm256_and_si256(scale_lanes_u8(blk.add(64 + 16 * gi + 8 * half)), m15)
-                    };
-                    for t in 0..T {
-                        let v = _mm256_madd_epi16(a16[t][s], sc);
-                        isum[t] = _mm256_add_epi32(isum[t], v);
-                    }
-                }
+                // SAFETY: the sub-blocks' scales.
+                unsafe { fold_slots::<T, KIND_Q2>(blk, half, h, k0, &a16, &mut isum) };
             }
         }
         // SAFETY: super-block `b` of the group and of each token's row.
