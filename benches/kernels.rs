@@ -162,12 +162,18 @@ fn quant_matrix(t: GgmlType, rows: usize, cols: usize) -> Matrix {
     }
 }
 
-fn bench_quant(b: Bencher, be: &dyn Backend, t: GgmlType, rows: usize, cols: usize, n: usize) {
+/// [`quant_matrix`] as the backend holds it after load: in its own layout where it has one
+/// (the K-quants' packed groups).
+fn prepared_quant_matrix(be: &dyn Backend, t: GgmlType, rows: usize, cols: usize) -> Matrix {
     let mut w = quant_matrix(t, rows, cols);
-    // As at load: the backend's own layout where it has one (the K-quants' packed groups).
     if t != GgmlType::Q8_0 {
         be.prepare(&mut w);
     }
+    w
+}
+
+fn bench_quant(b: Bencher, be: &dyn Backend, t: GgmlType, rows: usize, cols: usize, n: usize) {
+    let w = prepared_quant_matrix(be, t, rows, cols);
     let x = values(n * cols, 3);
     let mut out = vec![0.0f32; n * rows];
     b.counter(divan::counter::BytesCount::new(w.data.len()))
@@ -277,13 +283,7 @@ fn bench_quant_from_memory(
     let bytes = t.row_size(cols as u64).unwrap() as usize * rows;
     let copies = (128usize << 20).div_ceil(bytes);
     let ws: Vec<Matrix> = (0..copies)
-        .map(|_| {
-            let mut w = quant_matrix(t, rows, cols);
-            if t != GgmlType::Q8_0 {
-                be.prepare(&mut w);
-            }
-            w
-        })
+        .map(|_| prepared_quant_matrix(be, t, rows, cols))
         .collect();
     let x = values(n * cols, 3);
     let mut out = vec![0.0f32; n * rows];
