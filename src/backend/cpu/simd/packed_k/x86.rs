@@ -1223,9 +1223,9 @@ unsafe fn fold_signed_avx2<const T: usize, const SHIFT: i32>(
     }
 }
 
-/// Adds line `k`'s four code slots of a Q6_K or Q2_K super-block (slot s: elements
-/// `128h + 32s + 4k ..` of 8 rows) times each token's activation bytes to the tokens'
-/// running i16 sums of the window.
+/// Adds line `k`'s four code slots of a Q6_K, Q3_K or Q2_K super-block (slot s: elements
+/// `128h + 32s + 4k ..` of 8 rows; for Q3_K, `h` is the pass) times each token's activation
+/// bytes to the tokens' running i16 sums of the window.
 ///
 /// # Safety
 /// Each `x` is a token's Q8_K block; AVX2 enabled.
@@ -1250,7 +1250,7 @@ unsafe fn add_slots_i16<const T: usize>(
 /// sub-block `8h + 2s + k0 / 4`) times their sub-block's scale into the tokens' integer sums.
 ///
 /// # Safety
-/// `blk` is a packed Q6_K or Q2_K super-block (the kind); AVX2 enabled.
+/// `blk` is a packed Q6_K, Q3_K or Q2_K super-block (the kind); AVX2 enabled.
 // Index loop: the slot index is also the sub-block's arithmetic.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
@@ -1358,8 +1358,6 @@ unsafe fn q3_codes_256(l: *const u8, pass: usize) -> [__m256i; 4] {
 }
 
 /// Q3_K, rows `8·half ..` of group `g`, tokens `t0..t0 + T`.
-// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
-#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q3_avx2_half<const T: usize>(
@@ -1383,33 +1381,22 @@ unsafe fn q3_avx2_half<const T: usize>(
         let mut isum = [_mm256_setzero_si256(); T];
         let w = i16_lines(KIND_Q3);
         for k0 in (0..8).step_by(w) {
-            // Run jr's lines of the window, all in sub-block 2·jr + k0 / 4 (w divides 4),
-            // summed in i16.
-            let mut a16 = [[_mm256_setzero_si256(); 8]; T];
+            // Pass p's slot s is run 4p + s: elements 128p + 32s + 4k .., in sub-block
+            // 8p + 2s + k0 / 4 for the whole window (w divides 4), summed in i16: the Q6_K and
+            // Q2_K arithmetic with the pass for the half-super-block.
+            let mut a16 = [[[_mm256_setzero_si256(); 4]; T]; 2];
             for k in k0..k0 + w {
-                for pass in 0..2 {
-                    // Slot s: run 4·pass + s, elements 32(4·pass + s) + 4k ...
-                    // SAFETY (this block): the three lines of k, the quants.
+                for (pass, a16) in a16.iter_mut().enumerate() {
+                    // SAFETY: the three lines of k; the tokens' blocks.
                     unsafe {
                         let c = q3_codes_256(blk.add((ql + 3 * k) * 64 + 32 * half), pass);
-                        for s in 0..4 {
-                            let jr = 4 * pass + s;
-                            for t in 0..T {
-                                let xv = _mm256_set1_epi32(x4(x[t], 32 * jr + 4 * k));
-                                let v = _mm256_maddubs_epi16(c[s], xv);
-                                a16[t][jr] = _mm256_add_epi16(a16[t][jr], v);
-                            }
-                        }
+                        add_slots_i16(c, &x, pass, k, a16);
                     }
                 }
             }
-            for jr in 0..8 {
-                // SAFETY: sub-block 2·jr + k0 / 4's scales for these 8 rows.
-                let sc = unsafe { scale_lanes_i8(blk.add(64 + 16 * (2 * jr + k0 / 4) + 8 * half)) };
-                for t in 0..T {
-                    let v = _mm256_madd_epi16(a16[t][jr], sc);
-                    isum[t] = _mm256_add_epi32(isum[t], v);
-                }
+            for (pass, a16) in a16.iter().enumerate() {
+                // SAFETY: the sub-blocks' scales.
+                unsafe { fold_slots::<T, KIND_Q3>(blk, half, pass, k0, a16, &mut isum) };
             }
         }
         // The codes are the values plus 4.
@@ -1420,8 +1407,6 @@ unsafe fn q3_avx2_half<const T: usize>(
 }
 
 /// Q2_K, rows `8·half ..` of group `g`, tokens `t0..t0 + T`.
-// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
-#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q2_avx2_half<const T: usize>(
