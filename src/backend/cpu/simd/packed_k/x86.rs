@@ -1748,6 +1748,26 @@ const fn i16_lines(kind: u8) -> usize {
     }
 }
 
+/// Whether [`codes_avx2`] keeps a kind's super-block sums (`isum`, 2·T vectors) in memory
+/// rather than in registers. Q2_K and Q3_K `madd` every 4 lines, and with those sums held
+/// beside the 2·T i16 sums the compiler spilled the i16 sums inside the window instead; kept
+/// in memory the 8-token products took 8% (Q2_K) and 7% (Q3_K) less time on a Zen 3. Q4_K,
+/// Q5_K and Q6_K measured the same or slower so (BENCHMARKS.md, 2026-12-05).
+const fn sums_in_memory(kind: u8) -> bool {
+    matches!(kind, KIND_Q2 | KIND_Q3)
+}
+
+/// Adds `v` to the vector at `q` by a volatile load and store, so the compiler cannot keep
+/// it in a register (see [`sums_in_memory`]).
+///
+/// # Safety
+/// `q` must be valid for reads and writes of an aligned `__m256i`.
+#[inline(always)]
+unsafe fn add_in_memory(q: *mut __m256i, v: __m256i) {
+    // SAFETY: the caller's.
+    unsafe { std::ptr::write_volatile(q, _mm256_add_epi32(std::ptr::read_volatile(q), v)) };
+}
+
 /// [`codes_vnni`] with AVX2: the 16 rows as two vectors of 8, both against each token's
 /// broadcast activation bytes (a broadcast costs about as much as a `maddubs` here, so one
 /// serves both halves); each sub-block's lines `maddubs` against the tokens' quants, summed
@@ -1804,6 +1824,7 @@ unsafe fn codes_avx2<const T: usize, const KIND: u8>(
         let cb = codes.block(b - b0);
         prefetch_tokens(j, b - b0, t0, t0 + T, n);
         let mut isum = [[_mm256_setzero_si256(); T]; 2];
+        let isum_at = isum.as_mut_ptr() as *mut __m256i;
         for i in 0..CODE_LINES / sl {
             for w0 in (0..sl).step_by(wl) {
                 let mut a16 = [[_mm256_setzero_si256(); 2]; T];
@@ -1831,7 +1852,13 @@ unsafe fn codes_avx2<const T: usize, const KIND: u8>(
                     let sc = unsafe { scale_lanes::<KIND>(blk.add(64 + 16 * i + 8 * h)) };
                     for t in 0..T {
                         let v = _mm256_madd_epi16(a16[t][h], sc);
-                        isum[h][t] = _mm256_add_epi32(isum[h][t], v);
+                        if sums_in_memory(KIND) {
+                            // SAFETY: `isum_at` is `isum`, of 2·T vectors, and `h·T + t` one
+                            // of them; nothing else refers to `isum` until the fold.
+                            unsafe { add_in_memory(isum_at.add(h * T + t), v) };
+                        } else {
+                            isum[h][t] = _mm256_add_epi32(isum[h][t], v);
+                        }
                     }
                 }
             }
