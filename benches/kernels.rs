@@ -571,6 +571,13 @@ fn q5_0_matmul_64x4864x896(b: Bencher, k: &str) {
     bench_quant(b, backend(k).as_ref(), GgmlType::Q5_0, 4864, 896, 64);
 }
 
+/// Eight streams' decode step through the same Q5_0 product (the Q5_0 matrices of a
+/// Qwen2.5-0.5B Q4_K_M file).
+#[divan::bench(args = isas())]
+fn q5_0_matmul_8x4864x896(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q5_0, 4864, 896, 8);
+}
+
 /// The Q5_0 and Q4_K decode matvecs on the pool at 1 and 2 threads.
 #[divan::bench(args = [1, 2])]
 fn pool_q5_0_matvec_4864x896(b: Bencher, threads: usize) {

@@ -642,11 +642,23 @@ fn packed_k_products_and_row_lookups_are_byte_identical_to_scalar() {
 /// decode and prompt token counts.
 #[test]
 fn packed_k_products_hold_the_largest_partial_sums() {
-    let mut r = ChaCha8Rng::seed_from_u64(17);
+    assert_largest_partial_sums(&[Q2_K, Q3_K, Q4_K, Q5_K, Q6_K], 17);
+}
+
+/// As [`packed_k_products_hold_the_largest_partial_sums`], for the packed legacy types
+/// (Q4_0, Q5_0, Q4_1, Q5_1: all codes and fifth bits set), whose AVX2 kernels add 16-bit
+/// products over a block (four-bit codes) or half of one (five-bit codes).
+#[test]
+fn packed_legacy_products_hold_the_largest_partial_sums() {
+    assert_largest_partial_sums(&[Q4_0, Q5_0, Q4_1, Q5_1], 19);
+}
+
+fn assert_largest_partial_sums(types: &[GgmlType], seed: u64) {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
     let (rows, cols) = (32, 512);
     let scalar = ScalarBackend::new();
-    for t in [Q2_K, Q3_K, Q4_K, Q5_K, Q6_K] {
-        let data: Vec<u8> = (0..rows * cols / 256)
+    for &t in types {
+        let data: Vec<u8> = (0..rows * cols / t.block_size())
             .flat_map(|_| {
                 let mut b = block(&mut r, t, 8, false);
                 // Positive block scales, so that no sum cancels in the f32 fold either.

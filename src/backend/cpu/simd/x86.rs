@@ -119,6 +119,31 @@ pub(super) fn exp512(x: __m512) -> __m512 {
     _mm512_mul_ps(p, _mm512_castsi512_ps(e))
 }
 
+/// Bit `bit` of each byte of `h` moved to bit 4 (the fifth bit of a Q5_K or Q5_0/Q5_1
+/// code), the other bits 0: the AVX2 form of [`fifth_bits_512`], `bit` a constant once
+/// inlined.
+///
+/// # Safety
+/// AVX2 must be present.
+#[inline(always)]
+pub(super) unsafe fn fifth_bit_256(h: __m256i, bit: usize) -> __m256i {
+    let m = _mm256_set1_epi8(0x10);
+    // 16-bit shifts move bits across bytes; the mask keeps only the wanted one.
+    _mm256_and_si256(
+        match bit {
+            0 => _mm256_slli_epi16(h, 4),
+            1 => _mm256_slli_epi16(h, 3),
+            2 => _mm256_slli_epi16(h, 2),
+            3 => _mm256_slli_epi16(h, 1),
+            4 => h,
+            5 => _mm256_srli_epi16(h, 1),
+            6 => _mm256_srli_epi16(h, 2),
+            _ => _mm256_srli_epi16(h, 3),
+        },
+        m,
+    )
+}
+
 /// Bit `2M` (`HIGH = false`) or `2M + 1` (`HIGH = true`) of each byte of `h` at bit 4, the
 /// other bits 0: the fifth bits of a packed Q5_K or Q5_0/Q5_1 line's low or high nibbles.
 /// 16-bit shifts by immediates, the mask dropping what crosses from the neighbouring byte:

@@ -24,7 +24,7 @@
 //! multiplies, no FMA), block after block, so every output is bit-identical to the scalar
 //! dot product of its row.
 
-use super::super::x86::nibble_codes_512;
+use super::super::x86::{fifth_bit_256, nibble_codes_512};
 use super::GROUP;
 use super::{
     fifth_line, load_window, owned_lanes, qs_line, quant_line, store_window, x4, x_bsum_pair,
@@ -34,26 +34,6 @@ use super::{
 use crate::tensor::k_quants::Q8_K_BYTES;
 use crate::tensor::GgmlType;
 use std::arch::x86_64::*;
-
-/// Bit `bit` of each byte of `h` moved to bit 4 (the fifth bit of a Q5_K code), others 0.
-#[inline(always)]
-unsafe fn fifth_bit_avx2(h: __m256i, bit: usize) -> __m256i {
-    let m = _mm256_set1_epi8(0x10);
-    // 16-bit shifts move bits across bytes; the mask keeps only the wanted one.
-    _mm256_and_si256(
-        match bit {
-            0 => _mm256_slli_epi16(h, 4),
-            1 => _mm256_slli_epi16(h, 3),
-            2 => _mm256_slli_epi16(h, 2),
-            3 => _mm256_slli_epi16(h, 1),
-            4 => h,
-            5 => _mm256_srli_epi16(h, 1),
-            6 => _mm256_srli_epi16(h, 2),
-            _ => _mm256_srli_epi16(h, 3),
-        },
-        m,
-    )
-}
 
 /// Eight 8-bit scales at `p` (rows of one half-group) as i16 pairs `(s, s)` per i32 lane,
 /// so `madd` of byte pairs against them gives `s · (pair sum)` per lane.
@@ -1117,8 +1097,8 @@ unsafe fn q45_codes_256<const FIVE: bool>(
         let mut wh = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m4);
         if FIVE {
             let h = _mm256_loadu_si256(blk.add((5 + k) * 64 + 32 * half) as *const __m256i);
-            wl = _mm256_or_si256(wl, fifth_bit_avx2(h, 2 * c));
-            wh = _mm256_or_si256(wh, fifth_bit_avx2(h, 2 * c + 1));
+            wl = _mm256_or_si256(wl, fifth_bit_256(h, 2 * c));
+            wh = _mm256_or_si256(wh, fifth_bit_256(h, 2 * c + 1));
         }
         [wl, wh]
     }
