@@ -20,8 +20,10 @@
 # while streams decode (`--prefill-chunk-running N`, the policy before `--target-itl-ms`) as
 # a third server; TARGET_ITL_MS sets the target of the first. OVERHEAD=0 skips the gRPC/HTTP
 # overhead part. LLAMA_SERVER=none leaves llama-server out (a sweep of inferno's own
-# settings, e.g. one run per TARGET_ITL_MS). The requests are generated before the servers
-# start (see below; SYNTHETIC_IN_RUN=1: during each run, as guidellm does by default).
+# settings, e.g. one run per TARGET_ITL_MS). INFERNO=PATH serves another inferno binary
+# (an older build, to compare two builds under the same load). The requests are generated
+# before the servers start (see below; SYNTHETIC_IN_RUN=1: during each run, as guidellm
+# does by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -113,7 +115,7 @@ EOF
 fi
 
 cargo build --release --quiet --bin inferno
-inferno=target/release/inferno
+inferno=${INFERNO:-target/release/inferno}
 port=${PORT:-18431}
 grpc_port=$((port + 1))
 
