@@ -114,8 +114,12 @@ EOF
     data="kind=json_file,path=$rows"
 fi
 
-cargo build --release --quiet --bin inferno
+# The tree's own build only when no other binary is named.
+if [ -z "${INFERNO:-}" ]; then
+    cargo build --release --quiet --bin inferno
+fi
 inferno=${INFERNO:-target/release/inferno}
+[ -x "$inferno" ] || { echo "INFERNO=$inferno is not an executable file" >&2; exit 2; }
 port=${PORT:-18431}
 grpc_port=$((port + 1))
 
