@@ -308,6 +308,12 @@ fn q6_k_matmul_8x3072x1024_from_memory(b: Bencher, k: &str) {
     bench_quant_from_memory(b, backend(k).as_ref(), GgmlType::Q6_K, 3072, 1024, 8);
 }
 
+/// The real model's Q5_0 products in an eight-stream decode step, weights from memory.
+#[divan::bench(args = isas())]
+fn q5_0_matmul_8x4864x896_from_memory(b: Bencher, k: &str) {
+    bench_quant_from_memory(b, backend(k).as_ref(), GgmlType::Q5_0, 4864, 896, 8);
+}
+
 #[divan::bench(args = isas())]
 fn q4_k_matvec_3072x1024_from_memory(b: Bencher, k: &str) {
     bench_quant_from_memory(b, backend(k).as_ref(), GgmlType::Q4_K, 3072, 1024, 1);

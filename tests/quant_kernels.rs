@@ -468,7 +468,8 @@ fn bits_nan(v: &[f32]) -> Vec<u32> {
 /// The packed layouts `prepare` makes (Q8_0 everywhere, Q4_0, Q5_0, Q4_1 and Q5_1 on x86
 /// and NEON) against the scalar definitions: every token tile size and remainder (1–10
 /// tokens, 16, 17, 33), row counts that fill no group, exactly one, one and a bit and several
-/// with a partial last one, row lengths of one to sixteen blocks, extreme f16 scales, on
+/// with a partial last one, row lengths of one to sixteen blocks and 34 (two slices of the
+/// codes that products of several tokens unpack once per group), extreme f16 scales, on
 /// every instruction set, `pool` at 1–4 threads and `parallel`. Row lookups (a tied
 /// embedding) read the packed form and must give `scalar`'s values too.
 #[test]
@@ -492,7 +493,14 @@ fn packed_products_and_row_lookups_are_byte_identical_to_scalar() {
     }
     let mut packed_legacy = std::collections::HashMap::new();
     for t in [Q4_0, Q5_0, Q4_1, Q5_1, Q8_0] {
-        for (rows, cols) in [(1, 32), (15, 96), (16, 512), (17, 64), (83, 512)] {
+        for (rows, cols) in [
+            (1, 32),
+            (15, 96),
+            (16, 512),
+            (17, 64),
+            (83, 512),
+            (17, 1088),
+        ] {
             let blocks = cols / 32;
             let data: Vec<u8> = (0..rows)
                 .flat_map(|i| row(&mut r, t, blocks, i % 3 == 1))
@@ -540,10 +548,10 @@ fn packed_products_and_row_lookups_are_byte_identical_to_scalar() {
         .filter(|&i| PackedLegacy::supported_on(i))
         .count();
     for t in [Q4_0, Q5_0, Q4_1, Q5_1] {
-        // Per vector ISA: simd, pool at 1–4 threads and parallel, for each of 5 shapes.
+        // Per vector ISA: simd, pool at 1–4 threads and parallel, for each of 6 shapes.
         assert_eq!(
             packed_legacy.get(&t).copied().unwrap_or(0),
-            vector * 6 * 5,
+            vector * 6 * 6,
             "packed {t} matrices"
         );
     }

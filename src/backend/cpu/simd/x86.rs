@@ -188,6 +188,33 @@ pub(super) unsafe fn nibble_codes_512<const FIVE: bool, const M: usize>(
     }
 }
 
+/// A group's 16 running sums of one token, as two vectors (rows 0–7, 8–15), written to its
+/// real rows (the last group may be partial).
+#[inline(always)]
+pub(super) unsafe fn store_rows_256(dst: *mut f32, v: [__m256; 2], rows: usize) {
+    let mut lanes = [0.0f32; GROUP];
+    // SAFETY: `lanes` holds 16 floats; the caller owns `rows` floats at `dst`.
+    unsafe {
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v[0]);
+        _mm256_storeu_ps(lanes.as_mut_ptr().add(8), v[1]);
+        store_rows(dst, &lanes, rows);
+    }
+}
+
+/// The inverse of [`store_rows_256`], the lanes of rows the group lacks zero.
+#[inline(always)]
+pub(super) unsafe fn load_rows_256(src: *const f32, rows: usize) -> [__m256; 2] {
+    let mut lanes = [0.0f32; GROUP];
+    // SAFETY: the caller owns `rows <= 16` floats at `src`; `lanes` holds 16.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, lanes.as_mut_ptr(), rows);
+        [
+            _mm256_loadu_ps(lanes.as_ptr()),
+            _mm256_loadu_ps(lanes.as_ptr().add(8)),
+        ]
+    }
+}
+
 /// Writes 16 lanes to the real rows of a group (the last group may be partial).
 #[inline(always)]
 pub(super) unsafe fn store_rows(dst: *mut f32, lanes: &[f32; GROUP], rows: usize) {

@@ -510,6 +510,19 @@ impl Codes {
             .wrapping_add(b * CODE_LINES * 64)
     }
 
+    /// The first byte of line `l` of the scratch, in any unit of lines (the packed legacy
+    /// types unpack 8 lines a block, 32 blocks at a time).
+    pub(super) fn line(&self, l: usize) -> *const u8 {
+        assert!(l < UNPACKED_BLOCKS * CODE_LINES);
+        self.0.as_ptr().cast::<u8>().wrapping_add(l * 64)
+    }
+
+    /// As [`Codes::line`], for writing.
+    pub(super) fn line_mut(&mut self, l: usize) -> *mut u8 {
+        assert!(l < UNPACKED_BLOCKS * CODE_LINES);
+        self.0.as_mut_ptr().cast::<u8>().wrapping_add(l * 64)
+    }
+
     /// As [`Codes::block`], for writing.
     pub(super) fn block_mut(&mut self, b: usize) -> *mut u8 {
         assert!(b < UNPACKED_BLOCKS);
