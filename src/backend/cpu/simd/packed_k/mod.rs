@@ -489,6 +489,8 @@ pub(super) const CODE_LINES: usize = 64;
 /// `64·b + L` holds values `4L .. 4L + 4` of every row of super-block `b` (byte `4r + i`
 /// for row `r`), as unsigned codes (Q4_K, Q5_K: 0–31; Q6_K: the value plus 32; Q3_K: plus
 /// 4; Q2_K: 0–3), the operand of `vpdpbusd`, of two AVX2 `maddubs` and of four NEON `sdot`.
+/// The AVX2 products of the packed legacy types (Q4_0–Q5_1) use the same 16 KiB by lines
+/// ([`Codes::line`]): 8 a 32-value block, 32 blocks at a time.
 ///
 /// Left uninitialised: every slot a kernel reads was written whole by the unpacking just
 /// before (zeroing 16 KiB in every product call took about 4% of the instructions of a
