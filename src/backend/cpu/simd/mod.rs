@@ -36,9 +36,21 @@
 /// `8, 4, 3, 2, 1` a remainder below four is one tile of its own size). `$t` names the first
 /// token of the tile, for `$args` to pass on. Expands to unsafe calls: the caller's own
 /// contract must cover them. `$kernel::<_, K>` passes a second const generic `K` to every
-/// tile (the packed K-quant codes kernels' type).
+/// tile (the packed K-quant codes kernels' type), `$kernel::<_, K, L>` a second and a third
+/// (the packed legacy codes kernel's `FIVE` and `MIN`).
 #[allow(unused_macros)]
 macro_rules! for_token_tiles {
+    ($n:expr, $t:ident, [$($tile:literal),+], $kernel:ident::<_, $k:ident, $l:ident> $args:tt) => {{
+        let mut $t = 0;
+        $(
+            #[allow(clippy::int_plus_one)]
+            while $t + $tile <= $n {
+                // SAFETY: forwarded from the caller's contract; tokens t..t + tile exist.
+                unsafe { $kernel::<$tile, $k, $l> $args };
+                $t += $tile;
+            }
+        )+
+    }};
     ($n:expr, $t:ident, [$($tile:literal),+], $kernel:ident::<_, $k:ident> $args:tt) => {{
         let mut $t = 0;
         $(

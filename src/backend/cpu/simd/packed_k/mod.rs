@@ -506,10 +506,7 @@ impl Codes {
     /// The first byte of super-block slot `b < UNPACKED_BLOCKS`'s lines.
     pub(super) fn block(&self, b: usize) -> *const u8 {
         assert!(b < UNPACKED_BLOCKS);
-        self.0
-            .as_ptr()
-            .cast::<u8>()
-            .wrapping_add(b * CODE_LINES * 64)
+        self.line(b * CODE_LINES)
     }
 
     /// The first byte of line `l` of the scratch, in any unit of lines (the packed legacy
@@ -528,10 +525,7 @@ impl Codes {
     /// As [`Codes::block`], for writing.
     pub(super) fn block_mut(&mut self, b: usize) -> *mut u8 {
         assert!(b < UNPACKED_BLOCKS);
-        self.0
-            .as_mut_ptr()
-            .cast::<u8>()
-            .wrapping_add(b * CODE_LINES * 64)
+        self.line_mut(b * CODE_LINES)
     }
 }
 

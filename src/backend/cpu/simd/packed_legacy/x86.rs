@@ -432,20 +432,12 @@ unsafe fn gemm_codes_avx2<const FIVE: bool, const MIN: bool>(
             // asking was fastest, 477 against 531 µs).
             let pf = |t: usize| if t == 0 { next } else { None };
             let (sb, o) = ((b0, b1), (out, ldo));
-            let mut t = 0;
-            for tile in [4, 2, 1] {
-                while t + tile <= n {
-                    // SAFETY: forwarded from the caller; tokens t..t + tile exist.
-                    unsafe {
-                        match tile {
-                            4 => codes_tile_avx2::<4, FIVE, MIN>(w, g, a, t, sb, &codes, pf(t), o),
-                            2 => codes_tile_avx2::<2, FIVE, MIN>(w, g, a, t, sb, &codes, pf(t), o),
-                            _ => codes_tile_avx2::<1, FIVE, MIN>(w, g, a, t, sb, &codes, pf(t), o),
-                        }
-                    }
-                    t += tile;
-                }
-            }
+            for_token_tiles!(
+                n,
+                t,
+                [4, 2, 1],
+                codes_tile_avx2::<_, FIVE, MIN>(w, g, a, t, sb, &codes, pf(t), o)
+            );
         }
     }
 }
