@@ -180,6 +180,10 @@ impl Sampler {
                 let Some(c) = self.cand.get_mut(tok as usize) else {
                     continue;
                 };
+                // A token masked out (−∞) stays out.
+                if !c.1.is_finite() {
+                    continue;
+                }
                 if p.repeat_penalty != 1.0 {
                     c.1 = if c.1 > 0.0 {
                         c.1 / p.repeat_penalty
@@ -191,6 +195,10 @@ impl Sampler {
                     let count = window[i..].iter().filter(|&&t| t == tok).count();
                     c.1 -= count as f32 * p.frequency_penalty + p.presence_penalty;
                 }
+                // An extreme penalty (up to 3.4e38) saturates rather than overflowing to ±∞:
+                // at −∞ a token allowed by a grammar's mask would tie with those the mask
+                // took out, and +∞ would make the probabilities NaN.
+                c.1 = c.1.clamp(f32::MIN, f32::MAX);
             }
         }
         if p.temperature == 0.0 {
@@ -300,6 +308,52 @@ mod tests {
             }
         );
         assert!(e.to_string().contains("token 1"), "{e}");
+    }
+
+    /// Penalties at the ends of their ranges keep a masked-out token out and the others
+    /// finite: the tokens a grammar allows, seen before with negative logits, multiplied by a
+    /// penalty of 3.4e38, must still beat the tokens the mask set to −∞.
+    #[test]
+    fn extreme_penalties_saturate_and_keep_the_mask() {
+        let ninf = f32::NEG_INFINITY;
+        let masked = [ninf, ninf, -2.0, ninf, -1.5, ninf];
+        for temperature in [0.0, 1.0] {
+            let mut s = Sampler::new(
+                SamplingParams {
+                    temperature,
+                    repeat_penalty: f32::MAX,
+                    frequency_penalty: 2.0,
+                    presence_penalty: 2.0,
+                    seed: Some(7),
+                    ..SamplingParams::default()
+                },
+                masked.len(),
+            )
+            .unwrap();
+            for _ in 0..20 {
+                let t = s.sample(&masked, &[2, 4, 4]);
+                assert!(
+                    t == 2 || t == 4,
+                    "temperature {temperature}: picked masked {t}"
+                );
+            }
+        }
+        // A tiny penalty divides a positive logit towards +∞; it stays finite, so the
+        // probabilities are numbers and the pick is one of the allowed tokens.
+        let mut s = Sampler::new(
+            SamplingParams {
+                repeat_penalty: f32::from_bits(1),
+                min_p: 0.0,
+                seed: Some(1),
+                ..SamplingParams::default()
+            },
+            4,
+        )
+        .unwrap();
+        for _ in 0..20 {
+            let t = s.sample(&[2.0, ninf, 1.0, ninf], &[0, 2]);
+            assert!(t == 0 || t == 2, "picked masked {t}");
+        }
     }
 
     fn logits() -> Vec<f32> {
