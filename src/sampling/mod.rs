@@ -63,39 +63,65 @@ impl SamplingParams {
     }
 
     pub fn validate(&self) -> Result<(), SamplingError> {
-        let bad = |field: &'static str, value: f32, want: &'static str| {
-            Err(SamplingError::Invalid { field, value, want })
-        };
-        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return bad("temperature", self.temperature, "a finite number >= 0");
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad("top_p", self.top_p, "in (0, 1]");
-        }
-        if !(0.0..=1.0).contains(&self.min_p) {
-            return bad("min_p", self.min_p, "in [0, 1]");
-        }
-        if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
-            return bad("repeat_penalty", self.repeat_penalty, "a finite number > 0");
-        }
         for (field, v) in [
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("min_p", self.min_p),
+            ("repeat_penalty", self.repeat_penalty),
             ("frequency_penalty", self.frequency_penalty),
             ("presence_penalty", self.presence_penalty),
         ] {
-            if !(-2.0..=2.0).contains(&v) {
-                return bad(field, v, "in [-2, 2]");
-            }
+            check_number(field, v.into())?;
         }
         Ok(())
     }
 }
 
+/// Checks one sampling number against its range, on the value as the client sent it: a
+/// JSON number is an `f64`, checked before it is narrowed to the `f32` the sampler keeps
+/// ([`narrow`]), so that 1.00000001 is refused as a `top_p` rather than rounded to 1. Every
+/// range lies within `f32`'s finite values.
+pub fn check_number(field: &'static str, value: f64) -> Result<(), SamplingError> {
+    const MAX: f64 = f32::MAX as f64;
+    let (ok, want) = match field {
+        "temperature" => (
+            (0.0..=MAX).contains(&value),
+            "from 0 to 3.4e38 (a 32-bit float)",
+        ),
+        "top_p" => (value > 0.0 && value <= 1.0, "in (0, 1]"),
+        "min_p" => ((0.0..=1.0).contains(&value), "in [0, 1]"),
+        "repeat_penalty" => (
+            value > 0.0 && value <= MAX,
+            "greater than 0, at most 3.4e38 (a 32-bit float)",
+        ),
+        "frequency_penalty" | "presence_penalty" => ((-2.0..=2.0).contains(&value), "in [-2, 2]"),
+        _ => (false, "a known sampling parameter"),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(SamplingError::Invalid { field, value, want })
+    }
+}
+
+/// A checked sampling number as the sampler keeps it: the nearest `f32`, except that a
+/// number too small for one keeps its sign (the least `f32` of that sign, not zero), so a
+/// `top_p` of 1e-50 still means the most likely token alone.
+pub fn narrow(value: f64) -> f32 {
+    let v = value as f32;
+    if v == 0.0 && value != 0.0 {
+        f32::from_bits(1).copysign(value as f32)
+    } else {
+        v
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SamplingError {
-    #[error("invalid {field} {value}: must be {want}")]
+    #[error("invalid {field} {value:?}: must be {want}")]
     Invalid {
         field: &'static str,
-        value: f32,
+        value: f64,
         want: &'static str,
     },
     #[error(
@@ -354,6 +380,24 @@ mod tests {
             let t = s.sample(&[2.0, ninf, 1.0, ninf], &[0, 2]);
             assert!(t == 0 || t == 2, "picked masked {t}");
         }
+    }
+
+    #[test]
+    fn sampling_numbers_are_checked_as_sent_and_narrowed_keeping_their_sign() {
+        assert!(check_number("top_p", 1.0).is_ok());
+        // Rounded to 1 as an f32, but out of range as sent.
+        assert!(check_number("top_p", 1.000_000_01).is_err());
+        assert!(check_number("temperature", -1e-50).is_err());
+        assert!(check_number("temperature", 1e39).is_err());
+        assert!(check_number("temperature", f64::NAN).is_err());
+        assert!(check_number("repeat_penalty", f32::MAX as f64).is_ok());
+        assert!(check_number("frequency_penalty", 2.000_000_01).is_err());
+        let e = check_number("min_p", 1.5).unwrap_err().to_string();
+        assert_eq!(e, "invalid min_p 1.5: must be in [0, 1]");
+        assert_eq!(narrow(1e-50), f32::from_bits(1));
+        assert_eq!(narrow(-1e-50), -f32::from_bits(1));
+        assert_eq!(narrow(0.0), 0.0);
+        assert_eq!(narrow(0.25), 0.25);
     }
 
     fn logits() -> Vec<f32> {

@@ -15,7 +15,7 @@ use crate::engine::plan::{
 use crate::engine::reply::Ending;
 use crate::engine::{Logprobs, Served};
 use crate::sampling::constraint::ResponseFormat;
-use crate::sampling::SamplingParams;
+use crate::sampling::{check_number, narrow, SamplingParams};
 use axum::extract::State;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
@@ -166,7 +166,7 @@ fn chat_spec(
         }
         _ => None,
     };
-    let mut spec = common_spec(prompt, req.sampling, request_id);
+    let mut spec = common_spec(prompt, req.sampling, request_id)?;
     spec.max_tokens = req
         .max_completion_tokens
         .or(spec.max_tokens.map(|n| n as u32))
@@ -196,23 +196,46 @@ pub(super) fn one_format(
     Ok(formats.pop())
 }
 
-/// The request fields both endpoints share: sampling, stop strings, limits.
+/// The request fields both endpoints share: sampling, stop strings, limits. Each sampling
+/// number is checked against its range as sent, then narrowed to the sampler's `f32`.
 pub(super) fn common_spec(
     prompt: PromptSpec,
     s: wire::Sampling,
     request_id: String,
-) -> GenerateSpec {
+) -> Result<GenerateSpec, ApiError> {
     let d = SamplingParams::default();
+    let number = |param: &'static str, field: &'static str, v: Option<f64>, default: f32| {
+        v.map_or(Ok(default), |v| {
+            check_number(field, v)
+                .map(|()| narrow(v))
+                .map_err(|e| ApiError::invalid(param, e.to_string()))
+        })
+    };
     let mut spec = GenerateSpec::new(prompt);
     spec.sampling = SamplingParams {
-        temperature: s.temperature.unwrap_or(d.temperature),
+        temperature: number("temperature", "temperature", s.temperature, d.temperature)?,
         top_k: s.top_k.map_or(d.top_k, |k| k.max(0) as usize),
-        top_p: s.top_p.unwrap_or(d.top_p),
-        min_p: s.min_p.unwrap_or(d.min_p),
-        repeat_penalty: s.repetition_penalty.unwrap_or(d.repeat_penalty),
+        top_p: number("top_p", "top_p", s.top_p, d.top_p)?,
+        min_p: number("min_p", "min_p", s.min_p, d.min_p)?,
+        repeat_penalty: number(
+            "repetition_penalty",
+            "repeat_penalty",
+            s.repetition_penalty,
+            d.repeat_penalty,
+        )?,
         repeat_last_n: d.repeat_last_n,
-        frequency_penalty: s.frequency_penalty.unwrap_or(d.frequency_penalty),
-        presence_penalty: s.presence_penalty.unwrap_or(d.presence_penalty),
+        frequency_penalty: number(
+            "frequency_penalty",
+            "frequency_penalty",
+            s.frequency_penalty,
+            d.frequency_penalty,
+        )?,
+        presence_penalty: number(
+            "presence_penalty",
+            "presence_penalty",
+            s.presence_penalty,
+            d.presence_penalty,
+        )?,
         seed: s.seed,
     };
     spec.max_tokens = s.max_tokens.map(|n| n as usize);
@@ -220,7 +243,7 @@ pub(super) fn common_spec(
     spec.ignore_eos = s.ignore_eos.unwrap_or(false);
     spec.speculate = !s.disable_speculation.unwrap_or(false);
     spec.request_id = request_id;
-    spec
+    Ok(spec)
 }
 
 fn message(i: usize, m: wire::MessageIn) -> Result<Message, ApiError> {

@@ -97,7 +97,7 @@ async fn run(
         }
         let mut prompt = PromptSpec::new(input);
         prompt.response_format = format.clone();
-        let mut spec = common_spec(prompt, req.sampling.clone(), request_id.clone());
+        let mut spec = common_spec(prompt, req.sampling.clone(), request_id.clone())?;
         spec.logprobs = req.logprobs.map_or(0, |k| (k as usize).max(1));
         prepared.push(generate::prepare(state, &served, spec, Endpoint::Completions).await?);
     }

@@ -32,7 +32,9 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
-/// What both generation endpoints take besides their prompt.
+/// What both generation endpoints take besides their prompt. The sampling numbers are read
+/// as `f64`, as JSON has them, and checked before they are narrowed (see
+/// [`crate::sampling::check_number`]).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct Sampling {
     #[serde(default)]
@@ -40,17 +42,17 @@ pub struct Sampling {
     #[serde(default)]
     pub max_tokens: Option<u32>,
     #[serde(default)]
-    pub temperature: Option<f32>,
+    pub temperature: Option<f64>,
     #[serde(default)]
-    pub top_p: Option<f32>,
+    pub top_p: Option<f64>,
     #[serde(default)]
     pub seed: Option<u64>,
     #[serde(default)]
     pub stop: Option<Stop>,
     #[serde(default)]
-    pub frequency_penalty: Option<f32>,
+    pub frequency_penalty: Option<f64>,
     #[serde(default)]
-    pub presence_penalty: Option<f32>,
+    pub presence_penalty: Option<f64>,
     #[serde(default)]
     pub n: Option<u32>,
     #[serde(default)]
@@ -62,9 +64,9 @@ pub struct Sampling {
     #[serde(default)]
     pub top_k: Option<i64>,
     #[serde(default)]
-    pub min_p: Option<f32>,
+    pub min_p: Option<f64>,
     #[serde(default)]
-    pub repetition_penalty: Option<f32>,
+    pub repetition_penalty: Option<f64>,
     #[serde(default)]
     pub ignore_eos: Option<bool>,
     /// The output matches this regular expression.
