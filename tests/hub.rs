@@ -164,30 +164,8 @@ impl Env {
     }
 }
 
-/// `$INFERNO_PYTHON`, `.venv/bin/python` or `python3`: the first with `huggingface_hub`.
 fn python() -> PathBuf {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut candidates: Vec<PathBuf> = std::env::var_os("INFERNO_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .collect();
-    candidates.push(repo.join(".venv/bin/python"));
-    candidates.push("python3".into());
-    let tried = format!("{candidates:?}");
-    candidates
-        .into_iter()
-        .find(|c| {
-            Command::new(c)
-                .args(["-c", "import huggingface_hub"])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "no Python with huggingface_hub (tried {tried}): run scripts/test, which \
-                 installs it into .venv/, or set INFERNO_PYTHON"
-            )
-        })
+    service_support::python_with("huggingface_hub", "huggingface_hub")
 }
 
 /// Runs a Python snippet with huggingface_hub against this test's Hub and cache.

@@ -21,30 +21,8 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `$INFERNO_PYTHON`, `.venv/bin/python` or `python3`: the first that imports grpc and
-/// grpc_tools.
 fn python() -> PathBuf {
-    let mut candidates = Vec::new();
-    if let Some(p) = std::env::var_os("INFERNO_PYTHON") {
-        candidates.push(PathBuf::from(p));
-    }
-    candidates.push(repo().join(".venv/bin/python"));
-    candidates.push(PathBuf::from("python3"));
-    let tried = format!("{candidates:?}");
-    candidates
-        .into_iter()
-        .find(|c| {
-            Command::new(c)
-                .args(["-c", "import grpc, grpc_tools"])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "no Python with grpcio and grpcio-tools (tried {tried}): run scripts/test, \
-                 which installs them into .venv/, or set INFERNO_PYTHON"
-            )
-        })
+    python_with("grpc, grpc_tools", "grpcio and grpcio-tools")
 }
 
 /// Runs the example against a server started with `serve_args`; returns its summary.

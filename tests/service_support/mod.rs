@@ -359,3 +359,31 @@ pub fn real_model_or_skip() -> Option<std::path::PathBuf> {
     }
     p
 }
+
+/// `$INFERNO_PYTHON`, the repository's `.venv/bin/python` (which `scripts/test` fills) or
+/// `python3`: the first that runs `import {modules}`. Panics naming `what` and the
+/// interpreters tried when none does.
+pub fn python_with(modules: &str, what: &str) -> std::path::PathBuf {
+    use std::path::PathBuf;
+    let mut candidates: Vec<PathBuf> = std::env::var_os("INFERNO_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    candidates.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python"));
+    candidates.push(PathBuf::from("python3"));
+    let tried = format!("{candidates:?}");
+    candidates
+        .into_iter()
+        .find(|c| {
+            Command::new(c)
+                .args(["-c", &format!("import {modules}")])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no Python with {what} (tried {tried}): run scripts/test, which installs it \
+                 into .venv/, or set INFERNO_PYTHON"
+            )
+        })
+}

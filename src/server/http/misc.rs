@@ -2,7 +2,8 @@
 //! and its context window), `/tokenize` and `/detokenize` (as llama-server names and
 //! shapes them), and the probes and metrics: `/health` (200 once the model is loaded and
 //! while not draining, else 503 with an error body), `/healthz` (the same, in plain text)
-//! and `/metrics` (Prometheus' text format).
+//! and `/metrics` (Prometheus' text format); and `/openapi.json`, the API's OpenAPI 3.0
+//! description (`openapi.json` beside this file), for clients and for fuzzers.
 
 use super::error::ApiError;
 use super::wire;
@@ -171,4 +172,39 @@ pub async fn metrics_index() -> Response {
         "inferno metrics: see /metrics (and /healthz)\n",
     )
         .into_response()
+}
+
+/// The API's OpenAPI description, as committed beside this module.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+pub async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OPENAPI;
+    use serde_json::Value;
+
+    /// The description parses, names this version, and lists the error body every failing
+    /// status carries.
+    #[test]
+    fn the_description_is_valid_json_for_this_version() {
+        let spec: Value = serde_json::from_str(OPENAPI).expect("openapi.json parses");
+        assert_eq!(spec["info"]["version"], env!("CARGO_PKG_VERSION"));
+        let paths = spec["paths"].as_object().unwrap();
+        for (path, ops) in paths {
+            for (method, op) in ops.as_object().unwrap() {
+                for (status, r) in op["responses"].as_object().unwrap() {
+                    if status.starts_with('4') || status == "503" || status == "504" {
+                        let schema = &r["content"]["application/json"]["schema"]["$ref"];
+                        assert!(
+                            schema == "#/components/schemas/Error" || path == "/healthz",
+                            "{method} {path} {status}: {r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

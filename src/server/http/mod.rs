@@ -1,15 +1,15 @@
 //! The OpenAI-compatible HTTP API beside gRPC, over the same engine ([`Core`]):
 //! `/v1/chat/completions` ([`chat`]), `/v1/completions` ([`completions`]), `/v1/models`,
-//! `/tokenize`, `/detokenize`, `/health` and `/metrics` ([`misc`]), with OpenAI's error
-//! bodies ([`error`]) and wire types ([`wire`]). The handlers only convert: requests go
-//! through the engine's planner, replies through [`crate::engine::reply`].
+//! `/tokenize`, `/detokenize`, `/health`, `/metrics` and `/openapi.json` ([`misc`]), with
+//! OpenAI's error bodies ([`error`]) and wire types ([`wire`]). The handlers only convert:
+//! requests go through the engine's planner, replies through [`crate::engine::reply`].
 //!
 //! Connections come from the same accept loop as gRPC's ([`super::conn`]: the connection
 //! cap, handshake and idle timeouts), optionally through TLS, and are served by hyper
-//! (HTTP/1.1 and HTTP/2). The bearer token guards everything but the probes and metrics.
-//! Every request gets an id (`X-Request-Id`, the client's when it sends a valid one) and a
-//! tracing span; bodies are read up to `--max-message-bytes` (413 past it) within the
-//! handshake timeout (408 past it).
+//! (HTTP/1.1 and HTTP/2). The bearer token guards everything but the probes, the metrics
+//! and the API's description. Every request gets an id (`X-Request-Id`, the client's when
+//! it sends a valid one) and a tracing span; bodies are read up to `--max-message-bytes`
+//! (413 past it) within the handshake timeout (408 past it).
 
 pub mod chat;
 pub mod completions;
@@ -141,7 +141,8 @@ pub fn router(state: Arc<HttpState>) -> Router {
     let open = Router::new()
         .route("/health", get(misc::health))
         .route("/healthz", get(misc::healthz))
-        .route("/metrics", get(misc::metrics));
+        .route("/metrics", get(misc::metrics))
+        .route("/openapi.json", get(misc::openapi));
     guarded
         .merge(open)
         .fallback(not_found)
