@@ -9,7 +9,7 @@ mod service_support;
 
 use service_support::*;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Command;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -42,15 +42,6 @@ fn require(tool: Option<PathBuf>, what: &str) -> Option<PathBuf> {
         eprintln!("skipping: {msg}");
     }
     tool
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,42 +77,42 @@ async fn grpcurl_and_the_python_client_against_the_server() {
     };
 
     let list = grpcurl_run(&[&addr, "list"]);
-    assert!(list.status.success(), "{}", text(&list));
+    assert!(list.status.success(), "{}", shown(&list));
     let services = String::from_utf8_lossy(&list.stdout);
     for s in ["inferno.v1.Inference", "grpc.health.v1.Health"] {
         assert!(
             services.lines().any(|l| l == s),
             "{s} missing: {}",
-            text(&list)
+            shown(&list)
         );
     }
 
     let describe = grpcurl_run(&[&addr, "describe", "inferno.v1.Inference"]);
-    assert!(describe.status.success(), "{}", text(&describe));
+    assert!(describe.status.success(), "{}", shown(&describe));
     let d = String::from_utf8_lossy(&describe.stdout);
     assert!(
         d.contains("rpc Generate ( .inferno.v1.GenerateRequest ) returns ( stream .inferno.v1.GenerateResponse )"),
         "{}",
-        text(&describe)
+        shown(&describe)
     );
     let describe = grpcurl_run(&[&addr, "describe", "inferno.v1.GenerateRequest"]);
     assert!(
         String::from_utf8_lossy(&describe.stdout).contains("max_tokens"),
         "{}",
-        text(&describe)
+        shown(&describe)
     );
 
     let body = r#"{"prompt": "Hello", "max_tokens": 6, "ignore_eos": true,
                    "sampling": {"temperature": 0}, "request_id": "grpcurl-1"}"#;
     let gen = grpcurl_run(&["-d", body, &addr, "inferno.v1.Inference/Generate"]);
-    assert!(gen.status.success(), "{}", text(&gen));
+    assert!(gen.status.success(), "{}", shown(&gen));
     let out = String::from_utf8_lossy(&gen.stdout);
-    assert_eq!(out.matches("\"token\": {").count(), 6, "{}", text(&gen));
-    assert!(out.contains("FINISH_REASON_LENGTH"), "{}", text(&gen));
+    assert_eq!(out.matches("\"token\": {").count(), 6, "{}", shown(&gen));
+    assert!(out.contains("FINISH_REASON_LENGTH"), "{}", shown(&gen));
     assert!(
         out.contains("\"requestId\": \"grpcurl-1\""),
         "{}",
-        text(&gen)
+        shown(&gen)
     );
 
     // A named tool call, grammar-constrained, comes back as a call; its result goes back in
@@ -134,11 +125,11 @@ async fn grpcurl_and_the_python_client_against_the_server() {
             "sampling": {{"temperature": 0}}}}"#
     );
     let gen = grpcurl_run(&["-d", &body, &addr, "inferno.v1.Inference/Generate"]);
-    assert!(gen.status.success(), "{}", text(&gen));
+    assert!(gen.status.success(), "{}", shown(&gen));
     let out = String::from_utf8_lossy(&gen.stdout);
-    assert!(out.contains("FINISH_REASON_TOOL_CALLS"), "{}", text(&gen));
-    assert_eq!(out.matches("\"toolCall\": {").count(), 1, "{}", text(&gen));
-    assert!(out.contains("\"name\": \"get_time\""), "{}", text(&gen));
+    assert!(out.contains("FINISH_REASON_TOOL_CALLS"), "{}", shown(&gen));
+    assert_eq!(out.matches("\"toolCall\": {").count(), 1, "{}", shown(&gen));
+    assert!(out.contains("\"name\": \"get_time\""), "{}", shown(&gen));
     let body = format!(
         r#"{{"messages": [{{"role": "user", "content": "What time is it?"}},
             {{"role": "assistant", "tool_calls": [{{"id": "call_1", "name": "get_time",
@@ -147,11 +138,11 @@ async fn grpcurl_and_the_python_client_against_the_server() {
             "max_tokens": 4, "ignore_eos": true}}"#
     );
     let gen = grpcurl_run(&["-d", &body, &addr, "inferno.v1.Inference/Generate"]);
-    assert!(gen.status.success(), "{}", text(&gen));
+    assert!(gen.status.success(), "{}", shown(&gen));
     assert!(
         String::from_utf8_lossy(&gen.stdout).contains("\"done\": {"),
         "{}",
-        text(&gen)
+        shown(&gen)
     );
 
     let bad = grpcurl_run(&[
@@ -164,7 +155,7 @@ async fn grpcurl_and_the_python_client_against_the_server() {
     assert!(
         String::from_utf8_lossy(&bad.stderr).contains("InvalidArgument"),
         "{}",
-        text(&bad)
+        shown(&bad)
     );
 
     let health = grpcurl_run(&[
@@ -176,7 +167,7 @@ async fn grpcurl_and_the_python_client_against_the_server() {
     assert!(
         String::from_utf8_lossy(&health.stdout).contains("\"SERVING\""),
         "{}",
-        text(&health)
+        shown(&health)
     );
 
     // The client compiles its stubs in a temporary directory; it leaves nothing behind.
@@ -187,17 +178,17 @@ async fn grpcurl_and_the_python_client_against_the_server() {
         .env("TMPDIR", py_tmp.path())
         .output()
         .unwrap();
-    assert!(py.status.success(), "{}", text(&py));
+    assert!(py.status.success(), "{}", shown(&py));
     let left: Vec<_> = std::fs::read_dir(py_tmp.path()).unwrap().collect();
     assert!(left.is_empty(), "left behind: {left:?}");
     let err = String::from_utf8_lossy(&py.stderr);
-    assert!(err.contains("[demo: qwen3, Q8_0"), "{}", text(&py));
+    assert!(err.contains("[demo: qwen3, Q8_0"), "{}", shown(&py));
     assert!(
         err.contains("finish_reason=FINISH_REASON_"),
         "{}",
-        text(&py)
+        shown(&py)
     );
-    assert!(err.contains("prompt_tokens=2"), "{}", text(&py));
+    assert!(err.contains("prompt_tokens=2"), "{}", shown(&py));
 
     // With a token: health itself needs none, but grpcurl first asks reflection for the
     // method, which does; -reflect-header gives the token to reflection only.
@@ -214,11 +205,11 @@ async fn grpcurl_and_the_python_client_against_the_server() {
         "grpc.health.v1.Health/Check",
     ];
     let bare = grpcurl_run(&check);
-    assert!(!bare.status.success(), "{}", text(&bare));
+    assert!(!bare.status.success(), "{}", shown(&bare));
     assert!(
         String::from_utf8_lossy(&bare.stderr).contains("Unauthenticated"),
         "{}",
-        text(&bare)
+        shown(&bare)
     );
     let mut with_token = vec!["-reflect-header", "authorization: Bearer s3cret-token"];
     with_token.extend(check);
@@ -226,6 +217,6 @@ async fn grpcurl_and_the_python_client_against_the_server() {
     assert!(
         String::from_utf8_lossy(&health.stdout).contains("\"SERVING\""),
         "{}",
-        text(&health)
+        shown(&health)
     );
 }

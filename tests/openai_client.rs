@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use service_support::http;
 use service_support::*;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -25,15 +25,6 @@ fn repo() -> PathBuf {
 
 fn python() -> PathBuf {
     python_with("openai, jsonschema", "openai and jsonschema")
-}
-
-fn shown(o: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        o.status,
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Runs the checking script against a server's HTTP address; returns its summary.

@@ -90,12 +90,7 @@ async fn schemathesis_finds_nothing_against_the_served_description() {
         ])
         .output()
         .unwrap();
-    let shown = format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let shown = shown(&out);
     assert!(out.status.success(), "{shown}");
     // It ran every operation and found nothing. Loading the description from its URL, it
     // leaves that URL's own operation out (from a file it tests all ten).

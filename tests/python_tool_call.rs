@@ -40,12 +40,7 @@ async fn conversation(python: &PathBuf, serve_args: &[&str]) -> serde_json::Valu
         ])
         .output()
         .unwrap();
-    let shown = format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let shown = shown(&out);
     assert!(out.status.success(), "{shown}");
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {shown}"))
 }

@@ -387,3 +387,13 @@ pub fn python_with(modules: &str, what: &str) -> std::path::PathBuf {
             )
         })
 }
+
+/// A finished child's status and output, for assertion messages.
+pub fn shown(o: &std::process::Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
