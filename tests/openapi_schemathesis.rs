@@ -5,8 +5,11 @@
 //! no 5xx, only documented statuses and content types, bodies that fit the schema, invalid
 //! requests refused with a 4xx, valid ones accepted (with the exceptions that
 //! `tests/openapi/schemathesis.toml` gives and explains), 405 for methods a path does not
-//! take. The seed is fixed, so a run is repeatable; rerun by hand with another `--seed` and
-//! more `--max-examples` to search further.
+//! take, 401 for the guarded operations without the bearer token or with a wrong one; and
+//! a stateful phase that follows the description's links (a tokenize's ids into a
+//! detokenize, the listed model into its lookup). The seed is fixed, so a run is
+//! repeatable; rerun by hand with another `--seed` and more `--max-examples` to search
+//! further.
 //!
 //! Python with `schemathesis` is required: `scripts/test` installs it into `.venv/`;
 //! `INFERNO_PYTHON` may name another interpreter.
@@ -29,8 +32,14 @@ fn python() -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_nothing_against_the_served_description() {
     let python = python();
-    let mut p = spawn_serve(&[]);
+    // With a token, so that the description's security is checked too: Schemathesis's
+    // `ignored_auth` sends the guarded operations without it and with a wrong one.
+    let work = tempfile::tempdir().unwrap();
+    let token = work.path().join("token");
+    std::fs::write(&token, "t0ken\n").unwrap();
+    let mut p = spawn_serve(&["--auth-token-file", token.to_str().unwrap()]);
     wait_serving(p.addr).await;
+    let bearer = ("authorization", "Bearer t0ken");
 
     // The description is served whole and open, and every path it lists is a route of the
     // server's (the fallback's 404 says "no such endpoint").
@@ -39,10 +48,8 @@ async fn schemathesis_finds_nothing_against_the_served_description() {
     assert_eq!(doc.header("content-type"), Some("application/json"));
     let spec = doc.json();
     assert_eq!(spec["openapi"], "3.0.3", "{spec}");
-    let model = http::get(p.http, "/v1/models").json()["data"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let models = http::request(p.http, "GET", "/v1/models", &[bearer], b"").json();
+    let model = models["data"][0]["id"].as_str().unwrap().to_string();
     let paths = spec["paths"].as_object().unwrap();
     for (path, ops) in paths {
         for method in ops.as_object().unwrap().keys() {
@@ -51,7 +58,7 @@ async fn schemathesis_finds_nothing_against_the_served_description() {
                 p.http,
                 &method.to_uppercase(),
                 &path,
-                &[("content-type", "application/json")],
+                &[("content-type", "application/json"), bearer],
                 b"{}",
             );
             assert!(
@@ -68,7 +75,6 @@ async fn schemathesis_finds_nothing_against_the_served_description() {
         "the check above would see an unserved path"
     );
 
-    let work = tempfile::tempdir().unwrap();
     let out = Command::new(&python)
         .current_dir(work.path())
         .env("NO_COLOR", "1")
@@ -87,13 +93,16 @@ async fn schemathesis_finds_nothing_against_the_served_description() {
             "1",
             "--generation-database",
             "none",
+            "--header",
+            "Authorization: Bearer t0ken",
         ])
         .output()
         .unwrap();
     let shown = shown(&out);
     assert!(out.status.success(), "{shown}");
     // It ran every operation and found nothing. Loading the description from its URL, it
-    // leaves that URL's own operation out (from a file it tests all ten).
+    // leaves that URL's own operation out (from a file it tests all ten). Both links were
+    // followed.
     let stdout = String::from_utf8_lossy(&out.stdout);
     let operations = paths
         .values()
@@ -104,6 +113,7 @@ async fn schemathesis_finds_nothing_against_the_served_description() {
         "{shown}"
     );
     assert!(stdout.contains("No issues found"), "{shown}");
+    assert!(stdout.contains("API Links:    2 covered"), "{shown}");
     assert!(
         p.child.try_wait().unwrap().is_none(),
         "the server went down under the fuzzing"
