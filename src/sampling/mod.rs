@@ -80,7 +80,8 @@ impl SamplingParams {
 /// Checks one sampling number against its range, on the value as the client sent it: a
 /// JSON number is an `f64`, checked before it is narrowed to the `f32` the sampler keeps
 /// ([`narrow`]), so that 1.00000001 is refused as a `top_p` rather than rounded to 1. Every
-/// range lies within `f32`'s finite values.
+/// range lies within `f32`'s finite values. `field` is the parameter's name, which the
+/// error repeats.
 pub fn check_number(field: &'static str, value: f64) -> Result<(), SamplingError> {
     const MAX: f64 = f32::MAX as f64;
     let (ok, want) = match field {
@@ -90,7 +91,8 @@ pub fn check_number(field: &'static str, value: f64) -> Result<(), SamplingError
         ),
         "top_p" => (value > 0.0 && value <= 1.0, "in (0, 1]"),
         "min_p" => ((0.0..=1.0).contains(&value), "in [0, 1]"),
-        "repeat_penalty" => (
+        // `repetition_penalty` is the HTTP API's name for it (vLLM's).
+        "repeat_penalty" | "repetition_penalty" => (
             value > 0.0 && value <= MAX,
             "greater than 0, at most 3.4e38 (a 32-bit float)",
         ),
@@ -394,6 +396,13 @@ mod tests {
         assert!(check_number("frequency_penalty", 2.000_000_01).is_err());
         let e = check_number("min_p", 1.5).unwrap_err().to_string();
         assert_eq!(e, "invalid min_p 1.5: must be in [0, 1]");
+        let e = check_number("repetition_penalty", 0.0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("invalid repetition_penalty 0.0: must be greater than 0"),
+            "{e}"
+        );
         assert_eq!(narrow(1e-50), f32::from_bits(1));
         assert_eq!(narrow(-1e-50), -f32::from_bits(1));
         assert_eq!(narrow(0.0), 0.0);

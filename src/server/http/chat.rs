@@ -204,38 +204,27 @@ pub(super) fn common_spec(
     request_id: String,
 ) -> Result<GenerateSpec, ApiError> {
     let d = SamplingParams::default();
-    let number = |param: &'static str, field: &'static str, v: Option<f64>, default: f32| {
+    let number = |param: &'static str, v: Option<f64>, default: f32| {
         v.map_or(Ok(default), |v| {
-            check_number(field, v)
+            check_number(param, v)
                 .map(|()| narrow(v))
                 .map_err(|e| ApiError::invalid(param, e.to_string()))
         })
     };
     let mut spec = GenerateSpec::new(prompt);
     spec.sampling = SamplingParams {
-        temperature: number("temperature", "temperature", s.temperature, d.temperature)?,
+        temperature: number("temperature", s.temperature, d.temperature)?,
         top_k: s.top_k.map_or(d.top_k, |k| k.max(0) as usize),
-        top_p: number("top_p", "top_p", s.top_p, d.top_p)?,
-        min_p: number("min_p", "min_p", s.min_p, d.min_p)?,
-        repeat_penalty: number(
-            "repetition_penalty",
-            "repeat_penalty",
-            s.repetition_penalty,
-            d.repeat_penalty,
-        )?,
+        top_p: number("top_p", s.top_p, d.top_p)?,
+        min_p: number("min_p", s.min_p, d.min_p)?,
+        repeat_penalty: number("repetition_penalty", s.repetition_penalty, d.repeat_penalty)?,
         repeat_last_n: d.repeat_last_n,
         frequency_penalty: number(
-            "frequency_penalty",
             "frequency_penalty",
             s.frequency_penalty,
             d.frequency_penalty,
         )?,
-        presence_penalty: number(
-            "presence_penalty",
-            "presence_penalty",
-            s.presence_penalty,
-            d.presence_penalty,
-        )?,
+        presence_penalty: number("presence_penalty", s.presence_penalty, d.presence_penalty)?,
         seed: s.seed,
     };
     spec.max_tokens = s.max_tokens.map(|n| n as usize);
