@@ -35,45 +35,32 @@
 /// in tiles of the listed sizes, largest first (each size runs while it fits, so with
 /// `8, 4, 3, 2, 1` a remainder below four is one tile of its own size). `$t` names the first
 /// token of the tile, for `$args` to pass on. Expands to unsafe calls: the caller's own
-/// contract must cover them. `$kernel::<_, K>` passes a second const generic `K` to every
-/// tile (the packed K-quant codes kernels' type), `$kernel::<_, K, L>` a second and a third
-/// (the packed legacy codes kernel's `FIVE` and `MIN`).
+/// contract must cover them. `$kernel::<_, K, ...>` passes further const generics after the
+/// tile's size to every tile (the packed K-quant codes kernels' type; the packed legacy
+/// codes kernel's `FIVE` and `MIN`). The sizes are taken one at a time (`@tiles`), so that
+/// the list of generics repeats once per call rather than inside the sizes' repetition.
 #[allow(unused_macros)]
 macro_rules! for_token_tiles {
-    ($n:expr, $t:ident, [$($tile:literal),+], $kernel:ident::<_, $k:ident, $l:ident> $args:tt) => {{
+    ($n:expr, $t:ident, [$($tile:literal),+], $kernel:ident::<_ $(, $g:ident)*> $args:tt) => {{
         let mut $t = 0;
-        $(
-            #[allow(clippy::int_plus_one)]
-            while $t + $tile <= $n {
-                // SAFETY: forwarded from the caller's contract; tokens t..t + tile exist.
-                unsafe { $kernel::<$tile, $k, $l> $args };
-                $t += $tile;
-            }
-        )+
-    }};
-    ($n:expr, $t:ident, [$($tile:literal),+], $kernel:ident::<_, $k:ident> $args:tt) => {{
-        let mut $t = 0;
-        $(
-            #[allow(clippy::int_plus_one)]
-            while $t + $tile <= $n {
-                // SAFETY: forwarded from the caller's contract; tokens t..t + tile exist.
-                unsafe { $kernel::<$tile, $k> $args };
-                $t += $tile;
-            }
-        )+
+        for_token_tiles!(@tiles $n, $t, [$($tile),+], $kernel, [$($g),*], $args);
     }};
     ($n:expr, $t:ident, [$($tile:literal),+], $kernel:ident $args:tt) => {{
         let mut $t = 0;
-        $(
-            // "t + 1 <= n" for the one-token tile reads as the others do.
-            #[allow(clippy::int_plus_one)]
-            while $t + $tile <= $n {
-                // SAFETY: forwarded from the caller's contract; tokens t..t + tile exist.
-                unsafe { $kernel::<$tile> $args };
-                $t += $tile;
-            }
-        )+
+        for_token_tiles!(@tiles $n, $t, [$($tile),+], $kernel, [], $args);
     }};
+    (@tiles $n:expr, $t:ident, [$tile:literal $(, $rest:literal)*], $kernel:ident,
+        [$($g:ident),*], $args:tt) => {
+        // "t + 1 <= n" for the one-token tile reads as the others do.
+        #[allow(clippy::int_plus_one)]
+        while $t + $tile <= $n {
+            // SAFETY: forwarded from the caller's contract; tokens t..t + tile exist.
+            unsafe { $kernel::<$tile $(, $g)*> $args };
+            $t += $tile;
+        }
+        for_token_tiles!(@tiles $n, $t, [$($rest),*], $kernel, [$($g),*], $args);
+    };
+    (@tiles $n:expr, $t:ident, [], $kernel:ident, [$($g:ident),*], $args:tt) => {};
 }
 
 #[cfg(target_arch = "aarch64")]
