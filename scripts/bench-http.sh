@@ -201,6 +201,8 @@ for round in $(seq 1 "$rounds"); do
             run_guidellm "$who" "$round" "$c"
             echo "round $round: $who at concurrency $c done (load $(load))" >&2
         done
+        # Inferno's counters (steps, speculation) over the server's runs, for the record.
+        [ "$who" = llama ] || curl -sf "http://127.0.0.1:$port/metrics" >"$out/$who-r$round.metrics" || true
         stop_server
     done
 done

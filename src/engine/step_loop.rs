@@ -10,8 +10,9 @@
 //!
 //! With speculative decoding on, each decoding sequence may add draft tokens to its row
 //! ([`draft`]): its proposer offers them, the step's draft rows are shared out by expected
-//! yield against cost ([`share_rows`]), a draft model drafts the rows its sequences won in
-//! batched passes of its own, and sampling then verifies them ([`Running::sample`]).
+//! yield against what the longer step costs all its sequences ([`share_rows`]), a draft
+//! model drafts the rows its sequences won in batched passes of its own, and sampling then
+//! verifies them ([`Running::sample`]).
 //!
 //! Tracing: each step is an `engine_step` span (batch size, decode rows, draft rows, prefill
 //! rows) that holds the backend's kernel spans. Each request is a `request` span holding,
@@ -366,7 +367,7 @@ fn draft(
     share_rows(
         active,
         Running::bid,
-        plan.decode_rows as f64,
+        plan.seqs,
         used,
         drafting
             .spec
