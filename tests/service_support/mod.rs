@@ -210,6 +210,11 @@ impl Drop for ServeProcess {
 
 /// Starts the binary on free ports and reads the addresses it prints.
 pub fn spawn_serve(extra: &[&str]) -> ServeProcess {
+    spawn_serve_command(serve_command(extra))
+}
+
+/// `inferno serve` on free ports (gRPC, metrics, HTTP) with `extra` arguments.
+fn serve_command(extra: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_inferno"));
     cmd.args([
         "serve",
@@ -221,16 +226,28 @@ pub fn spawn_serve(extra: &[&str]) -> ServeProcess {
         "127.0.0.1:0",
     ])
     .args(extra);
-    spawn_serve_command(cmd)
+    cmd
+}
+
+/// [`spawn_serve`] with the server's log (warnings and errors, panics) written to `log`
+/// instead of the test's output, for a test to read.
+pub fn spawn_serve_logging_to(extra: &[&str], log: &std::path::Path) -> ServeProcess {
+    let file = std::fs::File::create(log).expect("the log file can be created");
+    spawn_serve_command_with(serve_command(extra), Stdio::from(file))
 }
 
 /// Runs `cmd`, which must start `inferno serve` with a metrics address and the HTTP API
 /// printing their addresses, and reads them.
-pub fn spawn_serve_command(mut cmd: Command) -> ServeProcess {
+pub fn spawn_serve_command(cmd: Command) -> ServeProcess {
+    spawn_serve_command_with(cmd, Stdio::inherit())
+}
+
+/// [`spawn_serve_command`] with the server's standard error going to `stderr`.
+pub fn spawn_serve_command_with(mut cmd: Command, stderr: Stdio) -> ServeProcess {
     let mut child = cmd
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .expect("inferno serve starts");
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
