@@ -13,7 +13,7 @@ use crate::sampling::{Sampler, SamplingError, SamplingParams};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 use serde::Serialize;
 use std::time::{Duration, Instant};
-use tracing::{debug_span, warn};
+use tracing::debug_span;
 
 /// Why a generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -360,12 +360,12 @@ impl<'t> Sequence<'t> {
         logits: &[f32],
         room: bool,
         mut on_token: impl FnMut(TokenEvent<'_>) -> Flow,
-    ) -> Step {
-        let step = self.pick(logits, room, &mut on_token);
+    ) -> Result<Step, SamplingError> {
+        let step = self.pick(logits, room, &mut on_token)?;
         if matches!(step, Step::Feed(_)) {
             self.prefetch_mask();
         }
-        step
+        Ok(step)
     }
 
     /// Takes the logits of a step that ran the last token and then `drafts` (one row each,
@@ -405,7 +405,7 @@ impl<'t> Sequence<'t> {
         for (i, row) in logits.chunks_exact(vocab).take(needed).enumerate() {
             crate::sampling::check_logits(row)?;
             let before = self.out_tokens.len();
-            let step = self.pick(row, room > i, &mut on_token);
+            let step = self.pick(row, room > i, &mut on_token)?;
             let draft = drafts.get(i).copied();
             match step {
                 Step::Feed(id) if draft == Some(id) => accepted += 1,
@@ -442,16 +442,16 @@ impl<'t> Sequence<'t> {
         logits: &[f32],
         room: bool,
         on_token: &mut impl FnMut(TokenEvent<'_>) -> Flow,
-    ) -> Step {
+    ) -> Result<Step, SamplingError> {
         if self.out_tokens.len() >= self.opts.max_tokens {
-            return Step::Finished(FinishReason::Length);
+            return Ok(Step::Finished(FinishReason::Length));
         }
         if self
             .opts
             .time_limit
             .is_some_and(|tl| self.start.elapsed() >= tl)
         {
-            return Step::Finished(FinishReason::TimeLimit);
+            return Ok(Step::Finished(FinishReason::TimeLimit));
         }
         self.last_mask = None;
         let logits = match &mut self.constraint {
@@ -466,12 +466,10 @@ impl<'t> Sequence<'t> {
                         self.mask_ms.push(took.as_secs_f64() * 1e3);
                         self.last_mask = Some((took, t0.elapsed()));
                     }
-                    Err(e) => {
-                        // The grammar admitted every token sampled so far, so this is
-                        // llguidance's failure, not the request's: end it where it is.
-                        warn!(error = %e, "grammar mask failed; ending the sequence");
-                        return Step::Finished(FinishReason::Eos);
-                    }
+                    // The grammar admitted every token sampled so far, so this is
+                    // llguidance's failure, not the request's: the request fails with it,
+                    // rather than end as if complete with text the format may not accept.
+                    Err(e) => return Err(e.into()),
                 }
                 &self.masked[..]
             }
@@ -485,15 +483,13 @@ impl<'t> Sequence<'t> {
         }
         let constrained = self.constraint.is_some();
         if (constrained || !self.opts.ignore_eos) && self.tokenizer.is_eog(id) {
-            return Step::Finished(FinishReason::Eos);
+            return Ok(Step::Finished(FinishReason::Eos));
         }
         // Whether the grammar is now complete and takes nothing more.
         let mut grammar_done = false;
         if let Some(c) = &mut self.constraint {
-            if let Err(e) = c.commit(id) {
-                warn!(error = %e, token = id, "grammar refused a token it allowed");
-                return Step::Finished(FinishReason::Eos);
-            }
+            // A token its own mask allowed: a refusal is the grammar engine's failure too.
+            c.commit(id)?;
             grammar_done = c.is_finished();
         }
         self.out_tokens.push(id);
@@ -507,19 +503,17 @@ impl<'t> Sequence<'t> {
             index: self.out_tokens.len() - 1,
             mask: self.last_mask,
         });
-        if stopped {
-            return Step::Finished(FinishReason::StopSequence);
-        }
-        if flow == Flow::Stop {
-            return Step::Finished(FinishReason::Cancelled);
-        }
-        if grammar_done {
-            return Step::Finished(FinishReason::Eos);
-        }
-        if self.out_tokens.len() >= self.opts.max_tokens || !room {
-            return Step::Finished(FinishReason::Length);
-        }
-        Step::Feed(id)
+        Ok(if stopped {
+            Step::Finished(FinishReason::StopSequence)
+        } else if flow == Flow::Stop {
+            Step::Finished(FinishReason::Cancelled)
+        } else if grammar_done {
+            Step::Finished(FinishReason::Eos)
+        } else if self.out_tokens.len() >= self.opts.max_tokens || !room {
+            Step::Finished(FinishReason::Length)
+        } else {
+            Step::Feed(id)
+        })
     }
 
     /// Has the grammar's masks computed ahead on `worker`, each while the forward pass of

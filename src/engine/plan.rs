@@ -322,9 +322,11 @@ fn request_field(e: &RequestError) -> Option<Field> {
         E::TooManyLogprobs(_) => Field::Logprobs,
         E::TooManyStops(_) | E::StopLength(_) => Field::Stop,
         E::Sampling(SamplingError::Invalid { field, .. }) => Field::Sampling(field),
-        E::Sampling(SamplingError::NonFiniteLogits { .. } | SamplingError::MissingRows { .. }) => {
-            return None
-        }
+        E::Sampling(
+            SamplingError::NonFiniteLogits { .. }
+            | SamplingError::MissingRows { .. }
+            | SamplingError::Constraint(_),
+        ) => return None,
         E::ResponseFormat(_) => Field::ResponseFormat,
         E::UnknownRole { index, .. } => Field::MessageRole { message: *index },
         E::Template(_) => Field::Messages,

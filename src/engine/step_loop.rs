@@ -302,7 +302,8 @@ fn step(
                 conclude(shared, pool, r, End::Finished(reason));
             }
             Ok(Err(e)) => {
-                // Non-finite logits: corrupt weights, not the client's doing.
+                // Non-finite logits (corrupt weights) or a failure of the grammar engine:
+                // not the client's doing.
                 let r = active.remove(i);
                 let err = JobError::Internal(e.to_string());
                 conclude(shared, pool, r, End::Failed(err, Outcome::Internal));

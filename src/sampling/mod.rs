@@ -133,6 +133,11 @@ pub enum SamplingError {
     NonFiniteLogits { token: usize, value: f32 },
     #[error("logits for {needed} rows were needed to verify the drafts, {got} were given")]
     MissingRows { needed: usize, got: usize },
+    /// The grammar engine failed on a sequence it had accepted so far (its own fault, not
+    /// the request's): a mask it could not compute, or a token its own mask allowed and it
+    /// then refused.
+    #[error(transparent)]
+    Constraint(#[from] constraint::ConstraintError),
 }
 
 /// Checks that every logit is a finite number. NaN or infinite logits come from broken

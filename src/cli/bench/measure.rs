@@ -865,14 +865,14 @@ impl Runner<'_> {
         let start = Instant::now();
         for _ in 0..n_gen {
             for ((seq, l), id) in seqs.iter_mut().zip(&self.batch_logits).zip(&mut next) {
-                let mut step = seq.advance(l, true, |_| Flow::Continue);
+                let mut step = seq.advance(l, true, |_| Flow::Continue)?;
                 record_mask(seq);
                 if let Step::Finished(_) = step {
                     // A complete value: the stream starts the grammar over from the same
                     // logits (that first mask is computed in line).
                     restarts += 1;
                     *seq = start_seq()?;
-                    step = seq.advance(l, true, |_| Flow::Continue);
+                    step = seq.advance(l, true, |_| Flow::Continue)?;
                     record_mask(seq);
                 }
                 *id = match step {
