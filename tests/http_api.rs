@@ -303,6 +303,27 @@ async fn bad_input_gets_clear_statuses_and_the_server_stays_up() {
             assert_eq!(r.status, 400, "{body}: {}", r.text());
             assert_eq!(error_of(&r)["param"], param, "{body}");
         }
+        // Numbers are read as written (correctly rounded): the error echoes them so, and
+        // one step above 1 is out of range for top_p.
+        for (number, param, echo) in [
+            (
+                r#""temperature": -1e-50"#,
+                "temperature",
+                "invalid temperature -1e-50:",
+            ),
+            (
+                r#""top_p": 1.0000000000000002"#,
+                "top_p",
+                "invalid top_p 1.0000000000000002:",
+            ),
+        ] {
+            let body = format!(r#"{{"messages": [{{"role": "user", "content": "x"}}], {number}}}"#);
+            let r = http::request(addr, "POST", chat, &[], body.as_bytes());
+            assert_eq!(r.status, 400, "{body}: {}", r.text());
+            let e = error_of(&r);
+            assert_eq!(e["param"], param, "{body}");
+            assert!(e["message"].as_str().unwrap().starts_with(echo), "{e}");
+        }
         let r = http::post(
             addr,
             "/v1/completions",
