@@ -395,7 +395,7 @@ pub struct Bid {
 /// tokens per unit of time. In a batch, drafting shrinks as the step's sequences grow: on
 /// two Zen 3 cores, eight streams of which a few repeated themselves (97% of drafts
 /// accepted) gave the same throughput as without drafts, and the streams that drafted
-/// nothing waited 40–65% longer between tokens at the 99th percentile, when rows went
+/// nothing waited 38–65% longer between tokens at the 99th percentile, when rows went
 /// wherever they raised the tokens of the whole step per unit of time (BENCHMARKS.md).
 pub fn share_rows<T>(
     items: &mut [T],
