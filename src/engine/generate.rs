@@ -895,6 +895,75 @@ mod tests {
         assert_eq!(out, vec!["a ", "Ex", ""]);
     }
 
+    /// Random replies over a small alphabet, random stop strings and random cuts into
+    /// pieces, against a direct statement of the rule: generation ends after the first
+    /// piece whose text holds a stop string, cut where the earliest such string starts;
+    /// after any other piece, everything is released but the longest end of the text that
+    /// could still grow into a stop string.
+    #[test]
+    fn stop_scan_matches_its_rule_on_random_replies() {
+        let alphabet = ["a", "b", "ab", "é", "\n"];
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: usize| {
+            // xorshift64: reproducible without a dependency.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        for case in 0..4000 {
+            let stops: Vec<String> = (0..1 + next(3))
+                .map(|_| (0..1 + next(3)).map(|_| alphabet[next(5)]).collect())
+                .collect();
+            let pieces: Vec<String> = (0..1 + next(8))
+                .map(|_| (0..next(4)).map(|_| alphabet[next(5)]).collect())
+                .collect();
+            let refs: Vec<&str> = stops.iter().map(String::as_str).collect();
+            let prefs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            let (out, stopped, _) = run(&refs, &prefs);
+
+            let mut text = String::new();
+            let mut want = None;
+            for (i, piece) in pieces.iter().enumerate() {
+                text.push_str(piece);
+                let cut = stops.iter().filter_map(|s| text.find(s.as_str())).min();
+                if let Some(cut) = cut {
+                    want = Some((i, cut));
+                    break;
+                }
+                // What may be held back after this piece.
+                let hold = stops
+                    .iter()
+                    .flat_map(|s| s.char_indices().skip(1).map(|(k, _)| &s[..k]))
+                    .filter(|p| text.ends_with(p))
+                    .map(str::len)
+                    .max()
+                    .unwrap_or(0);
+                let released: String = out[..=i].concat();
+                assert_eq!(
+                    released,
+                    text[..text.len() - hold],
+                    "case {case}: {stops:?} {pieces:?} after piece {i}"
+                );
+            }
+            match want {
+                Some((i, cut)) => {
+                    assert!(stopped, "case {case}: {stops:?} {pieces:?}");
+                    assert_eq!(out.len(), i + 1, "case {case}: stopped at piece {i}");
+                    assert_eq!(
+                        out.concat(),
+                        text[..cut],
+                        "case {case}: {stops:?} {pieces:?}"
+                    );
+                }
+                None => {
+                    assert!(!stopped, "case {case}: {stops:?} {pieces:?}");
+                    assert_eq!(out.concat(), text, "case {case}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn no_stops_streams_everything() {
         let (out, _, _) = run(&[], &["héllo", " wörld"]);
