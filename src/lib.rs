@@ -10,3 +10,6 @@ pub mod sampling;
 pub mod server;
 pub mod tensor;
 pub mod tokenizer;
+
+#[cfg(test)]
+pub(crate) mod test_rng;

@@ -903,14 +903,8 @@ mod tests {
     #[test]
     fn stop_scan_matches_its_rule_on_random_replies() {
         let alphabet = ["a", "b", "ab", "é", "\n"];
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = |n: usize| {
-            // xorshift64: reproducible without a dependency.
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % n as u64) as usize
-        };
+        let mut rng = crate::test_rng::TestRng::new(0x2545_f491_4f6c_dd1d);
+        let mut next = |n: usize| rng.below(n);
         for case in 0..4000 {
             let stops: Vec<String> = (0..1 + next(3))
                 .map(|_| (0..1 + next(3)).map(|_| alphabet[next(5)]).collect())

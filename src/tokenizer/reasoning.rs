@@ -445,4 +445,83 @@ mod tests {
         assert_eq!(r.answer, vec![Parsed::Text(text.into())]);
         assert_eq!(p.finish(), ReplyPiece::default());
     }
+
+    /// The fuzz target's property (`fuzz/fuzz_targets/reply_parser.rs`) on stable Rust:
+    /// random replies built from the tags and fragments the parser looks for, in every
+    /// mode, parse alike whole, in random pieces and one character at a time.
+    #[test]
+    fn random_replies_parse_alike_however_they_are_cut() {
+        let fragments = [
+            "<think>",
+            "</think>",
+            "<tool_call>",
+            "</tool_call>",
+            "<tool_",
+            "</thi",
+            "<",
+            "\n",
+            " ",
+            "x",
+            "é",
+            "{\"name\": \"f\", \"arguments\": {\"a\": 1}}",
+            "{\"name\": 3}",
+        ];
+        let mut rng = crate::test_rng::TestRng::new(0x9e37_79b9_7f4a_7c15);
+        let mut next = |n: usize| rng.below(n);
+        let parse = |mode: usize, pieces: &[&str]| {
+            let reasoning = match mode % 3 {
+                0 => None,
+                1 => Some(ReasoningParser::new()),
+                _ => Some(ReasoningParser::inside()),
+            };
+            let mut p = ReplyParser::new(reasoning, mode >= 3);
+            let mut reasoning = String::new();
+            let mut answer: Vec<Parsed> = Vec::new();
+            let mut take = |r: ReplyPiece| {
+                assert!(r.reasoning.is_empty() || answer.is_empty(), "{pieces:?}");
+                reasoning.push_str(&r.reasoning);
+                for e in r.answer {
+                    match (answer.last_mut(), e) {
+                        (Some(Parsed::Text(a)), Parsed::Text(b)) => a.push_str(&b),
+                        (_, e) => answer.push(e),
+                    }
+                }
+            };
+            for piece in pieces {
+                take(p.push(piece));
+            }
+            take(p.finish());
+            (reasoning, answer)
+        };
+        for case in 0..3000 {
+            let mode = next(6);
+            let text: String = (0..next(12))
+                .map(|_| fragments[next(fragments.len())])
+                .collect();
+            let mut cuts: Vec<usize> = (0..next(5))
+                .map(|_| next(text.len() + 1))
+                .filter(|&i| text.is_char_boundary(i))
+                .collect();
+            cuts.sort_unstable();
+            let mut pieces = Vec::new();
+            let mut from = 0;
+            for &c in cuts.iter().chain([text.len()].iter()) {
+                pieces.push(&text[from..c]);
+                from = c;
+            }
+            let whole = parse(mode, &[&text]);
+            assert_eq!(
+                parse(mode, &pieces),
+                whole,
+                "case {case}, mode {mode}: {pieces:?}"
+            );
+            let chars: Vec<String> = text.chars().map(String::from).collect();
+            let chars: Vec<&str> = chars.iter().map(String::as_str).collect();
+            assert_eq!(
+                parse(mode, &chars),
+                whole,
+                "case {case}, mode {mode}: {text:?}"
+            );
+        }
+    }
 }
