@@ -407,23 +407,35 @@ mod tests {
         );
     }
 
+    /// Feeds the pieces to `p` and returns the whole reasoning and answer, adjacent answer
+    /// texts merged (where one push's text ends and the next begins means nothing to a
+    /// reader). Reasoning never comes after answer text.
+    fn parse_reply(mut p: ReplyParser, pieces: &[&str]) -> (String, Vec<Parsed>) {
+        let mut reasoning = String::new();
+        let mut answer: Vec<Parsed> = Vec::new();
+        let mut take = |r: ReplyPiece| {
+            assert!(r.reasoning.is_empty() || answer.is_empty(), "{pieces:?}");
+            reasoning.push_str(&r.reasoning);
+            for e in r.answer {
+                match (answer.last_mut(), e) {
+                    (Some(Parsed::Text(a)), Parsed::Text(b)) => a.push_str(&b),
+                    (_, e) => answer.push(e),
+                }
+            }
+        };
+        for piece in pieces {
+            take(p.push(piece));
+        }
+        take(p.finish());
+        (reasoning, answer)
+    }
+
     #[test]
     fn tool_calls_are_found_in_the_answer_only() {
         let text = "<think>I could write <tool_call>{\"name\": \"x\"}</tool_call> here\
             </think>\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
         let run = |pieces: &[&str]| {
-            let mut p = ReplyParser::new(Some(ReasoningParser::new()), true);
-            let mut reasoning = String::new();
-            let mut answer = Vec::new();
-            for piece in pieces {
-                let r = p.push(piece);
-                reasoning.push_str(&r.reasoning);
-                answer.extend(r.answer);
-            }
-            let r = p.finish();
-            reasoning.push_str(&r.reasoning);
-            answer.extend(r.answer);
-            (reasoning, answer)
+            parse_reply(ReplyParser::new(Some(ReasoningParser::new()), true), pieces)
         };
         // After </think> the answer's leading newline is dropped.
         let expected = (
@@ -474,24 +486,7 @@ mod tests {
                 1 => Some(ReasoningParser::new()),
                 _ => Some(ReasoningParser::inside()),
             };
-            let mut p = ReplyParser::new(reasoning, mode >= 3);
-            let mut reasoning = String::new();
-            let mut answer: Vec<Parsed> = Vec::new();
-            let mut take = |r: ReplyPiece| {
-                assert!(r.reasoning.is_empty() || answer.is_empty(), "{pieces:?}");
-                reasoning.push_str(&r.reasoning);
-                for e in r.answer {
-                    match (answer.last_mut(), e) {
-                        (Some(Parsed::Text(a)), Parsed::Text(b)) => a.push_str(&b),
-                        (_, e) => answer.push(e),
-                    }
-                }
-            };
-            for piece in pieces {
-                take(p.push(piece));
-            }
-            take(p.finish());
-            (reasoning, answer)
+            parse_reply(ReplyParser::new(reasoning, mode >= 3), pieces)
         };
         for case in 0..3000 {
             let mode = next(6);
@@ -505,7 +500,7 @@ mod tests {
             cuts.sort_unstable();
             let mut pieces = Vec::new();
             let mut from = 0;
-            for &c in cuts.iter().chain([text.len()].iter()) {
+            for c in cuts.into_iter().chain([text.len()]) {
                 pieces.push(&text[from..c]);
                 from = c;
             }
