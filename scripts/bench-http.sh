@@ -9,21 +9,20 @@
 #
 # MODEL defaults to the real test checkpoint (scripts/fetch-test-model.sh). Both servers get
 # THREADS threads (default 2) and MAX_BATCH concurrent sequences (default 8: inferno's
-# --max-batch, llama-server's -np) with a CTX-token context each; every request is a
-# synthetic prompt of PROMPT_TOKENS tokens answered with exactly OUTPUT_TOKENS tokens
-# (ignore_eos). Each concurrency level (CONCURRENCY, default "1 4 8") runs REQUESTS_PER_STREAM
-# requests per stream (at least 8 in all), ROUNDS times, the servers alternating which goes
-# first; the table shows the median over rounds. guidellm 0.8.1 lives in .venv-bench/ (it
-# pulls torch: about 6 GB, once); it tokenizes with the model's own tokenizer, converted
-# from the GGUF file by transformers once and cached beside it. Nothing here needs the
-# Hugging Face Hub. FIXED_CHUNK=N also runs inferno with a fixed prompt chunk of N tokens
-# while streams decode (`--prefill-chunk-running N`, the policy before `--target-itl-ms`) as
-# a third server; TARGET_ITL_MS sets the target of the first. OVERHEAD=0 skips the gRPC/HTTP
-# overhead part. LLAMA_SERVER=none leaves llama-server out (a sweep of inferno's own
-# settings, e.g. one run per TARGET_ITL_MS). INFERNO=PATH serves another inferno binary
-# (an older build, to compare two builds under the same load). The requests are generated
-# before the servers start (see below; SYNTHETIC_IN_RUN=1: during each run, as guidellm
-# does by default).
+# --max-batch, llama-server's -np) with a CTX-token context each; every request is a synthetic
+# prompt of PROMPT_TOKENS tokens answered with exactly OUTPUT_TOKENS tokens (ignore_eos). Each
+# concurrency level (CONCURRENCY, default "1 4 8") runs REQUESTS_PER_STREAM requests per stream
+# (at least 8 in all; prompts of its own, see below), ROUNDS times, the servers alternating
+# which goes first; the table shows the median over rounds. guidellm 0.8.1 lives in
+# .venv-bench/ (it pulls torch: about 6 GB, once); it tokenizes with the model's own tokenizer,
+# converted from the GGUF file by transformers once and cached beside it. Nothing here needs
+# the Hugging Face Hub. FIXED_CHUNK=N also runs inferno with a fixed prompt chunk of N tokens
+# while streams decode (`--prefill-chunk-running N`, the policy before `--target-itl-ms`) as a
+# third server; TARGET_ITL_MS sets the target of the first. OVERHEAD=0 skips the gRPC/HTTP
+# overhead part. LLAMA_SERVER=none leaves llama-server out (a sweep of inferno's own settings,
+# e.g. one run per TARGET_ITL_MS). INFERNO=PATH serves another inferno binary (an older build,
+# to compare two builds under the same load). The requests are generated before the servers
+# start (see below; SYNTHETIC_IN_RUN=1: during each run, as guidellm does by default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -77,13 +76,22 @@ requests_at() {
 # seconds (its data worker process), which is when the first burst of prompts is served.
 # Read from a file, the rows cost guidellm nothing measurable. SYNTHETIC_IN_RUN=1 keeps
 # the generation in the run, as before.
+#
+# Each concurrency level gets rows of its own: one server process serves every level of a
+# round, and llama-server keeps the prompts it has seen (its slots, and up to 8 GiB of
+# prompt states in RAM by default) and serves a prompt it saw at an earlier level from that
+# cache, 999 of 1,000 tokens cached. With the same rows at every level it so skipped the
+# prefill of half the requests at 4 and at 8 clients. Rounds restart the servers, so every
+# round reuses the same rows level by level, alike for every server. guidellm's synthesis
+# in the run (SYNTHETIC_IN_RUN=1) draws the same prompts for every level from a fixed seed,
+# so there the server is restarted before each level instead.
 requests=0
 for c in $concurrency; do
-    n=$(requests_at "$c")
-    [ "$n" -le "$requests" ] || requests=$n
+    requests=$((requests + $(requests_at "$c")))
 done
+synthetic_in_run=${SYNTHETIC_IN_RUN:-0}
 data="kind=synthetic_text,prompt_tokens=$prompt_tokens,output_tokens=$output_tokens"
-if [ "${SYNTHETIC_IN_RUN:-0}" = 0 ]; then
+if [ "$synthetic_in_run" = 0 ]; then
     rows="$out/requests-p$prompt_tokens-o$output_tokens.jsonl"
     if ! .venv-bench/bin/python - "$tokenizer" "$prompt_tokens" "$output_tokens" "$requests" \
         "$rows" 2>"$out/requests.log" <<'EOF'
@@ -111,8 +119,21 @@ EOF
     written=$(wc -l <"$rows")
     [ "$written" -eq "$requests" ] ||
         { echo "$rows has $written requests, not $requests: see $out/requests.log" >&2; exit 1; }
-    data="kind=json_file,path=$rows"
+    first=1
+    for c in $concurrency; do
+        n=$(requests_at "$c")
+        sed -n "${first},$((first + n - 1))p" "$rows" >"${rows%.jsonl}-c$c.jsonl"
+        first=$((first + n))
+    done
 fi
+
+data_at() { # concurrency
+    if [ "$synthetic_in_run" = 0 ]; then
+        echo "kind=json_file,path=${rows%.jsonl}-c$1.jsonl"
+    else
+        echo "$data"
+    fi
+}
 
 # The tree's own build only when no other binary is named.
 if [ -z "${INFERNO:-}" ]; then
@@ -173,7 +194,7 @@ run_guidellm() { # who round concurrency
     .venv-bench/bin/python - "$out/$1-r$2-c$3.cpu" .venv-bench/bin/guidellm run \
         --backend "kind=openai_http,target=http://127.0.0.1:$port,request_format=/v1/completions" \
         --profile "kind=concurrent,streams=$3" \
-        --data "$data" \
+        --data "$(data_at "$3")" \
         --tokenizer "kind=hf_auto,model=$tokenizer" \
         --constraint "kind=max_requests,count=$n" \
         --output "kind=json,path=$out/$1-r$2-c$3.json" \
@@ -197,7 +218,13 @@ for round in $(seq 1 "$rounds"); do
     ((round % 2)) || order=$(echo "$order" | tr ' ' '\n' | tac | tr '\n' ' ')
     for who in $order; do
         "start_$who"
+        first_level=1
         for c in $concurrency; do
+            if [ "$synthetic_in_run" != 0 ] && [ "$first_level" = 0 ]; then
+                stop_server
+                "start_$who"
+            fi
+            first_level=0
             run_guidellm "$who" "$round" "$c"
             echo "round $round: $who at concurrency $c done (load $(load))" >&2
         done
