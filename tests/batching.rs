@@ -367,6 +367,13 @@ async fn a_shared_prompt_prefix_is_reused_with_the_same_tokens() {
         .count() as u32; // the demo vocabulary is one token per byte
     assert_eq!(u.cached_prompt_tokens, shared);
 
+    // The first prompt a third time: the one that shared only its opening copied that
+    // prefix and left the first prompt's cache whole.
+    let third = run(&mut c, greedy(&p1, 8)).await;
+    assert_eq!(third.ids(), want[0], "reuse changed the tokens");
+    let u = third.done.as_ref().unwrap().usage.unwrap();
+    assert_eq!(u.cached_prompt_tokens, u.prompt_tokens - 1);
+
     // A multi-turn chat resent whole: the earlier turn (prompt and reply) is reused.
     let turn2 = format!("{p2}{} And another?", other.text());
     let want2 = reference(&[&turn2], 8);

@@ -4,8 +4,9 @@
 //! (prompt plus `max_tokens`), so admission never over-commits: the reserved positions of
 //! running sequences plus those of the caches kept for reuse never exceed the budget fixed
 //! at start. A finished sequence's cache is kept with the tokens it holds; a new prompt
-//! that starts with those tokens takes it (or copies its prefix) and computes only the
-//! rest. Kept caches are evicted least recently used first when room is needed.
+//! that starts with some of those tokens copies that prefix (or takes the cache over, when
+//! it extends all of it or room is short) and computes only the rest. Kept caches are
+//! evicted least recently used first when room is needed.
 
 use crate::model::{KvCache, Model};
 
@@ -119,8 +120,17 @@ impl KvPool {
         self.clock += 1;
         let best = self.best_match(prompt);
         if let Some((i, n)) = best {
-            if self.cached[i].kv.capacity() >= need {
-                // Big enough: take it over and overwrite everything after the prefix.
+            let c = &self.cached[i];
+            // Taken over in place (everything after the prefix overwritten) when the prompt
+            // extends all it holds, as the next turn of a chat does (once this sequence is
+            // kept, it would be redundant), or when a fresh cache would need room that other
+            // kept caches hold. Otherwise it stays for the next prompt that shares it and
+            // its prefix is copied: prompts that share only their first tokens (a template's
+            // opening) must not use up each other's caches, nor a prompt sent again the
+            // cache of its first sending.
+            let extends = n == c.tokens.len();
+            let crowded = self.reserved + self.cached_positions + need > self.budget;
+            if c.kv.capacity() >= need && (extends || crowded) {
                 let c = self.cached.remove(i);
                 let mut kv = c.kv;
                 kv.truncate(n);
@@ -260,51 +270,60 @@ mod tests {
     }
 
     #[test]
-    fn a_kept_prefix_is_taken_over_or_copied_and_its_last_token_recomputed() {
+    fn a_kept_prefix_is_copied_or_taken_over_and_its_last_token_recomputed() {
         let m = demo();
         let mut pool = KvPool::new(1000);
+        let usage = |pool: &KvPool| (pool.usage().reserved, pool.usage().cached);
         let history = [1, 2, 3, 4, 5, 6];
         pool.release(filled(&m, 10, &history), Some(&history));
-        // The same prompt: all but its last token are reused, in place (capacity 10 ≥ 8).
+        // A prompt sharing part of it: all but the prompt's last token come from it, copied
+        // into a fresh cache, and the kept one stays for the next prompt that shares it.
         let g = pool.acquire(&m, &[1, 2, 3, 4], 8).unwrap();
-        assert_eq!((g.reused, g.kv.len(), g.kv.capacity()), (3, 3, 10));
-        assert_eq!(pool.usage().cached, 0);
+        assert_eq!((g.reused, g.kv.len(), g.kv.capacity()), (3, 3, 8));
+        assert_eq!(usage(&pool), (8, 10));
         let mut kv = g.kv;
         kv.advance(2); // the prompt's last token and one generated token ran
         pool.release(kv, Some(&[1, 2, 3, 4, 9]));
-        assert_eq!(
-            pool.usage(),
-            KvUsage {
-                reserved: 0,
-                cached: 10,
-                budget: 1000
-            }
-        );
-        // A longer sequence: a fresh cache with the shared prefix copied; the kept one stays.
+        assert_eq!(usage(&pool), (0, 18));
+        // The same prompt again finds it too (the newer of two equal matches).
+        let g = pool.acquire(&m, &[1, 2, 3, 4], 8).unwrap();
+        assert_eq!((g.reused, g.kv.capacity()), (3, 8));
+        assert_eq!(usage(&pool), (8, 18));
+        pool.release(g.kv, None);
+        // A prompt that extends all a kept cache holds, too big for it: copied.
         let g = pool.acquire(&m, &[1, 2, 3, 4, 9, 8, 7], 50).unwrap();
         assert_eq!((g.reused, g.kv.capacity()), (5, 50));
-        assert_eq!(
-            pool.usage(),
-            KvUsage {
-                reserved: 50,
-                cached: 10,
-                budget: 1000
-            }
-        );
+        assert_eq!(usage(&pool), (50, 18));
         // Releasing a cache that extends a kept one replaces it.
         let mut kv = g.kv;
         kv.advance(2);
         pool.release(kv, Some(&[1, 2, 3, 4, 9, 8, 7]));
-        assert_eq!(
-            pool.usage(),
-            KvUsage {
-                reserved: 0,
-                cached: 50,
-                budget: 1000
-            }
-        );
+        assert_eq!(usage(&pool), (0, 60));
+        // One that extends all of a kept cache and fits in it takes it over in place.
+        let g = pool.acquire(&m, &[1, 2, 3, 4, 9, 8, 7, 6], 20).unwrap();
+        assert_eq!((g.reused, g.kv.len(), g.kv.capacity()), (7, 7, 50));
+        assert_eq!(usage(&pool), (50, 10));
+        pool.release(g.kv, None);
         // No shared first token: nothing reused.
         let g = pool.acquire(&m, &[42, 1, 2], 5).unwrap();
         assert_eq!(g.reused, 0);
+    }
+
+    #[test]
+    fn a_shared_opening_takes_a_kept_cache_over_only_when_room_is_short() {
+        let m = demo();
+        let kept = [1, 2, 3, 4, 5];
+        // Room for a fresh cache beside the kept one: the kept one stays.
+        let mut pool = KvPool::new(20);
+        pool.release(filled(&m, 10, &kept), Some(&kept));
+        let g = pool.acquire(&m, &[1, 2, 9, 9], 8).unwrap();
+        assert_eq!((g.reused, g.kv.capacity()), (2, 8));
+        assert_eq!((pool.usage().reserved, pool.usage().cached), (8, 10));
+        // No room: taken over rather than evicted.
+        let mut pool = KvPool::new(15);
+        pool.release(filled(&m, 10, &kept), Some(&kept));
+        let g = pool.acquire(&m, &[1, 2, 9, 9], 8).unwrap();
+        assert_eq!((g.reused, g.kv.len(), g.kv.capacity()), (2, 2, 10));
+        assert_eq!((pool.usage().reserved, pool.usage().cached), (10, 0));
     }
 }
