@@ -129,8 +129,7 @@ impl KvPool {
             // opening) must not use up each other's caches, nor a prompt sent again the
             // cache of its first sending.
             let extends = n == c.tokens.len();
-            let crowded = self.reserved + self.cached_positions + need > self.budget;
-            if c.kv.capacity() >= need && (extends || crowded) {
+            if c.kv.capacity() >= need && (extends || self.lacks_room_for(need)) {
                 let c = self.cached.remove(i);
                 let mut kv = c.kv;
                 kv.truncate(n);
@@ -142,7 +141,7 @@ impl KvPool {
         // A fresh cache. The matching kept one (if any) is set aside while others are
         // evicted, and goes last, only if the budget needs its room too.
         let mut source = best.map(|(i, n)| (self.cached.remove(i), n));
-        while self.reserved + self.cached_positions + need > self.budget {
+        while self.lacks_room_for(need) {
             if let Some(v) = self.lru() {
                 self.evict(v);
             } else if let Some((c, _)) = source.take() {
@@ -160,6 +159,11 @@ impl KvPool {
         }
         self.reserved += kv.capacity();
         Some(Granted { kv, reused })
+    }
+
+    /// Whether a fresh cache of `need` positions would take room that kept caches hold.
+    fn lacks_room_for(&self, need: usize) -> bool {
+        self.reserved + self.cached_positions + need > self.budget
     }
 
     /// The least recently used kept cache.
@@ -222,6 +226,11 @@ mod tests {
         Model::load(&gguf, be).unwrap()
     }
 
+    /// The positions reserved and kept.
+    fn reserved_and_kept(pool: &KvPool) -> (usize, usize) {
+        (pool.usage().reserved, pool.usage().cached)
+    }
+
     /// A cache holding `tokens` (its contents are not looked at here).
     fn filled(model: &Model, cap: usize, tokens: &[u32]) -> KvCache {
         let mut kv = model.new_kv_cache(cap);
@@ -273,36 +282,35 @@ mod tests {
     fn a_kept_prefix_is_copied_or_taken_over_and_its_last_token_recomputed() {
         let m = demo();
         let mut pool = KvPool::new(1000);
-        let usage = |pool: &KvPool| (pool.usage().reserved, pool.usage().cached);
         let history = [1, 2, 3, 4, 5, 6];
         pool.release(filled(&m, 10, &history), Some(&history));
         // A prompt sharing part of it: all but the prompt's last token come from it, copied
         // into a fresh cache, and the kept one stays for the next prompt that shares it.
         let g = pool.acquire(&m, &[1, 2, 3, 4], 8).unwrap();
         assert_eq!((g.reused, g.kv.len(), g.kv.capacity()), (3, 3, 8));
-        assert_eq!(usage(&pool), (8, 10));
+        assert_eq!(reserved_and_kept(&pool), (8, 10));
         let mut kv = g.kv;
         kv.advance(2); // the prompt's last token and one generated token ran
         pool.release(kv, Some(&[1, 2, 3, 4, 9]));
-        assert_eq!(usage(&pool), (0, 18));
+        assert_eq!(reserved_and_kept(&pool), (0, 18));
         // The same prompt again finds it too (the newer of two equal matches).
         let g = pool.acquire(&m, &[1, 2, 3, 4], 8).unwrap();
         assert_eq!((g.reused, g.kv.capacity()), (3, 8));
-        assert_eq!(usage(&pool), (8, 18));
+        assert_eq!(reserved_and_kept(&pool), (8, 18));
         pool.release(g.kv, None);
         // A prompt that extends all a kept cache holds, too big for it: copied.
         let g = pool.acquire(&m, &[1, 2, 3, 4, 9, 8, 7], 50).unwrap();
         assert_eq!((g.reused, g.kv.capacity()), (5, 50));
-        assert_eq!(usage(&pool), (50, 18));
+        assert_eq!(reserved_and_kept(&pool), (50, 18));
         // Releasing a cache that extends a kept one replaces it.
         let mut kv = g.kv;
         kv.advance(2);
         pool.release(kv, Some(&[1, 2, 3, 4, 9, 8, 7]));
-        assert_eq!(usage(&pool), (0, 60));
+        assert_eq!(reserved_and_kept(&pool), (0, 60));
         // One that extends all of a kept cache and fits in it takes it over in place.
         let g = pool.acquire(&m, &[1, 2, 3, 4, 9, 8, 7, 6], 20).unwrap();
         assert_eq!((g.reused, g.kv.len(), g.kv.capacity()), (7, 7, 50));
-        assert_eq!(usage(&pool), (50, 10));
+        assert_eq!(reserved_and_kept(&pool), (50, 10));
         pool.release(g.kv, None);
         // No shared first token: nothing reused.
         let g = pool.acquire(&m, &[42, 1, 2], 5).unwrap();
@@ -318,12 +326,12 @@ mod tests {
         pool.release(filled(&m, 10, &kept), Some(&kept));
         let g = pool.acquire(&m, &[1, 2, 9, 9], 8).unwrap();
         assert_eq!((g.reused, g.kv.capacity()), (2, 8));
-        assert_eq!((pool.usage().reserved, pool.usage().cached), (8, 10));
+        assert_eq!(reserved_and_kept(&pool), (8, 10));
         // No room: taken over rather than evicted.
         let mut pool = KvPool::new(15);
         pool.release(filled(&m, 10, &kept), Some(&kept));
         let g = pool.acquire(&m, &[1, 2, 9, 9], 8).unwrap();
         assert_eq!((g.reused, g.kv.len(), g.kv.capacity()), (2, 2, 10));
-        assert_eq!((pool.usage().reserved, pool.usage().cached), (10, 0));
+        assert_eq!(reserved_and_kept(&pool), (10, 0));
     }
 }
