@@ -308,6 +308,16 @@ fn q6_k_matmul_8x3072x1024_from_memory(b: Bencher, k: &str) {
     bench_quant_from_memory(b, backend(k).as_ref(), GgmlType::Q6_K, 3072, 1024, 8);
 }
 
+#[divan::bench(args = isas())]
+fn q2_k_matmul_8x3072x1024_from_memory(b: Bencher, k: &str) {
+    bench_quant_from_memory(b, backend(k).as_ref(), GgmlType::Q2_K, 3072, 1024, 8);
+}
+
+#[divan::bench(args = isas())]
+fn q2_k_matvec_3072x1024_from_memory(b: Bencher, k: &str) {
+    bench_quant_from_memory(b, backend(k).as_ref(), GgmlType::Q2_K, 3072, 1024, 1);
+}
+
 /// The real model's Q5_0 products in an eight-stream decode step, weights from memory.
 #[divan::bench(args = isas())]
 fn q5_0_matmul_8x4864x896_from_memory(b: Bencher, k: &str) {
@@ -342,6 +352,11 @@ fn q6_k_matmul_64x3072x1024(b: Bencher, k: &str) {
     bench_quant(b, backend(k).as_ref(), GgmlType::Q6_K, 3072, 1024, 64);
 }
 
+#[divan::bench(args = kernels(), sample_count = 10)]
+fn q2_k_matmul_64x3072x1024(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q2_K, 3072, 1024, 64);
+}
+
 /// The floor under the three above on a VNNI CPU: the 3072 · 1024 · 64 / 64 = 3,145,728
 /// `vpdpbusd` (16 rows × 4 bytes each) that the packed products issue for this shape,
 /// alone (`exact_ops = false`), in 16 independent chains, from registers; and with what the
@@ -368,7 +383,8 @@ fn vpdpbusd_alone_64x3072x1024(b: Bencher, exact_ops: bool) {
 /// too), in assembly so nothing is folded away.
 ///
 /// # Safety
-/// AVX-512 F, BW and VNNI must be present; `iters > 0`.
+/// AVX-512 F, BW and VNNI must be present, and VBMI for [`Beside::FourLookups`];
+/// `iters > 0`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn vpdpbusd_chains(iters: usize, beside: Beside) {
@@ -429,6 +445,22 @@ unsafe fn vpdpbusd_chains(iters: usize, beside: Beside) {
                 "vpmulld zmm18, zmm30, zmm31",
                 "vpmulld zmm19, zmm30, zmm31",
             ),
+            Beside::FourMultiplies => chains!(
+                "vpmulld zmm16, zmm30, zmm31",
+                "vpmulld zmm17, zmm30, zmm31",
+                "vpmulld zmm18, zmm30, zmm31",
+                "vpmulld zmm19, zmm30, zmm31",
+            ),
+            Beside::FourLookups => chains!(
+                "vpternlogd zmm16, zmm30, zmm31, 0xEA",
+                "vpermb zmm16, zmm16, zmm31",
+                "vpternlogd zmm17, zmm30, zmm31, 0xEA",
+                "vpermb zmm17, zmm17, zmm31",
+                "vpternlogd zmm18, zmm30, zmm31, 0xEA",
+                "vpermb zmm18, zmm18, zmm31",
+                "vpternlogd zmm19, zmm30, zmm31, 0xEA",
+                "vpermb zmm19, zmm19, zmm31",
+            ),
             Beside::Subtractions => chains!(
                 "vpsubd zmm16, zmm16, zmm31",
                 "vpsubd zmm17, zmm17, zmm31",
@@ -453,26 +485,35 @@ enum Beside {
     ExactOps,
     /// Eight `vpmulld`: on Zen 4 they share `vpdpbusd`'s port (the round takes 1.5× as long).
     Multiplies,
+    /// Four `vpmulld`: what the Q2_K products issue beside 16 `vpdpbusd` for four tokens.
+    FourMultiplies,
+    /// Four `vpternlogd` + `vpermb` pairs: what the Q2_K products with scaled codes issue
+    /// instead (AVX-512 VBMI). On Zen 4 they cost nothing beside `vpdpbusd`.
+    FourLookups,
     /// Eight `vpsubd`: another port (the round takes as long as `vpdpbusd` alone). The VNNI
     /// Q6_K and Q3_K products take their codes' offsets this way, not as pair products.
     Subtractions,
 }
 
-/// [`vpdpbusd_alone_64x3072x1024`] with eight more operations beside every 16 `vpdpbusd`:
-/// `vpmulld` (the same port on Zen 4) or `vpsubd` (another port).
+/// [`vpdpbusd_alone_64x3072x1024`] with more operations beside every 16 `vpdpbusd`: eight
+/// `vpmulld` (the same port on Zen 4) or `vpsubd` (another port); four `vpmulld` or four
+/// lookups (see [`Beside`]).
 #[cfg(target_arch = "x86_64")]
-#[divan::bench(args = ["vpmulld", "vpsubd"], sample_count = 20)]
+#[divan::bench(args = ["vpmulld", "vpsubd", "4vpmulld", "4lookups"], sample_count = 20)]
 fn vpdpbusd_beside_64x3072x1024(b: Bencher, op: &str) {
-    if !std::arch::is_x86_feature_detected!("avx512vnni") {
+    if !std::arch::is_x86_feature_detected!("avx512vnni")
+        || (op == "4lookups" && !std::arch::is_x86_feature_detected!("avx512vbmi"))
+    {
         return;
     }
-    let beside = if op == "vpmulld" {
-        Beside::Multiplies
-    } else {
-        Beside::Subtractions
+    let beside = match op {
+        "vpmulld" => Beside::Multiplies,
+        "4vpmulld" => Beside::FourMultiplies,
+        "4lookups" => Beside::FourLookups,
+        _ => Beside::Subtractions,
     };
     b.bench_local(|| {
-        // SAFETY: AVX-512 VNNI was detected above.
+        // SAFETY: AVX-512 VNNI (and VBMI for the lookups) was detected above.
         unsafe { vpdpbusd_chains(black_box(3072 * 1024 * 64 / 64 / 16), beside) }
     });
 }

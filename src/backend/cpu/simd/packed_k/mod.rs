@@ -94,7 +94,25 @@ pub struct PackedK {
     /// Super-blocks per row.
     pub nsb: usize,
     pub groups: usize,
+    /// Whether the VNNI Q2_K products scale the codes by a byte lookup (see
+    /// [`q2_lookups`]).
+    pub q2_lookups: bool,
     lines: Vec<Line>,
+}
+
+/// Whether `isa`'s Q2_K products of several tokens look each code's product with its
+/// sub-block scale up in a table (`vpermb`, AVX-512 VBMI) instead of multiplying each
+/// sub-block's sum by its scale (`vpmulld`): a 2-bit code times a 4-bit scale is at most 45,
+/// a byte, so the integer sums are the same. The lookups issue beside `vpdpbusd`, where the
+/// multiplies take its port (`cargo bench --bench kernels -- vpdpbusd_beside`).
+pub fn q2_lookups(isa: Isa) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return isa == Isa::Avx512Vnni && is_x86_feature_detected!("avx512vbmi");
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        false
+    }
 }
 
 impl PackedK {
@@ -152,6 +170,7 @@ impl PackedK {
             cols: m.cols,
             nsb,
             groups,
+            q2_lookups: t == GgmlType::Q2_K && q2_lookups(isa),
             lines,
         })
     }
@@ -488,7 +507,8 @@ pub(super) const CODE_LINES: usize = 64;
 /// The unpacked codes of up to [`UNPACKED_BLOCKS`] super-blocks of one group: line
 /// `64·b + L` holds values `4L .. 4L + 4` of every row of super-block `b` (byte `4r + i`
 /// for row `r`), as unsigned codes (Q4_K, Q5_K: 0–31; Q6_K: the value plus 32; Q3_K: plus
-/// 4; Q2_K: 0–3), the operand of `vpdpbusd`, of two AVX2 `maddubs` and of four NEON `sdot`.
+/// 4; Q2_K: 0–3, or 0–45 times their sub-block scales where [`q2_lookups`]), the operand of
+/// `vpdpbusd`, of two AVX2 `maddubs` and of four NEON `sdot`.
 /// The AVX2 products of the packed legacy types (Q4_0–Q5_1) use the same 16 KiB by lines
 /// ([`Codes::line`]): 8 a 32-value block, 32 blocks at a time.
 ///
@@ -536,6 +556,8 @@ pub(super) const KIND_Q5: u8 = 1;
 pub(super) const KIND_Q6: u8 = 2;
 pub(super) const KIND_Q3: u8 = 3;
 pub(super) const KIND_Q2: u8 = 4;
+/// Q2_K with each code times its sub-block scale in the unpacked bytes ([`q2_lookups`]).
+pub(super) const KIND_Q2_SCALED: u8 = 5;
 
 // ---------------------------------------------------------------------------------------
 // Packing
@@ -929,6 +951,52 @@ mod tests {
                     "block {b} pair {p}"
                 );
             }
+        }
+    }
+
+    /// The VNNI Q2_K products that scale the codes by lookup give the bits of those that
+    /// multiply each sub-block's sum by its scale, at every token tile, on random bytes (all
+    /// scale and code values) against activations that reach ±127.
+    #[test]
+    fn q2_k_lookups_give_the_bits_of_the_scale_multiplies() {
+        if !q2_lookups(Isa::Avx512Vnni) || !Isa::Avx512Vnni.is_available() {
+            return;
+        }
+        let (rows, cols) = (40, 768);
+        let nsb = cols / QK;
+        let mut p =
+            PackedK::pack(Isa::Avx512Vnni, &matrix(GgmlType::Q2_K, rows, cols, 11)).unwrap();
+        assert!(p.q2_lookups);
+        let qrow = nsb * (k_quants::Q8_K_BYTES + MIN_PAIR_BYTES);
+        for n in (1..=10).chain([16, 17, 23]) {
+            let mut xq = vec![0u8; n * qrow];
+            for (t, row) in xq.chunks_exact_mut(qrow).enumerate() {
+                let x: Vec<f32> = (0..cols)
+                    .map(|i| ((i * 131 + t * 17) % 255) as f32 - 127.0)
+                    .collect();
+                k_quants::quantize_q8_k(&x, row);
+                write_min_pairs(row, nsb);
+            }
+            let mut product = |lookups: bool| {
+                p.q2_lookups = lookups;
+                let mut out = vec![0f32; n * rows];
+                // SAFETY: AVX-512 VNNI is available (checked above); `out` holds n · rows.
+                let ran = unsafe {
+                    p.rows(
+                        Isa::Avx512Vnni,
+                        &xq,
+                        qrow,
+                        n,
+                        0,
+                        rows,
+                        OutPtr(out.as_mut_ptr()),
+                        rows,
+                    )
+                };
+                assert!(ran);
+                out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            assert_eq!(product(true), product(false), "{n} tokens");
         }
     }
 

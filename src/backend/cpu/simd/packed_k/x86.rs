@@ -9,7 +9,9 @@
 //! - VNNI: the unsigned weight codes (4, 5 or 6 bits) are `vpdpbusd`'s unsigned operand and
 //!   the activation's four bytes, broadcast, its signed one, so lane `r` accumulates row
 //!   `r`'s products of one sub-block; the sub-block's 6-bit (or signed 8-bit) scale then
-//!   multiplies the lane (`vpmulld`).
+//!   multiplies the lane (`vpmulld`). Q2_K with AVX-512 VBMI, from two tokens, instead takes
+//!   each 2-bit code times its 4-bit scale (at most 45, a byte) from a table (`vpermb`),
+//!   which issues beside `vpdpbusd` where `vpmulld` takes its port ([`q2_scaled_vnni`]).
 //! - AVX2: eight rows a vector; `maddubs` forms pairs (at most 2·63·128, no saturation) and
 //!   `madd` against the row's scale, repeated in both 16-bit halves of its lane, forms the
 //!   scaled sum of four products directly. On unpacked codes the pairs of a few lines of one
@@ -28,8 +30,8 @@ use super::super::x86::{fifth_bit_256, nibble_codes_512};
 use super::GROUP;
 use super::{
     fifth_line, load_window, owned_lanes, qs_line, quant_line, store_window, x4, x_bsum_pair,
-    x_bsums, x_d, x_min_pair, Codes, FifthBits, Job, CODE_LINES, KIND_Q2, KIND_Q3, KIND_Q4,
-    KIND_Q5, KIND_Q6, UNPACKED_BLOCKS, UNPACK_MIN_TOKENS,
+    x_bsums, x_d, x_min_pair, Codes, FifthBits, Job, CODE_LINES, KIND_Q2, KIND_Q2_SCALED, KIND_Q3,
+    KIND_Q4, KIND_Q5, KIND_Q6, UNPACKED_BLOCKS, UNPACK_MIN_TOKENS,
 };
 use crate::tensor::k_quants::Q8_K_BYTES;
 use crate::tensor::GgmlType;
@@ -584,19 +586,118 @@ unsafe fn fold_q2_vnni<const T: usize>(
     unsafe { fold_dmin_vnni(blk, x, isum, &msum, acc) };
 }
 
+/// `code · scale` for the index `scale + 16 · code` (scale 0–15, code 0–3): the products of
+/// Q2_K codes with their sub-block scales, at most 45.
+const Q2_PRODUCTS: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        t[i] = ((i >> 4) * (i & 15)) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// `vpshufb` indices repeating byte `r` of a 16-byte vector (broadcast to each 128-bit lane)
+/// in bytes `4r .. 4r + 4`: one row's byte in each of its lane's four bytes.
+const REPEAT_ROW_BYTE: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        t[i] = (i / 4) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// The 16 rows' stored scale bytes of Q2_K sub-block `gi` (scale in the low nibble), each in
+/// the four bytes of its row's lane.
+///
+/// # Safety
+/// `blk` is a packed Q2_K super-block; `gi < 16`; AVX-512 F/BW enabled.
+#[inline(always)]
+unsafe fn q2_scale_bytes(blk: *const u8, gi: usize) -> __m512i {
+    // SAFETY: sub-block gi's 16 scale bytes (lines 1–4); the index table's 64 bytes.
+    unsafe {
+        let s = _mm512_broadcast_i32x4(_mm_loadu_si128(blk.add(64 + 16 * gi) as *const __m128i));
+        let r = _mm512_loadu_si512(REPEAT_ROW_BYTE.as_ptr() as *const __m512i);
+        _mm512_shuffle_epi8(s, r)
+    }
+}
+
+/// Each code times its row's sub-block scale, by lookup: `code_at_4` holds each code in
+/// bits 4–5 of its byte (a quant line shifted), `scales` the rows' scale bytes
+/// ([`q2_scale_bytes`]); the index takes bits 0–3 from the scale byte and the rest from the
+/// code, and `vpermb` reads only its low 6 bits.
+///
+/// # Safety
+/// AVX-512 F/BW/VBMI enabled.
+#[inline(always)]
+unsafe fn q2_scaled_codes(code_at_4: __m512i, scales: __m512i, table: __m512i) -> __m512i {
+    // Bitwise `mask ? scales : code_at_4`.
+    let idx = _mm512_ternarylogic_epi32::<0xD8>(code_at_4, scales, _mm512_set1_epi8(0x0f));
+    _mm512_permutexvar_epi8(idx, table)
+}
+
+/// The four codes of a Q2_K quant line `w` (bit pairs `2s`, slots `s`), each times its
+/// sub-block's scale (`scales[s]`).
+///
+/// # Safety
+/// AVX-512 F/BW/VBMI enabled.
+#[inline(always)]
+unsafe fn q2_scaled_line(w: __m512i, scales: &[__m512i; 4], table: __m512i) -> [__m512i; 4] {
+    // SAFETY: the caller enables the features.
+    unsafe {
+        [
+            q2_scaled_codes(_mm512_slli_epi16(w, 4), scales[0], table),
+            q2_scaled_codes(_mm512_slli_epi16(w, 2), scales[1], table),
+            q2_scaled_codes(w, scales[2], table),
+            q2_scaled_codes(_mm512_srli_epi16(w, 2), scales[3], table),
+        ]
+    }
+}
+
 /// Q2_K, group `g`, tokens `t0..t0 + T`: the 2-bit codes into `vpdpbusd`, each sub-block's
 /// sum times its 4-bit scale, the 4-bit mins against the activation sums.
-// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
-#[allow(clippy::needless_range_loop)]
+///
+/// # Safety
+/// As for [`gemm_vnni`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn q2_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
+    // SAFETY: forwarded.
+    unsafe { q2_product::<T, false>(j, g, t0) }
+}
+
+/// [`q2_vnni`] with the codes scaled by lookup ([`super::q2_lookups`]): every sub-block's
+/// products go straight into the token's integer sum, the same sum of scaled sub-block sums.
+///
+/// # Safety
+/// As for [`gemm_vnni`]; AVX-512 VBMI present too.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+unsafe fn q2_scaled_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
+    // SAFETY: forwarded.
+    unsafe { q2_product::<T, true>(j, g, t0) }
+}
+
+/// The body of [`q2_vnni`] (`SCALED` false) and [`q2_scaled_vnni`], inlined into each with
+/// its target features.
+///
+/// # Safety
+/// As for the entry.
+// Index loops: the slot index is also the layout's arithmetic (lines, sub-blocks).
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn q2_product<const T: usize, const SCALED: bool>(j: Job<'_>, g: usize, t0: usize) {
     let p = j.p;
     let base = p.group(g).as_ptr();
     let bb = p.block_bytes();
     let ql = quant_line(p.dtype);
     let m3 = _mm512_set1_epi8(3);
     let m15 = _mm512_set1_epi32(0x0f);
+    // SAFETY: 64 bytes.
+    let table = unsafe { _mm512_loadu_si512(Q2_PRODUCTS.as_ptr() as *const __m512i) };
     let mut acc = [_mm512_setzero_ps(); T];
     for b in 0..p.nsb {
         prefetch_share(j, b, 0, 1);
@@ -606,30 +707,48 @@ unsafe fn q2_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
         let x: [*const u8; T] =
             std::array::from_fn(|t| unsafe { j.xq.add((t0 + t) * j.qrow + b * Q8_K_BYTES) });
         let mut isum = [_mm512_setzero_si512(); T];
+        // Scaled codes: two chains per token through the whole block, for vpdpbusd's
+        // latency; otherwise one per slot, each multiplied by its scale after its 4 lines.
+        let mut a = [[_mm512_setzero_si512(); 4]; T];
         for h in 0..2 {
             for q in 0..2 {
                 // Slot s: elements 128h + 32s + 16q .. +16, sub-block 8h + 2s + q.
-                let mut a = [[_mm512_setzero_si512(); 4]; T];
+                // SAFETY: the block's scale bytes.
+                let scales: [__m512i; 4] = std::array::from_fn(|s| unsafe {
+                    if SCALED {
+                        q2_scale_bytes(blk, 8 * h + 2 * s + q)
+                    } else {
+                        _mm512_setzero_si512()
+                    }
+                });
                 for kk in 0..4 {
                     let k = 4 * q + kk;
                     // SAFETY (this block): the quant line of (h, k), the activation quants.
                     unsafe {
                         let w =
                             _mm512_loadu_si512(blk.add((ql + 8 * h + k) * 64) as *const __m512i);
-                        let c = [
-                            _mm512_and_si512(w, m3),
-                            _mm512_and_si512(_mm512_srli_epi16(w, 2), m3),
-                            _mm512_and_si512(_mm512_srli_epi16(w, 4), m3),
-                            _mm512_and_si512(_mm512_srli_epi16(w, 6), m3),
-                        ];
+                        let c = if SCALED {
+                            q2_scaled_line(w, &scales, table)
+                        } else {
+                            [
+                                _mm512_and_si512(w, m3),
+                                _mm512_and_si512(_mm512_srli_epi16(w, 2), m3),
+                                _mm512_and_si512(_mm512_srli_epi16(w, 4), m3),
+                                _mm512_and_si512(_mm512_srli_epi16(w, 6), m3),
+                            ]
+                        };
                         for t in 0..T {
                             for s in 0..4 {
                                 let xv = _mm512_set1_epi32(x4(x[t], 128 * h + 32 * s + 4 * k));
-                                a[t][s] = _mm512_dpbusd_epi32(a[t][s], c[s], xv);
+                                let i = if SCALED { s % 2 } else { s };
+                                a[t][i] = _mm512_dpbusd_epi32(a[t][i], c[s], xv);
                             }
                         }
                     }
                     std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+                }
+                if SCALED {
+                    continue;
                 }
                 for s in 0..4 {
                     let gi = 8 * h + 2 * s + q;
@@ -643,9 +762,16 @@ unsafe fn q2_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
                         );
                         for t in 0..T {
                             isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(a[t][s], sc));
+                            a[t][s] = _mm512_setzero_si512();
                         }
                     }
                 }
+            }
+        }
+        if SCALED {
+            for t in 0..T {
+                isum[t] = _mm512_add_epi32(a[t][0], a[t][1]);
+                a[t] = [_mm512_setzero_si512(); 4];
             }
         }
         // SAFETY: super-block `b` of the group and of each token's row.
@@ -707,6 +833,26 @@ unsafe fn unpack_block<const KIND: u8>(blk: *const u8, dst: *mut u8) {
                         for (s, v) in c.into_iter().enumerate() {
                             // Elements 32(4·pass + s) + 4k ...
                             put(8 * (4 * pass + s) + k, v);
+                        }
+                    }
+                }
+            }
+            KIND_Q2_SCALED => {
+                let table = _mm512_loadu_si512(Q2_PRODUCTS.as_ptr() as *const __m512i);
+                for h in 0..2 {
+                    for q in 0..2 {
+                        let scales: [__m512i; 4] =
+                            std::array::from_fn(|s| q2_scale_bytes(blk, 8 * h + 2 * s + q));
+                        for k in 4 * q..4 * q + 4 {
+                            let w = _mm512_loadu_si512(
+                                blk.add((quant_line(GgmlType::Q2_K) + 8 * h + k) * 64)
+                                    as *const __m512i,
+                            );
+                            // Elements 128h + 32s + 4k ..., sub-block 8h + 2s + q.
+                            for (s, v) in q2_scaled_line(w, &scales, table).into_iter().enumerate()
+                            {
+                                put(32 * h + 8 * s + k, v);
+                            }
                         }
                     }
                 }
@@ -860,7 +1006,11 @@ unsafe fn codes_vnni<const T: usize, const KIND: u8>(
                 std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
             }
             // SAFETY: the 16 rows' scales of sub-blocks 2·pair and 2·pair + 1 (lines 1–4).
-            let (sa, sb) = unsafe { sub_block_scales::<KIND>(blk, 2 * pair) };
+            let (sa, sb) = if KIND == KIND_Q2_SCALED {
+                (_mm512_setzero_si512(), _mm512_setzero_si512())
+            } else {
+                unsafe { sub_block_scales::<KIND>(blk, 2 * pair) }
+            };
             for t in 0..T {
                 let (l, h) = if T == 1 {
                     (
@@ -870,7 +1020,10 @@ unsafe fn codes_vnni<const T: usize, const KIND: u8>(
                 } else {
                     (lo[t][0], hi[t][0])
                 };
-                let s = if matches!(KIND, KIND_Q6 | KIND_Q3) {
+                let s = if KIND == KIND_Q2_SCALED {
+                    // The codes carry their scales.
+                    _mm512_add_epi32(l, h)
+                } else if matches!(KIND, KIND_Q6 | KIND_Q3) {
                     // SAFETY: AVX-512 F, enabled here.
                     unsafe {
                         _mm512_add_epi32(
@@ -933,6 +1086,27 @@ unsafe fn sub_block_scales<const KIND: u8>(blk: *const u8, i: usize) -> (__m512i
 /// As for [`gemm_vnni`]; a Q5_K packed in the `Chunks` form.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 unsafe fn gemm_codes_vnni<const KIND: u8>(j: Job<'_>, n: usize, g0: usize, g1: usize) {
+    // SAFETY: forwarded.
+    unsafe { codes_product::<KIND>(j, n, g0, g1) }
+}
+
+/// [`gemm_codes_vnni`] for a Q2_K whose codes are scaled as they are unpacked
+/// ([`super::q2_lookups`]).
+///
+/// # Safety
+/// As for [`gemm_vnni`]; AVX-512 VBMI present too.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi,avx2,fma,f16c")]
+unsafe fn gemm_codes_q2_scaled(j: Job<'_>, n: usize, g0: usize, g1: usize) {
+    // SAFETY: forwarded.
+    unsafe { codes_product::<KIND_Q2_SCALED>(j, n, g0, g1) }
+}
+
+/// The body of [`gemm_codes_vnni`], inlined into each entry with its target features.
+///
+/// # Safety
+/// As for [`gemm_codes_vnni`], with the features its entry enables.
+#[inline(always)]
+unsafe fn codes_product<const KIND: u8>(j: Job<'_>, n: usize, g0: usize, g1: usize) {
     let mut codes = Codes::new();
     let nsb = j.p.nsb;
     for g in g0..g1 {
@@ -1600,6 +1774,7 @@ unsafe fn group_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
             GgmlType::Q4_K => q45_vnni::<T, false>(j, g, t0),
             GgmlType::Q5_K => q45_vnni::<T, true>(j, g, t0),
             GgmlType::Q3_K => q3_vnni::<T>(j, g, t0),
+            GgmlType::Q2_K if T > 1 && j.p.q2_lookups => q2_scaled_vnni::<T>(j, g, t0),
             GgmlType::Q2_K => q2_vnni::<T>(j, g, t0),
             _ => q6_vnni::<T>(j, g, t0),
         }
@@ -1629,6 +1804,7 @@ pub(super) unsafe fn gemm_vnni(j: Job<'_>, n: usize, g0: usize, g1: usize) {
                 GgmlType::Q5_K => gemm_codes_vnni::<KIND_Q5>(j, n, g0, g1),
                 GgmlType::Q6_K => gemm_codes_vnni::<KIND_Q6>(j, n, g0, g1),
                 GgmlType::Q3_K => gemm_codes_vnni::<KIND_Q3>(j, n, g0, g1),
+                _ if j.p.q2_lookups => gemm_codes_q2_scaled(j, n, g0, g1),
                 _ => gemm_codes_vnni::<KIND_Q2>(j, n, g0, g1),
             }
         }
