@@ -95,8 +95,8 @@ pub struct PackedK {
     pub nsb: usize,
     pub groups: usize,
     /// Whether the VNNI Q2_K products scale the codes by a byte lookup (see
-    /// [`q2_lookups`]).
-    pub q2_lookups: bool,
+    /// [`q2_lookups`]): set only where this CPU has the instructions, so not public.
+    q2_lookups: bool,
     lines: Vec<Line>,
 }
 
