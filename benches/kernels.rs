@@ -254,6 +254,12 @@ fn q3_k_matmul_8x3072x1024(b: Bencher, k: &str) {
     bench_quant(b, backend(k).as_ref(), GgmlType::Q3_K, 3072, 1024, 8);
 }
 
+/// Three or four decoding streams of a Q3_K matrix: two tiles of 2 (see `gemm_vnni`).
+#[divan::bench(args = isas())]
+fn q3_k_matmul_4x3072x1024(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q3_K, 3072, 1024, 4);
+}
+
 #[divan::bench(args = isas())]
 fn q4_k_matmul_8x3072x1024(b: Bencher, k: &str) {
     bench_quant(b, backend(k).as_ref(), GgmlType::Q4_K, 3072, 1024, 8);
@@ -306,6 +312,16 @@ fn q4_k_matmul_8x3072x1024_from_memory(b: Bencher, k: &str) {
 #[divan::bench(args = isas())]
 fn q6_k_matmul_8x3072x1024_from_memory(b: Bencher, k: &str) {
     bench_quant_from_memory(b, backend(k).as_ref(), GgmlType::Q6_K, 3072, 1024, 8);
+}
+
+#[divan::bench(args = isas())]
+fn q3_k_matmul_8x3072x1024_from_memory(b: Bencher, k: &str) {
+    bench_quant_from_memory(b, backend(k).as_ref(), GgmlType::Q3_K, 3072, 1024, 8);
+}
+
+#[divan::bench(args = isas())]
+fn q3_k_matmul_4x3072x1024_from_memory(b: Bencher, k: &str) {
+    bench_quant_from_memory(b, backend(k).as_ref(), GgmlType::Q3_K, 3072, 1024, 4);
 }
 
 #[divan::bench(args = isas())]

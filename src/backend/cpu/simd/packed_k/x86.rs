@@ -1796,10 +1796,7 @@ pub(super) unsafe fn gemm_vnni(j: Job<'_>, n: usize, g0: usize, g1: usize) {
     // Prompts unpack each group's codes once for all their tiles: the 64-token products
     // took Q4_K 1.12 → 1.01 ms, Q5_K 1.25 → 1.04 ms and Q6_K 2.22 → 1.34 ms (Xeon, one
     // thread), the unpacking having cost as much as the products' scale multiplies.
-    // Q3_K unpacks once from two tiles (a batched decode of 5 streams or more): its codes
-    // cost the most to take out of the packed lines (8 pure-Q3_K streams: 152 → 219 tok/s,
-    // Zen 4, where Q4_K, Q5_K and Q2_K lost up to 30% the same way; BENCHMARKS.md).
-    if n >= UNPACK_MIN_TOKENS || (j.p.dtype == GgmlType::Q3_K && n > 4) {
+    if n >= UNPACK_MIN_TOKENS {
         // SAFETY: forwarded.
         unsafe {
             match j.p.dtype {
@@ -1820,10 +1817,16 @@ pub(super) unsafe fn gemm_vnni(j: Job<'_>, n: usize, g0: usize, g1: usize) {
     // alone (batched decode) still go 4 at a time: one pass of 8 left the memory idle behind
     // the heavier compute (8 streams 181-189 tok/s against 199, prefetch or not; Q6_K by
     // sub-block, 5% faster in 8 from cache, ran 8 Q6_K streams at 161 against 203 tok/s).
+    // Q3_K goes 2 at a time: its tile of 4 (16 slot accumulators, 3 code vectors, the
+    // offsets) cost 141 µs for 4 × 3072 × 1024 where two tiles of 2 cost 94, and 8 tokens in
+    // tiles of 2 ran as fast from cache as its codes unpacked once (185 µs), and faster with
+    // the weights from memory (191–196 against 207–212 µs; Zen 4, one thread).
     let wide = matches!(j.p.dtype, GgmlType::Q4_K | GgmlType::Q5_K) && n > 8;
     for g in g0..g1 {
         if wide {
             for_token_tiles!(n, t, [8, 4, 2, 1], tile_vnni(j, g, g1, t, n));
+        } else if j.p.dtype == GgmlType::Q3_K {
+            for_token_tiles!(n, t, [2, 1], tile_vnni(j, g, g1, t, n));
         } else {
             for_token_tiles!(n, t, [4, 2, 1], tile_vnni(j, g, g1, t, n));
         }
