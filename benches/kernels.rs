@@ -364,6 +364,11 @@ fn q5_k_matmul_64x3072x1024(b: Bencher, k: &str) {
 }
 
 #[divan::bench(args = kernels(), sample_count = 10)]
+fn q3_k_matmul_64x3072x1024(b: Bencher, k: &str) {
+    bench_quant(b, backend(k).as_ref(), GgmlType::Q3_K, 3072, 1024, 64);
+}
+
+#[divan::bench(args = kernels(), sample_count = 10)]
 fn q6_k_matmul_64x3072x1024(b: Bencher, k: &str) {
     bench_quant(b, backend(k).as_ref(), GgmlType::Q6_K, 3072, 1024, 64);
 }

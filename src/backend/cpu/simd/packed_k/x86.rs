@@ -447,45 +447,46 @@ unsafe fn q6_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
     }
 }
 
-/// The four Q3_K codes of runs `4·pass ..` (elements `32j + 4k + i`) from the three packed
-/// lines of one `k` (see `packed_k`): six come out with a shift and a mask, the last two
-/// combine their low pair (from `X`, `Y`) with their third bit (from `Z`).
+/// The three packed Q3_K lines of one `k` at `l` (see `packed_k`).
+///
+/// # Safety
+/// The three lines at `l` are readable; AVX-512 F enabled.
 #[inline(always)]
-unsafe fn q3_codes_512(l: *const u8, pass: usize) -> [__m512i; 4] {
+unsafe fn q3_lines_512(l: *const u8) -> [__m512i; 3] {
+    // SAFETY: the caller's promise.
+    [0, 1, 2].map(|i| unsafe { _mm512_loadu_si512(l.add(64 * i) as *const __m512i) })
+}
+
+/// Q3_K code `s` of the four of runs `4·pass ..` (elements `32j + 4k + i`) in the line
+/// triple `l` of one `k`: the first six come out with a shift and a mask, the last two
+/// combine their low pair (from `X`, `Y`) with their third bit (from `Z`).
+///
+/// # Safety
+/// AVX-512 F/BW enabled.
+#[inline(always)]
+unsafe fn q3_code_512(l: &[__m512i; 3], pass: usize, s: usize) -> __m512i {
     let m7 = _mm512_set1_epi8(7);
     let m3 = _mm512_set1_epi8(3);
     let m4 = _mm512_set1_epi8(4);
-    // SAFETY: the caller guarantees the three lines at `l`.
-    let (lx, ly, lz) = unsafe {
-        (
-            _mm512_loadu_si512(l as *const __m512i),
-            _mm512_loadu_si512(l.add(64) as *const __m512i),
-            _mm512_loadu_si512(l.add(128) as *const __m512i),
-        )
-    };
-    if pass == 0 {
-        [
-            _mm512_and_si512(lx, m7),
-            _mm512_and_si512(_mm512_srli_epi16(lx, 3), m7),
-            _mm512_and_si512(ly, m7),
-            _mm512_and_si512(_mm512_srli_epi16(ly, 3), m7),
-        ]
-    } else {
-        [
-            _mm512_and_si512(lz, m7),
-            _mm512_and_si512(_mm512_srli_epi16(lz, 3), m7),
-            // (a & 3) | b in one op.
-            _mm512_ternarylogic_epi32::<0xEC>(
-                _mm512_srli_epi16(lx, 6),
-                _mm512_and_si512(_mm512_srli_epi16(lz, 4), m4),
-                m3,
-            ),
-            _mm512_ternarylogic_epi32::<0xEC>(
-                _mm512_srli_epi16(ly, 6),
-                _mm512_and_si512(_mm512_srli_epi16(lz, 5), m4),
-                m3,
-            ),
-        ]
+    let [lx, ly, lz] = *l;
+    match (pass, s) {
+        (0, 0) => _mm512_and_si512(lx, m7),
+        (0, 1) => _mm512_and_si512(_mm512_srli_epi16(lx, 3), m7),
+        (0, 2) => _mm512_and_si512(ly, m7),
+        (0, _) => _mm512_and_si512(_mm512_srli_epi16(ly, 3), m7),
+        (_, 0) => _mm512_and_si512(lz, m7),
+        (_, 1) => _mm512_and_si512(_mm512_srli_epi16(lz, 3), m7),
+        // (a & 3) | b in one op.
+        (_, 2) => _mm512_ternarylogic_epi32::<0xEC>(
+            _mm512_srli_epi16(lx, 6),
+            _mm512_and_si512(_mm512_srli_epi16(lz, 4), m4),
+            m3,
+        ),
+        _ => _mm512_ternarylogic_epi32::<0xEC>(
+            _mm512_srli_epi16(ly, 6),
+            _mm512_and_si512(_mm512_srli_epi16(lz, 5), m4),
+            m3,
+        ),
     }
 }
 
@@ -520,11 +521,15 @@ unsafe fn q3_vnni<const T: usize>(j: Job<'_>, g: usize, t0: usize) {
                     let k = 4 * q + kk;
                     // SAFETY (this block): the three lines of k and the activation quants.
                     unsafe {
-                        let c = q3_codes_512(blk.add((quant_line(p.dtype) + 3 * k) * 64), pass);
-                        for t in 0..T {
-                            for s in 0..4 {
+                        let lines = q3_lines_512(blk.add((quant_line(p.dtype) + 3 * k) * 64));
+                        // Each code taken out just before its tokens' products: with the
+                        // four taken out first, tokens outermost or slots, the tile of 4 ran
+                        // 141 and 139 against 81 µs (4 × 3072 × 1024, one Zen 4 thread).
+                        for s in 0..4 {
+                            let c = q3_code_512(&lines, pass, s);
+                            for t in 0..T {
                                 let xv = _mm512_set1_epi32(x4(x[t], 32 * (4 * pass + s) + 4 * k));
-                                a[t][s] = _mm512_dpbusd_epi32(a[t][s], c[s], xv);
+                                a[t][s] = _mm512_dpbusd_epi32(a[t][s], c, xv);
                             }
                         }
                     }
@@ -829,12 +834,11 @@ unsafe fn unpack_block<const KIND: u8>(blk: *const u8, dst: *mut u8) {
             }
             KIND_Q3 => {
                 for k in 0..8 {
+                    let lines = q3_lines_512(blk.add((quant_line(GgmlType::Q3_K) + 3 * k) * 64));
                     for pass in 0..2 {
-                        let c =
-                            q3_codes_512(blk.add((quant_line(GgmlType::Q3_K) + 3 * k) * 64), pass);
-                        for (s, v) in c.into_iter().enumerate() {
+                        for s in 0..4 {
                             // Elements 32(4·pass + s) + 4k ...
-                            put(8 * (4 * pass + s) + k, v);
+                            put(8 * (4 * pass + s) + k, q3_code_512(&lines, pass, s));
                         }
                     }
                 }
@@ -1474,7 +1478,7 @@ unsafe fn q6_avx2_half<const T: usize>(
     acc
 }
 
-/// The four Q3_K codes of runs `4·pass ..` for rows `8·half ..`, as [`q3_codes_512`].
+/// The four Q3_K codes of runs `4·pass ..` for rows `8·half ..`, as [`q3_code_512`].
 ///
 /// # Safety
 /// The three lines at `l` (offset to the half) must be readable; AVX2 enabled.
@@ -1817,16 +1821,13 @@ pub(super) unsafe fn gemm_vnni(j: Job<'_>, n: usize, g0: usize, g1: usize) {
     // alone (batched decode) still go 4 at a time: one pass of 8 left the memory idle behind
     // the heavier compute (8 streams 181-189 tok/s against 199, prefetch or not; Q6_K by
     // sub-block, 5% faster in 8 from cache, ran 8 Q6_K streams at 161 against 203 tok/s).
-    // Q3_K goes 2 at a time: its tile of 4 (16 slot accumulators, 3 code vectors, the
-    // offsets) cost 141 µs for 4 × 3072 × 1024 where two tiles of 2 cost 94, and 8 tokens in
-    // tiles of 2 ran as fast from cache as its codes unpacked once (185 µs), and faster with
-    // the weights from memory (191–196 against 207–212 µs; Zen 4, one thread).
+    // Q3_K's codes are not unpacked once for a batched decode either: its 8-token product
+    // ran 162 µs in tiles of 4 against 186 µs unpacked (from cache; from memory 172–205
+    // against 207–212 µs; Zen 4, one thread).
     let wide = matches!(j.p.dtype, GgmlType::Q4_K | GgmlType::Q5_K) && n > 8;
     for g in g0..g1 {
         if wide {
             for_token_tiles!(n, t, [8, 4, 2, 1], tile_vnni(j, g, g1, t, n));
-        } else if j.p.dtype == GgmlType::Q3_K {
-            for_token_tiles!(n, t, [2, 1], tile_vnni(j, g, g1, t, n));
         } else {
             for_token_tiles!(n, t, [4, 2, 1], tile_vnni(j, g, g1, t, n));
         }
