@@ -254,7 +254,7 @@ fn q3_k_matmul_8x3072x1024(b: Bencher, k: &str) {
     bench_quant(b, backend(k).as_ref(), GgmlType::Q3_K, 3072, 1024, 8);
 }
 
-/// Three or four decoding streams of a Q3_K matrix: two tiles of 2 (see `gemm_vnni`).
+/// Four decoding streams of a Q3_K matrix: one tile of 4 (see `q3_vnni`).
 #[divan::bench(args = isas())]
 fn q3_k_matmul_4x3072x1024(b: Bencher, k: &str) {
     bench_quant(b, backend(k).as_ref(), GgmlType::Q3_K, 3072, 1024, 4);

@@ -1478,7 +1478,8 @@ unsafe fn q6_avx2_half<const T: usize>(
     acc
 }
 
-/// The four Q3_K codes of runs `4·pass ..` for rows `8·half ..`, as [`q3_code_512`].
+/// The four Q3_K codes of runs `4·pass ..` for rows `8·half ..`, each taken out as
+/// [`q3_code_512`] takes one.
 ///
 /// # Safety
 /// The three lines at `l` (offset to the half) must be readable; AVX2 enabled.
