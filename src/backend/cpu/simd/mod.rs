@@ -133,6 +133,7 @@ impl Isa {
                 Isa::Avx2.is_available()
                     && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512vnni")
             }
             #[cfg(target_arch = "aarch64")]
@@ -361,8 +362,9 @@ pub enum AttentionWidth {
     Ymm,
     /// The 16-lane AVX-512 forms.
     Zmm,
-    /// The 16-lane forms on F32 and Q8_0 rows as stored, the 8-lane ones on F16 rows and on
-    /// chunks of a Q8_0 cache widened to f32 for a prompt.
+    /// The 16-lane forms on F32 and Q8_0 rows as stored, the 8-lane ones on F16 rows (with
+    /// AVX-512 VL's 32 registers: sixteen FMA chains in flight) and on chunks of a Q8_0
+    /// cache widened to f32 for a prompt.
     ZmmExceptF16OrWidened,
 }
 

@@ -348,14 +348,15 @@ pub struct AttnRow {
 /// `K` and `V` read them) for `R` (1, 2 or 4) query rows that see the same keys of it, sharing
 /// every key and value slice loaded: their scores, the new running max, the rescaling of
 /// their running sums, then exponentials and the weighted values. Each row's arithmetic is
-/// the same whatever `R` is, and whether the wide (`W`: AVX-512) forms run.
+/// the same whatever `R` is, whether the wide (`W`: AVX-512) forms run, and whether the
+/// 8-lane ones keep sixteen chains in flight (`X`: AVX-512 VL's 32 registers) or eight.
 ///
 /// # Safety
 /// As for [`attend_rows`]; `rows`, `ph` and `st` hold `R` entries; the chunk holds at least
 /// `cl = min(CHUNK, kv_len - c0)` rows, the same for every row. Only inlined into a function
-/// that enables AVX2, FMA and F16C, and AVX-512 F where `W`.
+/// that enables AVX2, FMA and F16C, AVX-512 F where `W`, and AVX-512 F and VL where `X`.
 #[inline(always)]
-unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize, const W: bool>(
+unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize, const W: bool, const X: bool>(
     s: &AttentionShape,
     rows: &[AttnRow],
     c0: usize,
@@ -396,6 +397,24 @@ unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize, const W: bool>(
                         s.scale,
                         &score_keys_512::<K, 2, R>(q, kj, hd),
                     ),
+                }
+            }
+            j += step;
+        }
+    }
+    if X {
+        // With AVX-512 VL's 32 registers, sixteen chains: eight left the FMA ports idle
+        // whenever a chain's 4-cycle latency was not covered (a 64-token prompt at 2048
+        // over an F16 cache, Zen 4: 15.6 → 14.2 ms).
+        let step = 16 / R;
+        while j + step <= cl {
+            // SAFETY: keys c0+j .. c0+j+step < the rows' kv_len.
+            unsafe {
+                let kj = kc.add(j * krb);
+                match R {
+                    1 => put_scores(ph, j, s.scale, &score_keys::<K, 16, R>(q, kj, hd)),
+                    2 => put_scores(ph, j, s.scale, &score_keys::<K, 8, R>(q, kj, hd)),
+                    _ => put_scores(ph, j, s.scale, &score_keys::<K, 4, R>(q, kj, hd)),
                 }
             }
             j += step;
@@ -448,6 +467,18 @@ unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize, const W: bool>(
                     1 => weigh_values_512::<V, 8, R>(at(d), cs, p, vc, d, hd),
                     2 => weigh_values_512::<V, 4, R>(at(d), cs, p, vc, d, hd),
                     _ => weigh_values_512::<V, 2, R>(at(d), cs, p, vc, d, hd),
+                }
+                d += width;
+            }
+        }
+        if X {
+            // Sixteen accumulators (one row, 128 values; two, 64 each; four, 32).
+            let width = 128 / R;
+            while d + width <= hd {
+                match R {
+                    1 => weigh_values::<V, 16, R>(at(d), cv, p, vc, d, hd),
+                    2 => weigh_values::<V, 8, R>(at(d), cv, p, vc, d, hd),
+                    _ => weigh_values::<V, 4, R>(at(d), cv, p, vc, d, hd),
                 }
                 d += width;
             }
@@ -686,9 +717,10 @@ impl PartState {
 ///
 /// # Safety
 /// As for [`attend_rows`]; `bufs` has room for `rows.len() * hd` floats; only inlined into
-/// [`attend_part_avx2`] (`W` false) or [`attend_part_avx512`] (`W` true).
+/// [`attend_part_avx2`] (`W` and `X` false), [`attend_part_avx2_x`] (`X` true) or
+/// [`attend_part_avx512`] (`W` true).
 #[inline(always)]
-unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool>(
+unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool, const X: bool>(
     s: &AttentionShape,
     rows: &[AttnRow],
     k: *const u8,
@@ -741,9 +773,9 @@ unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool>(
                     widen_rows::<V>(vc, n, hd, vbuf.as_mut_ptr().cast());
                     vbuf.as_ptr().cast()
                 };
-                chunk_rows::<F32Rows, F32Rows, W>(s, rows, c0, (kw, vw), &mut p, state);
+                chunk_rows::<F32Rows, F32Rows, W, X>(s, rows, c0, (kw, vw), &mut p, state);
             } else {
-                chunk_rows::<K, V, W>(s, rows, c0, (kc, vc), &mut p, state);
+                chunk_rows::<K, V, W, X>(s, rows, c0, (kc, vc), &mut p, state);
             }
         }
         c0 += CHUNK;
@@ -764,7 +796,24 @@ unsafe fn attend_part_avx2<K: KvLoad, V: KvLoad>(
     state: &mut [PartState; MAX_ROWS],
 ) {
     // SAFETY: the caller's promise.
-    unsafe { attend_part::<K, V, false>(s, rows, kv.0, kv.1, range, bufs, state) }
+    unsafe { attend_part::<K, V, false, false>(s, rows, kv.0, kv.1, range, bufs, state) }
+}
+
+/// [`attend_part`] with the AVX2 forms and the 32 vector registers of AVX-512 VL.
+///
+/// # Safety
+/// As for [`attend_part_avx2`], with AVX-512 F and VL present.
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+unsafe fn attend_part_avx2_x<K: KvLoad, V: KvLoad>(
+    s: &AttentionShape,
+    rows: &[AttnRow],
+    kv: (*const u8, *const u8),
+    range: (usize, usize),
+    bufs: *mut f32,
+    state: &mut [PartState; MAX_ROWS],
+) {
+    // SAFETY: the caller's promise.
+    unsafe { attend_part::<K, V, false, true>(s, rows, kv.0, kv.1, range, bufs, state) }
 }
 
 /// [`attend_part`] with the AVX-512 forms of the score and value products: twice the lanes
@@ -782,7 +831,7 @@ unsafe fn attend_part_avx512<K: KvLoad, V: KvLoad>(
     state: &mut [PartState; MAX_ROWS],
 ) {
     // SAFETY: the caller's promise.
-    unsafe { attend_part::<K, V, true>(s, rows, kv.0, kv.1, range, bufs, state) }
+    unsafe { attend_part::<K, V, true, false>(s, rows, kv.0, kv.1, range, bufs, state) }
 }
 
 /// [`attend_part`] in the forms `width` names.
@@ -804,10 +853,14 @@ unsafe fn attend_part_on<K: KvLoad, V: KvLoad>(
     unsafe {
         match width {
             AttentionWidth::Ymm => attend_part_avx2::<K, V>(s, rows, kv, range, bufs, state),
-            AttentionWidth::ZmmExceptF16OrWidened
-                if K::IS_F16 || V::IS_F16 || widens::<K, V>(s.head_dim, rows.len()) =>
-            {
+            // Widened chunks keep to sixteen registers: with 32 the 64-token prompt at 2048
+            // over a Q8_0 cache ran 22.0 against 18.0 ms (Zen 4), the same slowdown as
+            // their 16-lane forms', not understood (BENCHMARKS.md).
+            AttentionWidth::ZmmExceptF16OrWidened if widens::<K, V>(s.head_dim, rows.len()) => {
                 attend_part_avx2::<K, V>(s, rows, kv, range, bufs, state)
+            }
+            AttentionWidth::ZmmExceptF16OrWidened if K::IS_F16 || V::IS_F16 => {
+                attend_part_avx2_x::<K, V>(s, rows, kv, range, bufs, state)
             }
             AttentionWidth::Zmm | AttentionWidth::ZmmExceptF16OrWidened => {
                 attend_part_avx512::<K, V>(s, rows, kv, range, bufs, state)
@@ -824,7 +877,7 @@ unsafe fn attend_part_on<K: KvLoad, V: KvLoad>(
 /// As for [`rows_chunk`], for each row with `kv_len > c0`; `p` and `state` hold an entry per
 /// row.
 #[inline(always)]
-unsafe fn chunk_rows<K: KvLoad, V: KvLoad, const W: bool>(
+unsafe fn chunk_rows<K: KvLoad, V: KvLoad, const W: bool, const X: bool>(
     s: &AttentionShape,
     rows: &[AttnRow],
     c0: usize,
@@ -842,19 +895,19 @@ unsafe fn chunk_rows<K: KvLoad, V: KvLoad, const W: bool>(
         } else if same(4) {
             // SAFETY: the caller's promise, for rows h .. h + 4.
             unsafe {
-                rows_chunk::<K, V, 4, W>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..])
+                rows_chunk::<K, V, 4, W, X>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..])
             };
             h += 4;
         } else if same(2) {
             // SAFETY: the caller's promise, for rows h and h + 1.
             unsafe {
-                rows_chunk::<K, V, 2, W>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..])
+                rows_chunk::<K, V, 2, W, X>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..])
             };
             h += 2;
         } else {
             // SAFETY: the caller's promise, for row h.
             unsafe {
-                rows_chunk::<K, V, 1, W>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..])
+                rows_chunk::<K, V, 1, W, X>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..])
             };
             h += 1;
         }
