@@ -503,9 +503,15 @@ impl Backend for PoolBackend {
         }
         let nc = self.chunks(items);
         self.pool.run(nc, &|c| {
-            let (i0, i1) = split(items, c, nc);
-            // SAFETY: each item writes only its own heads of `out`, which outlives the job.
-            unsafe { k.attention(shape, q, kv, o, len, i0, i1) };
+            // Every `nc`-th item in order of decreasing cost: a prompt's causal triangle
+            // makes its last tokens' items the dearest, and contiguous chunks of them left
+            // one thread waiting on the other's last dear chunk.
+            for p in (c..items).step_by(nc) {
+                let i = k.attention_item_by_cost(shape, p);
+                // SAFETY: each item writes only its own heads of `out`, which outlives the
+                // job.
+                unsafe { k.attention(shape, q, kv, o, len, i, i + 1) };
+            }
         });
     }
 

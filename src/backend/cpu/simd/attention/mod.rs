@@ -194,6 +194,20 @@ impl Kernels {
         (k, v, rows, n)
     }
 
+    /// The `p`-th work item of one attention call in order of decreasing cost: a prompt's
+    /// last block of tokens (which sees the most keys) for every KV head first. Threads that
+    /// take items `c, c + n, c + 2n, …` of this order get near-equal shares, and the last
+    /// items any thread takes are the cheapest, so none waits long for another at the end.
+    pub fn attention_item_by_cost(&self, s: &AttentionShape, p: usize) -> usize {
+        let blocks = s
+            .n_tokens
+            .div_ceil(self.attention_tokens_per_item(s))
+            .max(1);
+        let kv = s.n_kv_heads.max(1);
+        let (b, kvh) = (blocks - 1 - (p / kv) % blocks, p % kv);
+        kvh * blocks + b
+    }
+
     /// Attention work items `i0..i1` (clipped to [`Kernels::attention_items`]): item
     /// `kvh * blocks + b` is KV head `kvh` with every query head of it for the `b`-th block
     /// of query tokens. KV-head-major order gives each thread of a contiguous split whole
@@ -276,6 +290,51 @@ impl Kernels {
                     v.rows(0, kv_len, hd),
                     kv_len,
                     og,
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::simd::Isa;
+
+    /// The cost order visits every item once, and a prompt's items by token block from the
+    /// last: no item sees fewer keys than one after it.
+    #[test]
+    fn items_by_cost_are_a_permutation_dearest_first() {
+        for isa in Isa::available() {
+            let k = Kernels::new(isa);
+            for (n_tokens, n_heads, n_kv_heads) in [(512, 16, 8), (37, 16, 8), (1, 8, 2), (9, 4, 4)]
+            {
+                let s = AttentionShape {
+                    n_tokens,
+                    pos0: 3,
+                    n_heads,
+                    n_kv_heads,
+                    head_dim: 64,
+                    capacity: 1024,
+                    scale: 0.125,
+                };
+                let n = k.attention_items(&s);
+                let per = k.attention_tokens_per_item(&s);
+                let blocks = n_tokens.div_ceil(per);
+                let order: Vec<usize> = (0..n).map(|p| k.attention_item_by_cost(&s, p)).collect();
+                let mut seen = order.clone();
+                seen.sort_unstable();
+                assert_eq!(
+                    seen,
+                    (0..n).collect::<Vec<_>>(),
+                    "{isa:?} {n_tokens} tokens"
+                );
+                let last_token = |i: usize| ((i % blocks + 1) * per).min(n_tokens);
+                assert!(
+                    order
+                        .windows(2)
+                        .all(|w| last_token(w[0]) >= last_token(w[1])),
+                    "{isa:?} {n_tokens} tokens: {order:?}"
                 );
             }
         }
