@@ -716,7 +716,8 @@ impl PartState {
 /// of the range are left [`PartState::EMPTY`] (and their buffer untouched).
 ///
 /// # Safety
-/// As for [`attend_rows`]; `bufs` has room for `rows.len() * hd` floats; only inlined into
+/// As for [`attend_rows`]; `bufs` has room for `rows.len() * hd` floats, or is null to
+/// write each row's values to its own output; only inlined into
 /// [`attend_part_avx2`] (`W` and `X` false), [`attend_part_avx2_x`] (`X` true) or
 /// [`attend_part_avx512`] (`W` true).
 #[inline(always)]
@@ -740,8 +741,12 @@ unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool, const X: bool>(
     }; MAX_ROWS];
     for (h, r) in rows.iter().enumerate() {
         state[h] = PartState::EMPTY;
-        // SAFETY: row h's buffer is inside `bufs`.
-        let out = unsafe { bufs.add(h * hd) };
+        let out = if bufs.is_null() {
+            r.out
+        } else {
+            // SAFETY: row h's buffer is inside `bufs`.
+            unsafe { bufs.add(h * hd) }
+        };
         part_rows[h] = AttnRow { out, ..*r };
         if r.kv_len > p0 {
             // SAFETY: as above.
@@ -1011,6 +1016,27 @@ unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
     let kv_max = rows.iter().map(|r| r.kv_len).max().unwrap_or(0);
     let mut total = [PartState::EMPTY; MAX_ROWS];
     let mut state = [PartState::EMPTY; MAX_ROWS];
+    if kv_max <= PART {
+        // One partition: its values go straight to the outputs, which folding the only
+        // partition into an empty total would copy them to unchanged.
+        // SAFETY: the caller's promise; a null buffer writes each row's own output.
+        unsafe {
+            attend_part_on::<K, V>(
+                width,
+                s,
+                rows,
+                (k, v),
+                (0, kv_max),
+                std::ptr::null_mut(),
+                &mut state,
+            )
+        };
+        for (h, row) in rows.iter().enumerate() {
+            // SAFETY: each output row has hd floats.
+            unsafe { normalize_row(hd, state[h], row.out) };
+        }
+        return;
+    }
     let mut bufs = [std::mem::MaybeUninit::<f32>::uninit(); MAX_ROWS * MAX_HD];
     let bp: *mut f32 = bufs.as_mut_ptr().cast();
     let mut p0 = 0;
