@@ -242,6 +242,47 @@ fn elementwise_kernels_match_scalar() {
     }
 }
 
+/// The element-wise operations a prompt's rows are large enough to split across the pool's
+/// threads (residual add, RoPE by token, SiLU·up, RMS norm by row) give the bits of one
+/// thread at every thread count: each element takes the same path as alone, and RoPE's
+/// angles are the caller's table.
+#[test]
+fn split_elementwise_operations_match_one_thread_bit_for_bit() {
+    let mut r = rng(14);
+    for isa in Isa::available() {
+        let one = simd(isa);
+        let (n_heads, hd, tokens) = (16, 64, 37);
+        let n = n_heads * hd * tokens;
+        let inv_freq: Vec<f32> = (0..hd / 2)
+            .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / hd as f32))
+            .collect();
+        let x = randn(&mut r, n + 5, 2.0);
+        let y = randn(&mut r, n + 5, 2.0);
+        let g = randn(&mut r, n_heads * hd, 1.0);
+        let run = |be: &dyn Backend| {
+            let mut a = x.clone();
+            be.add(&mut a, &y);
+            let mut b = x[..n].to_vec();
+            be.rope(&mut b, n_heads, hd, 300, &inv_freq);
+            let mut c = x.clone();
+            be.silu_mul(&mut c, &y);
+            let mut d = x[..n].to_vec();
+            be.rms_norm(&mut d, &g, 1e-6);
+            [a, b, c, d]
+        };
+        let want = run(&one);
+        for t in 1..=3 {
+            let got = run(&PoolBackend::new(simd(isa), t));
+            for (op, (g, w)) in ["add", "rope", "silu_mul", "rms_norm"]
+                .iter()
+                .zip(got.iter().zip(&want))
+            {
+                assert_eq!(bits(g), bits(w), "{isa:?} {op} on {t} threads");
+            }
+        }
+    }
+}
+
 /// The shape of one attention call over a cache of `capacity` positions, with random
 /// queries for its tokens and random keys and values for the whole cache.
 fn attention_inputs(

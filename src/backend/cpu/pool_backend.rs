@@ -463,7 +463,23 @@ impl Backend for PoolBackend {
     }
 
     fn rope(&self, x: &mut [f32], n_heads: usize, head_dim: usize, pos0: usize, inv_freq: &[f32]) {
-        self.simd.rope(x, n_heads, head_dim, pos0, inv_freq)
+        let row = n_heads * head_dim;
+        if row == 0 || inv_freq.len() * 2 != head_dim || x.len() < MIN_ELEMENTS_TO_SPLIT {
+            return self.simd.rope(x, n_heads, head_dim, pos0, inv_freq);
+        }
+        // A prompt's rows split by token, the angles computed once on this thread.
+        let (k, n, half) = (self.k, x.len() / row, head_dim / 2);
+        let xp = SharedMut(x.as_mut_ptr());
+        k.with_rope_table(pos0, n, inv_freq, |cos, sin| {
+            let nc = self.chunks(n);
+            self.pool.run(nc, &|c| {
+                let (t0, t1) = split(n, c, nc);
+                // SAFETY: token rows t0..t1 are this thread's alone; `x` outlives the job.
+                let part = unsafe { xp.slice(t0 * row, (t1 - t0) * row) };
+                let (c, s) = (&cos[t0 * half..t1 * half], &sin[t0 * half..t1 * half]);
+                k.rope_apply(part, n_heads, head_dim, c, s);
+            });
+        })
     }
 
     fn attention(&self, shape: &AttentionShape, q: &[f32], kv: KvLayer<'_>, out: &mut [f32]) {
@@ -592,6 +608,23 @@ impl Backend for PoolBackend {
     }
 
     fn add(&self, x: &mut [f32], y: &[f32]) {
-        self.simd.add(x, y)
+        let len = x.len().min(y.len());
+        if len < MIN_ELEMENTS_TO_SPLIT {
+            return self.simd.add(x, y);
+        }
+        let k = self.k;
+        let xp = SharedMut(x.as_mut_ptr());
+        // Whole 8-lane vectors, as for `silu_mul`.
+        let units = len.div_ceil(8);
+        let nc = self.chunks(units);
+        self.pool.run(nc, &|c| {
+            let (u0, u1) = split(units, c, nc);
+            let (e0, e1) = (u0 * 8, (u1 * 8).min(len));
+            if e1 > e0 {
+                // SAFETY: elements e0..e1 are this thread's alone; `x` outlives the job.
+                let part = unsafe { xp.slice(e0, e1 - e0) };
+                k.add(part, &y[e0..e1]);
+            }
+        });
     }
 }

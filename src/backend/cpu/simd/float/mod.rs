@@ -138,17 +138,44 @@ impl Kernels {
             return;
         }
         let n = x.len() / row;
+        self.with_rope_table(pos0, n, inv_freq, |cos, sin| {
+            self.rope_apply(x, n_heads, head_dim, cos, sin)
+        })
+    }
+
+    /// `f(cos, sin)` with this thread's table of the `n` positions from `pos0`
+    /// (`inv_freq.len()` of each a position), computed once for the 2 × n_layers RoPE calls
+    /// of a forward pass; other threads may read the slices while `f` runs.
+    pub fn with_rope_table<R>(
+        &self,
+        pos0: usize,
+        n: usize,
+        inv_freq: &[f32],
+        f: impl FnOnce(&[f32], &[f32]) -> R,
+    ) -> R {
         ROPE.with(|t| {
             let mut t = t.borrow_mut();
             t.update(pos0, n, inv_freq);
-            let half = head_dim / 2;
-            let (cos, sin) = (&t.cos[..n * half], &t.sin[..n * half]);
-            match self.isa {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: the ISA was checked at construction.
-                i if i.x86_vector() => unsafe { x86::rope_apply(x, n_heads, head_dim, cos, sin) },
-                _ => portable::rope_apply(x, n_heads, head_dim, cos, sin),
-            }
+            let half = inv_freq.len();
+            f(&t.cos[..n * half], &t.sin[..n * half])
         })
+    }
+
+    /// RoPE on whole token rows of `x` (`n_heads · head_dim` each) with the angles of their
+    /// positions in `cos` and `sin` (`head_dim / 2` a row).
+    pub fn rope_apply(
+        &self,
+        x: &mut [f32],
+        n_heads: usize,
+        head_dim: usize,
+        cos: &[f32],
+        sin: &[f32],
+    ) {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the ISA was checked at construction.
+            i if i.x86_vector() => unsafe { x86::rope_apply(x, n_heads, head_dim, cos, sin) },
+            _ => portable::rope_apply(x, n_heads, head_dim, cos, sin),
+        }
     }
 }
