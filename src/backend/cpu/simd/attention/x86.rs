@@ -214,7 +214,9 @@ unsafe fn score_keys_512<K: KvLoad, const P: usize, const R: usize>(
 }
 
 /// For each of `R` rows, `out_r[0..8U] = out_r·corr_r + Σ_j p_r[j]·v_j[d..d + 8U]` in key
-/// order (value row j at `v + j·row_bytes`), with `U` vector accumulators per row: each
+/// order (value row j at `v + j·row_bytes`), the sum alone where `first` (the rows' first
+/// chunk: `out_r` is not read, the bits of `+0 · 0` before the sum), with `U` vector
+/// accumulators per row: each
 /// output lane is one FMA chain over the keys whatever `U` and `R` are, and the rows share
 /// each widened value slice.
 ///
@@ -224,6 +226,7 @@ unsafe fn score_keys_512<K: KvLoad, const P: usize, const R: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn weigh_values<V: KvLoad, const U: usize, const R: usize>(
+    first: bool,
     out: [*mut f32; R],
     corr: [__m256; R],
     p: [&[f32]; R],
@@ -233,8 +236,15 @@ unsafe fn weigh_values<V: KvLoad, const U: usize, const R: usize>(
 ) {
     // SAFETY (whole body): the caller's promise.
     unsafe {
+        // A row's first chunk starts from zero: the `+0 · 0` of an output zeroed before.
         let mut a: [[__m256; U]; R] = std::array::from_fn(|r| {
-            std::array::from_fn(|u| _mm256_mul_ps(_mm256_loadu_ps(out[r].add(u * 8)), corr[r]))
+            std::array::from_fn(|u| {
+                if first {
+                    _mm256_setzero_ps()
+                } else {
+                    _mm256_mul_ps(_mm256_loadu_ps(out[r].add(u * 8)), corr[r])
+                }
+            })
         });
         for j in 0..p[0].len() {
             let pv: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps(*p[r].get_unchecked(j)));
@@ -262,6 +272,7 @@ unsafe fn weigh_values<V: KvLoad, const U: usize, const R: usize>(
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn weigh_values_512<V: KvLoad, const U: usize, const R: usize>(
+    first: bool,
     out: [*mut f32; R],
     corr: [f32; R],
     p: [&[f32]; R],
@@ -273,7 +284,11 @@ unsafe fn weigh_values_512<V: KvLoad, const U: usize, const R: usize>(
     unsafe {
         let mut a: [[__m512; U]; R] = std::array::from_fn(|r| {
             std::array::from_fn(|u| {
-                _mm512_mul_ps(_mm512_loadu_ps(out[r].add(u * 16)), _mm512_set1_ps(corr[r]))
+                if first {
+                    _mm512_setzero_ps()
+                } else {
+                    _mm512_mul_ps(_mm512_loadu_ps(out[r].add(u * 16)), _mm512_set1_ps(corr[r]))
+                }
             })
         });
         for j in 0..p[0].len() {
@@ -359,7 +374,7 @@ pub struct AttnRow {
 unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize, const W: bool, const X: bool>(
     s: &AttentionShape,
     rows: &[AttnRow],
-    c0: usize,
+    (c0, first): (usize, bool),
     (kc, vc): (*const u8, *const u8),
     ph: &mut [[f32; CHUNK]],
     st: &mut [PartState],
@@ -464,9 +479,9 @@ unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize, const W: bool, const 
             let width = 128 / R;
             while d + width <= hd {
                 match R {
-                    1 => weigh_values_512::<V, 8, R>(at(d), cs, p, vc, d, hd),
-                    2 => weigh_values_512::<V, 4, R>(at(d), cs, p, vc, d, hd),
-                    _ => weigh_values_512::<V, 2, R>(at(d), cs, p, vc, d, hd),
+                    1 => weigh_values_512::<V, 8, R>(first, at(d), cs, p, vc, d, hd),
+                    2 => weigh_values_512::<V, 4, R>(first, at(d), cs, p, vc, d, hd),
+                    _ => weigh_values_512::<V, 2, R>(first, at(d), cs, p, vc, d, hd),
                 }
                 d += width;
             }
@@ -476,9 +491,9 @@ unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize, const W: bool, const 
             let width = 128 / R;
             while d + width <= hd {
                 match R {
-                    1 => weigh_values::<V, 16, R>(at(d), cv, p, vc, d, hd),
-                    2 => weigh_values::<V, 8, R>(at(d), cv, p, vc, d, hd),
-                    _ => weigh_values::<V, 4, R>(at(d), cv, p, vc, d, hd),
+                    1 => weigh_values::<V, 16, R>(first, at(d), cv, p, vc, d, hd),
+                    2 => weigh_values::<V, 8, R>(first, at(d), cv, p, vc, d, hd),
+                    _ => weigh_values::<V, 4, R>(first, at(d), cv, p, vc, d, hd),
                 }
                 d += width;
             }
@@ -488,14 +503,14 @@ unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize, const W: bool, const 
         let width = 64 / R;
         while d + width <= hd {
             match R {
-                1 => weigh_values::<V, 8, R>(at(d), cv, p, vc, d, hd),
-                2 => weigh_values::<V, 4, R>(at(d), cv, p, vc, d, hd),
-                _ => weigh_values::<V, 2, R>(at(d), cv, p, vc, d, hd),
+                1 => weigh_values::<V, 8, R>(first, at(d), cv, p, vc, d, hd),
+                2 => weigh_values::<V, 4, R>(first, at(d), cv, p, vc, d, hd),
+                _ => weigh_values::<V, 2, R>(first, at(d), cv, p, vc, d, hd),
             }
             d += width;
         }
         while d < hd {
-            weigh_values::<V, 1, R>(at(d), cv, p, vc, d, hd);
+            weigh_values::<V, 1, R>(first, at(d), cv, p, vc, d, hd);
             d += 8;
         }
     }
@@ -748,10 +763,6 @@ unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool, const X: bool>(
             unsafe { bufs.add(h * hd) }
         };
         part_rows[h] = AttnRow { out, ..*r };
-        if r.kv_len > p0 {
-            // SAFETY: as above.
-            unsafe { std::ptr::write_bytes(out, 0, hd) };
-        }
     }
     let rows = &part_rows[..rows.len()];
     let (krb, vrb) = (K::row_bytes(hd), V::row_bytes(hd));
@@ -778,9 +789,16 @@ unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool, const X: bool>(
                     widen_rows::<V>(vc, n, hd, vbuf.as_mut_ptr().cast());
                     vbuf.as_ptr().cast()
                 };
-                chunk_rows::<F32Rows, F32Rows, W, X>(s, rows, c0, (kw, vw), &mut p, state);
+                chunk_rows::<F32Rows, F32Rows, W, X>(
+                    s,
+                    rows,
+                    (c0, c0 == p0),
+                    (kw, vw),
+                    &mut p,
+                    state,
+                );
             } else {
-                chunk_rows::<K, V, W, X>(s, rows, c0, (kc, vc), &mut p, state);
+                chunk_rows::<K, V, W, X>(s, rows, (c0, c0 == p0), (kc, vc), &mut p, state);
             }
         }
         c0 += CHUNK;
@@ -885,7 +903,7 @@ unsafe fn attend_part_on<K: KvLoad, V: KvLoad>(
 unsafe fn chunk_rows<K: KvLoad, V: KvLoad, const W: bool, const X: bool>(
     s: &AttentionShape,
     rows: &[AttnRow],
-    c0: usize,
+    (c0, first): (usize, bool),
     kv: (*const u8, *const u8),
     p: &mut [[f32; CHUNK]; MAX_ROWS],
     state: &mut [PartState; MAX_ROWS],
@@ -900,19 +918,40 @@ unsafe fn chunk_rows<K: KvLoad, V: KvLoad, const W: bool, const X: bool>(
         } else if same(4) {
             // SAFETY: the caller's promise, for rows h .. h + 4.
             unsafe {
-                rows_chunk::<K, V, 4, W, X>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..])
+                rows_chunk::<K, V, 4, W, X>(
+                    s,
+                    &rows[h..],
+                    (c0, first),
+                    kv,
+                    &mut p[h..],
+                    &mut state[h..],
+                )
             };
             h += 4;
         } else if same(2) {
             // SAFETY: the caller's promise, for rows h and h + 1.
             unsafe {
-                rows_chunk::<K, V, 2, W, X>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..])
+                rows_chunk::<K, V, 2, W, X>(
+                    s,
+                    &rows[h..],
+                    (c0, first),
+                    kv,
+                    &mut p[h..],
+                    &mut state[h..],
+                )
             };
             h += 2;
         } else {
             // SAFETY: the caller's promise, for row h.
             unsafe {
-                rows_chunk::<K, V, 1, W, X>(s, &rows[h..], c0, kv, &mut p[h..], &mut state[h..])
+                rows_chunk::<K, V, 1, W, X>(
+                    s,
+                    &rows[h..],
+                    (c0, first),
+                    kv,
+                    &mut p[h..],
+                    &mut state[h..],
+                )
             };
             h += 1;
         }
