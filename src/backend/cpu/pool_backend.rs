@@ -118,6 +118,24 @@ impl PoolBackend {
 
     /// `run(u0, u1)` over the 16-row groups `0..units` of one or more products: on the
     /// caller alone when they are few, else cut into chunks the threads claim.
+    /// `f(part, e0)` on parts of `x` split across the threads in whole 8-lane vectors, so
+    /// every element takes the same (vector or tail) path as on one thread; `e0` is where
+    /// the part starts in `x`.
+    fn split_lanes(&self, x: &mut [f32], f: &(dyn Fn(&mut [f32], usize) + Sync)) {
+        let len = x.len();
+        let xp = SharedMut(x.as_mut_ptr());
+        let units = len.div_ceil(8);
+        let nc = self.chunks(units);
+        self.pool.run(nc, &|c| {
+            let (u0, u1) = split(units, c, nc);
+            let (e0, e1) = (u0 * 8, (u1 * 8).min(len));
+            if e1 > e0 {
+                // SAFETY: elements e0..e1 are this thread's alone; `x` outlives the job.
+                f(unsafe { xp.slice(e0, e1 - e0) }, e0);
+            }
+        });
+    }
+
     fn run_groups(&self, units: usize, run: &(dyn Fn(usize, usize) + Sync)) {
         if units < MIN_GROUPS_TO_SPLIT {
             run(0, units);
@@ -591,19 +609,8 @@ impl Backend for PoolBackend {
             return self.simd.silu_mul(gate, up);
         }
         let k = self.k;
-        let g = SharedMut(gate.as_mut_ptr());
-        // Split in whole 8-lane vectors so every element takes the same (vector or tail)
-        // path as on one thread.
-        let units = len.div_ceil(8);
-        let nc = self.chunks(units);
-        self.pool.run(nc, &|c| {
-            let (u0, u1) = split(units, c, nc);
-            let (e0, e1) = (u0 * 8, (u1 * 8).min(len));
-            if e1 > e0 {
-                // SAFETY: elements e0..e1 are this thread's alone; `gate` outlives the job.
-                let part = unsafe { g.slice(e0, e1 - e0) };
-                k.silu_mul(part, &up[e0..e1]);
-            }
+        self.split_lanes(&mut gate[..len], &|part, e0| {
+            k.silu_mul(part, &up[e0..e0 + part.len()])
         });
     }
 
@@ -613,18 +620,8 @@ impl Backend for PoolBackend {
             return self.simd.add(x, y);
         }
         let k = self.k;
-        let xp = SharedMut(x.as_mut_ptr());
-        // Whole 8-lane vectors, as for `silu_mul`.
-        let units = len.div_ceil(8);
-        let nc = self.chunks(units);
-        self.pool.run(nc, &|c| {
-            let (u0, u1) = split(units, c, nc);
-            let (e0, e1) = (u0 * 8, (u1 * 8).min(len));
-            if e1 > e0 {
-                // SAFETY: elements e0..e1 are this thread's alone; `x` outlives the job.
-                let part = unsafe { xp.slice(e0, e1 - e0) };
-                k.add(part, &y[e0..e1]);
-            }
+        self.split_lanes(&mut x[..len], &|part, e0| {
+            k.add(part, &y[e0..e0 + part.len()])
         });
     }
 }

@@ -417,39 +417,33 @@ unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize, const W: bool, const 
             j += step;
         }
     }
+    // Steps of `C / R` keys, `C` FMA chains: the same per-key arithmetic at every size.
+    macro_rules! score_steps {
+        ($c:literal, $n2:literal, $n4:literal) => {
+            let step = $c / R;
+            while j + step <= cl {
+                // SAFETY: keys c0+j .. c0+j+step < the rows' kv_len.
+                unsafe {
+                    let kj = kc.add(j * krb);
+                    match R {
+                        1 => put_scores(ph, j, s.scale, &score_keys::<K, $c, R>(q, kj, hd)),
+                        2 => put_scores(ph, j, s.scale, &score_keys::<K, $n2, R>(q, kj, hd)),
+                        _ => put_scores(ph, j, s.scale, &score_keys::<K, $n4, R>(q, kj, hd)),
+                    }
+                }
+                j += step;
+            }
+        };
+    }
     if X {
         // With AVX-512 VL's 32 registers, sixteen chains: eight left the FMA ports idle
         // whenever a chain's 4-cycle latency was not covered (a 64-token prompt at 2048
         // over an F16 cache, Zen 4: 15.6 → 14.2 ms).
-        let step = 16 / R;
-        while j + step <= cl {
-            // SAFETY: keys c0+j .. c0+j+step < the rows' kv_len.
-            unsafe {
-                let kj = kc.add(j * krb);
-                match R {
-                    1 => put_scores(ph, j, s.scale, &score_keys::<K, 16, R>(q, kj, hd)),
-                    2 => put_scores(ph, j, s.scale, &score_keys::<K, 8, R>(q, kj, hd)),
-                    _ => put_scores(ph, j, s.scale, &score_keys::<K, 4, R>(q, kj, hd)),
-                }
-            }
-            j += step;
-        }
+        score_steps!(16, 8, 4);
     }
     // Eight keys a step for one row, four for two rows, two for four: eight FMA chains, and
     // every key's sum formed exactly as alone.
-    let step = 8 / R;
-    while j + step <= cl {
-        // SAFETY: keys c0+j .. c0+j+step < the rows' kv_len.
-        unsafe {
-            let kj = kc.add(j * krb);
-            match R {
-                1 => put_scores(ph, j, s.scale, &score_keys::<K, 8, R>(q, kj, hd)),
-                2 => put_scores(ph, j, s.scale, &score_keys::<K, 4, R>(q, kj, hd)),
-                _ => put_scores(ph, j, s.scale, &score_keys::<K, 2, R>(q, kj, hd)),
-            }
-        }
-        j += step;
-    }
+    score_steps!(8, 4, 2);
     while j < cl {
         // SAFETY: key c0+j < the rows' kv_len.
         unsafe {
@@ -486,29 +480,27 @@ unsafe fn rows_chunk<K: KvLoad, V: KvLoad, const R: usize, const W: bool, const 
                 d += width;
             }
         }
+        // `C` accumulators over `8C / R` values a call: each lane the same chain at every C.
+        macro_rules! weigh_steps {
+            ($c:literal, $u2:literal, $u4:literal) => {
+                let width = 8 * $c / R;
+                while d + width <= hd {
+                    match R {
+                        1 => weigh_values::<V, $c, R>(first, at(d), cv, p, vc, d, hd),
+                        2 => weigh_values::<V, $u2, R>(first, at(d), cv, p, vc, d, hd),
+                        _ => weigh_values::<V, $u4, R>(first, at(d), cv, p, vc, d, hd),
+                    }
+                    d += width;
+                }
+            };
+        }
         if X {
             // Sixteen accumulators (one row, 128 values; two, 64 each; four, 32).
-            let width = 128 / R;
-            while d + width <= hd {
-                match R {
-                    1 => weigh_values::<V, 16, R>(first, at(d), cv, p, vc, d, hd),
-                    2 => weigh_values::<V, 8, R>(first, at(d), cv, p, vc, d, hd),
-                    _ => weigh_values::<V, 4, R>(first, at(d), cv, p, vc, d, hd),
-                }
-                d += width;
-            }
+            weigh_steps!(16, 8, 4);
         }
         // Eight accumulators: eight FMA chains in flight over the chunk's keys (one row,
         // 64 values; two rows, 32 values each; four rows, 16).
-        let width = 64 / R;
-        while d + width <= hd {
-            match R {
-                1 => weigh_values::<V, 8, R>(first, at(d), cv, p, vc, d, hd),
-                2 => weigh_values::<V, 4, R>(first, at(d), cv, p, vc, d, hd),
-                _ => weigh_values::<V, 2, R>(first, at(d), cv, p, vc, d, hd),
-            }
-            d += width;
-        }
+        weigh_steps!(8, 4, 2);
         while d < hd {
             weigh_values::<V, 1, R>(first, at(d), cv, p, vc, d, hd);
             d += 8;
@@ -805,63 +797,65 @@ unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool, const X: bool>(
     }
 }
 
-/// [`attend_part`] with the AVX2 kernels.
-///
-/// # Safety
-/// As for [`attend_part`]; AVX2, FMA and F16C present.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn attend_part_avx2<K: KvLoad, V: KvLoad>(
-    s: &AttentionShape,
-    rows: &[AttnRow],
-    kv: (*const u8, *const u8),
-    range: (usize, usize),
-    bufs: *mut f32,
-    state: &mut [PartState; MAX_ROWS],
-) {
-    // SAFETY: the caller's promise.
-    unsafe { attend_part::<K, V, false, false>(s, rows, kv.0, kv.1, range, bufs, state) }
+/// The entries that compile [`attend_part`] with each set of target features: the same
+/// body, so the same bits, in the forms the features allow.
+macro_rules! attend_part_entry {
+    ($(#[$doc:meta])* $name:ident, $features:literal, $w:literal, $x:literal) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        unsafe fn $name<K: KvLoad, V: KvLoad>(
+            s: &AttentionShape,
+            rows: &[AttnRow],
+            kv: (*const u8, *const u8),
+            range: (usize, usize),
+            bufs: *mut f32,
+            state: &mut [PartState; MAX_ROWS],
+        ) {
+            // SAFETY: the caller's promise.
+            unsafe { attend_part::<K, V, $w, $x>(s, rows, kv.0, kv.1, range, bufs, state) }
+        }
+    };
 }
 
-/// [`attend_part`] with the AVX2 forms and the 32 vector registers of AVX-512 VL.
-///
-/// # Safety
-/// As for [`attend_part_avx2`], with AVX-512 F and VL present.
-#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
-unsafe fn attend_part_avx2_x<K: KvLoad, V: KvLoad>(
-    s: &AttentionShape,
-    rows: &[AttnRow],
-    kv: (*const u8, *const u8),
-    range: (usize, usize),
-    bufs: *mut f32,
-    state: &mut [PartState; MAX_ROWS],
-) {
-    // SAFETY: the caller's promise.
-    unsafe { attend_part::<K, V, false, true>(s, rows, kv.0, kv.1, range, bufs, state) }
-}
+attend_part_entry!(
+    /// [`attend_part`] with the AVX2 kernels.
+    ///
+    /// # Safety
+    /// As for [`attend_part`]; AVX2, FMA and F16C present.
+    attend_part_avx2,
+    "avx2,fma,f16c",
+    false,
+    false
+);
 
-/// [`attend_part`] with the AVX-512 forms of the score and value products: twice the lanes
-/// per FMA (a prompt's attention is bound by them), the same bits.
-///
-/// # Safety
-/// As for [`attend_part`]; AVX-512 F, AVX2, FMA and F16C present.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn attend_part_avx512<K: KvLoad, V: KvLoad>(
-    s: &AttentionShape,
-    rows: &[AttnRow],
-    kv: (*const u8, *const u8),
-    range: (usize, usize),
-    bufs: *mut f32,
-    state: &mut [PartState; MAX_ROWS],
-) {
-    // SAFETY: the caller's promise.
-    unsafe { attend_part::<K, V, true, false>(s, rows, kv.0, kv.1, range, bufs, state) }
-}
+attend_part_entry!(
+    /// [`attend_part`] with the AVX2 forms and the 32 vector registers of AVX-512 VL.
+    ///
+    /// # Safety
+    /// As for [`attend_part_avx2`], with AVX-512 F and VL present.
+    attend_part_avx2_x,
+    "avx512f,avx512vl,avx2,fma,f16c",
+    false,
+    true
+);
+
+attend_part_entry!(
+    /// [`attend_part`] with the AVX-512 forms of the score and value products: twice the
+    /// lanes per FMA (a prompt's attention is bound by them), the same bits.
+    ///
+    /// # Safety
+    /// As for [`attend_part`]; AVX-512 F, AVX2, FMA and F16C present.
+    attend_part_avx512,
+    "avx512f,avx2,fma,f16c",
+    true,
+    false
+);
 
 /// [`attend_part`] in the forms `width` names.
 ///
 /// # Safety
-/// As for [`attend_part_avx2`], and for [`attend_part_avx512`] unless `width` is
-/// [`AttentionWidth::Ymm`].
+/// As for [`attend_part_avx2`], and for [`attend_part_avx512`] and [`attend_part_avx2_x`]
+/// (AVX-512 F and VL) unless `width` is [`AttentionWidth::Ymm`].
 #[inline]
 unsafe fn attend_part_on<K: KvLoad, V: KvLoad>(
     width: AttentionWidth,
@@ -909,6 +903,7 @@ unsafe fn chunk_rows<K: KvLoad, V: KvLoad, const W: bool, const X: bool>(
     state: &mut [PartState; MAX_ROWS],
 ) {
     let seen = |r: &AttnRow| CHUNK.min(r.kv_len.saturating_sub(c0));
+    let at = (c0, first);
     let mut h = 0;
     while h < rows.len() {
         let cl = seen(&rows[h]);
@@ -918,40 +913,19 @@ unsafe fn chunk_rows<K: KvLoad, V: KvLoad, const W: bool, const X: bool>(
         } else if same(4) {
             // SAFETY: the caller's promise, for rows h .. h + 4.
             unsafe {
-                rows_chunk::<K, V, 4, W, X>(
-                    s,
-                    &rows[h..],
-                    (c0, first),
-                    kv,
-                    &mut p[h..],
-                    &mut state[h..],
-                )
+                rows_chunk::<K, V, 4, W, X>(s, &rows[h..], at, kv, &mut p[h..], &mut state[h..])
             };
             h += 4;
         } else if same(2) {
             // SAFETY: the caller's promise, for rows h and h + 1.
             unsafe {
-                rows_chunk::<K, V, 2, W, X>(
-                    s,
-                    &rows[h..],
-                    (c0, first),
-                    kv,
-                    &mut p[h..],
-                    &mut state[h..],
-                )
+                rows_chunk::<K, V, 2, W, X>(s, &rows[h..], at, kv, &mut p[h..], &mut state[h..])
             };
             h += 2;
         } else {
             // SAFETY: the caller's promise, for row h.
             unsafe {
-                rows_chunk::<K, V, 1, W, X>(
-                    s,
-                    &rows[h..],
-                    (c0, first),
-                    kv,
-                    &mut p[h..],
-                    &mut state[h..],
-                )
+                rows_chunk::<K, V, 1, W, X>(s, &rows[h..], at, kv, &mut p[h..], &mut state[h..])
             };
             h += 1;
         }
