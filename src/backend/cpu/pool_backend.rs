@@ -116,8 +116,6 @@ impl PoolBackend {
         }
     }
 
-    /// `run(u0, u1)` over the 16-row groups `0..units` of one or more products: on the
-    /// caller alone when they are few, else cut into chunks the threads claim.
     /// `f(part, e0)` on parts of `x` split across the threads in whole 8-lane vectors, so
     /// every element takes the same (vector or tail) path as on one thread; `e0` is where
     /// the part starts in `x`.
@@ -136,6 +134,8 @@ impl PoolBackend {
         });
     }
 
+    /// `run(u0, u1)` over the 16-row groups `0..units` of one or more products: on the
+    /// caller alone when they are few, else cut into chunks the threads claim.
     fn run_groups(&self, units: usize, run: &(dyn Fn(usize, usize) + Sync)) {
         if units < MIN_GROUPS_TO_SPLIT {
             run(0, units);

@@ -143,8 +143,8 @@ impl Kernels {
         })
     }
 
-    /// `f(cos, sin)` with this thread's table of the `n` positions from `pos0`
-    /// (`inv_freq.len()` of each a position), computed once for the 2 × n_layers RoPE calls
+    /// `f(cos, sin)` with this thread's table of the angles of the `n` positions from
+    /// `pos0` (`inv_freq.len()` a position), computed once for the 2 × n_layers RoPE calls
     /// of a forward pass; other threads may read the slices while `f` runs.
     pub fn with_rope_table<R>(
         &self,
