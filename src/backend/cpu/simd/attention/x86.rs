@@ -1027,9 +1027,8 @@ unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
     let hd = s.head_dim;
     debug_assert!(rows.len() <= MAX_ROWS && hd % 8 == 0 && hd <= MAX_HD);
     let kv_max = rows.iter().map(|r| r.kv_len).max().unwrap_or(0);
-    let mut total = [PartState::EMPTY; MAX_ROWS];
     let mut state = [PartState::EMPTY; MAX_ROWS];
-    if kv_max <= PART {
+    let total = if kv_max <= PART {
         // One partition: its values go straight to the outputs, which folding the only
         // partition into an empty total would copy them to unchanged.
         // SAFETY: the caller's promise; a null buffer writes each row's own output.
@@ -1044,25 +1043,24 @@ unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
                 &mut state,
             )
         };
-        for (h, row) in rows.iter().enumerate() {
-            // SAFETY: each output row has hd floats.
-            unsafe { normalize_row(hd, state[h], row.out) };
+        state
+    } else {
+        let mut total = [PartState::EMPTY; MAX_ROWS];
+        let mut bufs = [std::mem::MaybeUninit::<f32>::uninit(); MAX_ROWS * MAX_HD];
+        let bp: *mut f32 = bufs.as_mut_ptr().cast();
+        let mut p0 = 0;
+        while p0 < kv_max {
+            let p1 = (p0 + PART).min(kv_max);
+            // SAFETY: the caller's promise; `bufs` holds MAX_ROWS rows of up to MAX_HD floats.
+            unsafe { attend_part_on::<K, V>(width, s, rows, (k, v), (p0, p1), bp, &mut state) };
+            for (h, row) in rows.iter().enumerate() {
+                // SAFETY: row h's output and buffer hold hd floats.
+                unsafe { fold_part(hd, &mut total[h], row.out, state[h], bp.add(h * hd)) };
+            }
+            p0 = p1;
         }
-        return;
-    }
-    let mut bufs = [std::mem::MaybeUninit::<f32>::uninit(); MAX_ROWS * MAX_HD];
-    let bp: *mut f32 = bufs.as_mut_ptr().cast();
-    let mut p0 = 0;
-    while p0 < kv_max {
-        let p1 = (p0 + PART).min(kv_max);
-        // SAFETY: the caller's promise; `bufs` holds MAX_ROWS rows of up to MAX_HD floats.
-        unsafe { attend_part_on::<K, V>(width, s, rows, (k, v), (p0, p1), bp, &mut state) };
-        for (h, row) in rows.iter().enumerate() {
-            // SAFETY: row h's output and buffer hold hd floats.
-            unsafe { fold_part(hd, &mut total[h], row.out, state[h], bp.add(h * hd)) };
-        }
-        p0 = p1;
-    }
+        total
+    };
     for (h, row) in rows.iter().enumerate() {
         // SAFETY: each output row has hd floats.
         unsafe { normalize_row(hd, total[h], row.out) };
