@@ -778,3 +778,58 @@ fn attention_prompt_64_at_2048_f32(b: Bencher, k: &str) {
 fn attention_prompt_64_at_2048_q8_0(b: Bencher, k: &str) {
     bench_attention(b, k, 64, 2048, KvType::Q8_0);
 }
+
+/// Eight decoding sequences' attention over all 28 layers at `D` cached positions of an F16
+/// cache (Qwen3-0.6B's heads), the caches out of every CPU cache first as a decode step's
+/// weights leave them: what attention costs a step of eight streams.
+#[divan::bench(consts = [32, 256], args = attention_kernels(), sample_count = 20)]
+fn attention_decode_8_streams_28_layers_f16<const D: usize>(b: Bencher, k: &str) {
+    let be = backend(k);
+    let (n_heads, n_kv, hd, layers, pos0) = (16, 8, 128, 28, D - 1);
+    let ctx = D + 1;
+    let shape = KvShape {
+        n_layers: layers,
+        n_kv_heads: n_kv,
+        head_dim: hd,
+        types: (KvType::F16, KvType::F16),
+    };
+    let caches: Vec<KvCache> = (0..8)
+        .map(|s| {
+            let mut c = KvCache::with_shape(shape, ctx);
+            for l in 0..layers {
+                let seed = (s * layers + l) as u32;
+                c.store(
+                    l,
+                    0,
+                    &values(D * n_kv * hd, 2 * seed + 7),
+                    &values(D * n_kv * hd, 2 * seed + 8),
+                );
+            }
+            c
+        })
+        .collect();
+    let shape = AttentionShape {
+        n_tokens: 1,
+        pos0,
+        n_heads,
+        n_kv_heads: n_kv,
+        head_dim: hd,
+        capacity: ctx,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
+    let q = values(n_heads * hd, 1);
+    let mut out = vec![0.0f32; n_heads * hd];
+    let mut flush = vec![0u8; 256 << 20];
+    b.with_inputs(|| {
+        for (i, x) in flush.iter_mut().enumerate().step_by(64) {
+            *x = x.wrapping_add(i as u8);
+        }
+    })
+    .bench_local_values(|()| {
+        for c in &caches {
+            for l in 0..layers {
+                be.attention(&shape, black_box(&q), c.layer(l), &mut out);
+            }
+        }
+    });
+}
