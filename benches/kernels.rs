@@ -706,6 +706,20 @@ fn rope_16x128(b: Bencher, k: &str) {
     });
 }
 
+/// An attention call with Qwen3-0.6B's heads (16 query heads, 8 KV heads of 128): `n`
+/// tokens after `pos0` cached positions, in caches of `capacity` positions.
+fn qwen3_attention(n: usize, pos0: usize, capacity: usize) -> AttentionShape {
+    AttentionShape {
+        n_tokens: n,
+        pos0,
+        n_heads: 16,
+        n_kv_heads: 8,
+        head_dim: 128,
+        capacity,
+        scale: 1.0 / (128f32).sqrt(),
+    }
+}
+
 /// One layer's attention with Qwen3-0.6B's heads (16 query heads, 8 KV heads of 128):
 /// `n` tokens after `pos0` cached positions, the keys and values stored in a KV cache of
 /// type `kv`, timed on `k`.
@@ -727,15 +741,7 @@ fn bench_attention(b: Bencher, k: &str, n: usize, pos0: usize, kv: KvType) {
         &values(ctx * n_kv * hd, 2),
         &values(ctx * n_kv * hd, 3),
     );
-    let shape = AttentionShape {
-        n_tokens: n,
-        pos0,
-        n_heads,
-        n_kv_heads: n_kv,
-        head_dim: hd,
-        capacity: ctx,
-        scale: 1.0 / (hd as f32).sqrt(),
-    };
+    let shape = qwen3_attention(n, pos0, ctx);
     let mut out = vec![0.0f32; n * n_heads * hd];
     let kv = cache.layer(0);
     b.bench_local(|| be.attention(&shape, black_box(&q), kv, &mut out));
@@ -808,15 +814,7 @@ fn attention_decode_8_streams_28_layers_f16<const D: usize>(b: Bencher, k: &str)
             c
         })
         .collect();
-    let shape = AttentionShape {
-        n_tokens: 1,
-        pos0,
-        n_heads,
-        n_kv_heads: n_kv,
-        head_dim: hd,
-        capacity: ctx,
-        scale: 1.0 / (hd as f32).sqrt(),
-    };
+    let shape = qwen3_attention(1, pos0, ctx);
     let q = values(n_heads * hd, 1);
     let mut out = vec![0.0f32; n_heads * hd];
     let mut flush = vec![0u8; 256 << 20];
