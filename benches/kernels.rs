@@ -720,13 +720,14 @@ fn qwen3_attention(n: usize, pos0: usize, capacity: usize) -> AttentionShape {
     }
 }
 
-/// One layer's attention with Qwen3-0.6B's heads (16 query heads, 8 KV heads of 128):
-/// `n` tokens after `pos0` cached positions, the keys and values stored in a KV cache of
-/// type `kv`, timed on `k`.
+/// One layer's attention with Qwen3-0.6B's heads ([`qwen3_attention`]): `n` tokens after
+/// `pos0` cached positions, the keys and values stored in a KV cache of type `kv`, timed
+/// on `k`.
 fn bench_attention(b: Bencher, k: &str, n: usize, pos0: usize, kv: KvType) {
     let be = backend(k);
-    let (n_heads, n_kv, hd) = (16, 8, 128);
     let ctx = pos0 + n;
+    let att = qwen3_attention(n, pos0, ctx);
+    let (n_heads, n_kv, hd) = (att.n_heads, att.n_kv_heads, att.head_dim);
     let q = values(n * n_heads * hd, 1);
     let shape = KvShape {
         n_layers: 1,
@@ -741,10 +742,9 @@ fn bench_attention(b: Bencher, k: &str, n: usize, pos0: usize, kv: KvType) {
         &values(ctx * n_kv * hd, 2),
         &values(ctx * n_kv * hd, 3),
     );
-    let shape = qwen3_attention(n, pos0, ctx);
     let mut out = vec![0.0f32; n * n_heads * hd];
     let kv = cache.layer(0);
-    b.bench_local(|| be.attention(&shape, black_box(&q), kv, &mut out));
+    b.bench_local(|| be.attention(&att, black_box(&q), kv, &mut out));
 }
 
 /// One decode step's attention for one layer at 512 positions of an F32 cache.
@@ -791,8 +791,9 @@ fn attention_prompt_64_at_2048_q8_0(b: Bencher, k: &str) {
 #[divan::bench(consts = [32, 256], args = attention_kernels(), sample_count = 20)]
 fn attention_decode_8_streams_28_layers_f16<const D: usize>(b: Bencher, k: &str) {
     let be = backend(k);
-    let (n_heads, n_kv, hd, layers, pos0) = (16, 8, 128, 28, D - 1);
-    let ctx = D + 1;
+    let (layers, pos0, ctx) = (28, D - 1, D + 1);
+    let att = qwen3_attention(1, pos0, ctx);
+    let (n_heads, n_kv, hd) = (att.n_heads, att.n_kv_heads, att.head_dim);
     let shape = KvShape {
         n_layers: layers,
         n_kv_heads: n_kv,
@@ -814,7 +815,6 @@ fn attention_decode_8_streams_28_layers_f16<const D: usize>(b: Bencher, k: &str)
             c
         })
         .collect();
-    let shape = qwen3_attention(1, pos0, ctx);
     let q = values(n_heads * hd, 1);
     let mut out = vec![0.0f32; n_heads * hd];
     let mut flush = vec![0u8; 256 << 20];
@@ -826,7 +826,7 @@ fn attention_decode_8_streams_28_layers_f16<const D: usize>(b: Bencher, k: &str)
     .bench_local_values(|()| {
         for c in &caches {
             for l in 0..layers {
-                be.attention(&shape, black_box(&q), c.layer(l), &mut out);
+                be.attention(&att, black_box(&q), c.layer(l), &mut out);
             }
         }
     });

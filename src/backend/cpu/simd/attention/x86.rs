@@ -216,9 +216,8 @@ unsafe fn score_keys_512<K: KvLoad, const P: usize, const R: usize>(
 /// For each of `R` rows, `out_r[0..8U] = out_r·corr_r + Σ_j p_r[j]·v_j[d..d + 8U]` in key
 /// order (value row j at `v + j·row_bytes`), the sum alone where `first` (the rows' first
 /// chunk: `out_r` is not read, the bits of `+0 · 0` before the sum), with `U` vector
-/// accumulators per row: each
-/// output lane is one FMA chain over the keys whatever `U` and `R` are, and the rows share
-/// each widened value slice.
+/// accumulators per row: each output lane is one FMA chain over the keys whatever `U` and
+/// `R` are, and the rows share each widened value slice.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be present; each `out` holds 8U floats; every `p_r` has the same
@@ -767,6 +766,8 @@ unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool, const X: bool>(
         // row's use of them is covered by `rows_chunk`'s contract.
         unsafe {
             let (kc, vc) = (k.add(c0 * krb), v.add(c0 * vrb));
+            // The partition's first chunk starts each row's values from zero.
+            let at = (c0, c0 == p0);
             if widen {
                 let n = CHUNK.min(kv_end - c0);
                 let kw: *const u8 = if K::IS_F32 {
@@ -781,16 +782,9 @@ unsafe fn attend_part<K: KvLoad, V: KvLoad, const W: bool, const X: bool>(
                     widen_rows::<V>(vc, n, hd, vbuf.as_mut_ptr().cast());
                     vbuf.as_ptr().cast()
                 };
-                chunk_rows::<F32Rows, F32Rows, W, X>(
-                    s,
-                    rows,
-                    (c0, c0 == p0),
-                    (kw, vw),
-                    &mut p,
-                    state,
-                );
+                chunk_rows::<F32Rows, F32Rows, W, X>(s, rows, at, (kw, vw), &mut p, state);
             } else {
-                chunk_rows::<K, V, W, X>(s, rows, (c0, c0 == p0), (kc, vc), &mut p, state);
+                chunk_rows::<K, V, W, X>(s, rows, at, (kc, vc), &mut p, state);
             }
         }
         c0 += CHUNK;
