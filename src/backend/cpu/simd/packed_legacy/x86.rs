@@ -5,7 +5,7 @@
 
 use super::super::packed_k::Codes;
 use super::super::x86::{
-    fifth_bit_256, load_rows_256, nibble_codes_512, store_rows, store_rows_256, PF_DIST,
+    fifth_bit_256, load_rows_256, nibble_codes_512, store_rows_256, store_rows_512, PF_DIST,
 };
 use super::super::{ActQ8Ref, GROUP};
 use super::PackedLegacy;
@@ -632,12 +632,8 @@ unsafe fn group_legacy_vnni<const T: usize, const FIVE: bool, const MIN: bool>(
     }
     let rows = w.rows_in_group(g);
     for (t, ac) in acc.iter().enumerate() {
-        let mut lanes = [0.0f32; GROUP];
-        // SAFETY: `lanes` holds 16 floats; the destination is the caller's.
-        unsafe {
-            _mm512_storeu_ps(lanes.as_mut_ptr(), *ac);
-            store_rows(out.add((t0 + t) * ldo + g * GROUP), &lanes, rows);
-        }
+        // SAFETY: the destination is the caller's.
+        unsafe { store_rows_512(out.add((t0 + t) * ldo + g * GROUP), *ac, rows) };
     }
 }
 

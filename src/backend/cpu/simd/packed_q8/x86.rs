@@ -4,7 +4,7 @@
 //! exactly. Callers check the CPU features first; every function here is `unsafe` for that
 //! reason.
 
-use super::super::x86::{store_rows, store_rows_256, PF_DIST};
+use super::super::x86::{store_rows_256, store_rows_512, PF_DIST};
 use super::super::{ActQ8Ref, GROUP};
 use super::PackedQ8;
 use std::arch::x86_64::*;
@@ -161,12 +161,8 @@ unsafe fn group_vnni<const T: usize>(
     }
     let rows = w.rows_in_group(g);
     for (t, ac) in acc.iter().enumerate() {
-        let mut lanes = [0.0f32; GROUP];
-        // SAFETY: `lanes` holds 16 floats; the destination is the caller's.
-        unsafe {
-            _mm512_storeu_ps(lanes.as_mut_ptr(), *ac);
-            store_rows(out.add((t0 + t) * ldo + g * GROUP), &lanes, rows);
-        }
+        // SAFETY: the destination is the caller's.
+        unsafe { store_rows_512(out.add((t0 + t) * ldo + g * GROUP), *ac, rows) };
     }
 }
 
