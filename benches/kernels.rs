@@ -659,6 +659,15 @@ fn pool_q4_k_matvec_896x4864(b: Bencher, threads: usize) {
     bench_quant(b, &be, GgmlType::Q4_K, 896, 4864, 1);
 }
 
+/// Eight tokens (eight decoding streams) through Qwen3-0.6B's `ffn_down` shape on the pool:
+/// its 64 groups of 16 rows make chunks of 4 groups at two threads, where how evenly the
+/// threads finish shows most.
+#[divan::bench(args = [1, 2])]
+fn pool_q4_k_matmul_8x1024x3072(b: Bencher, threads: usize) {
+    let be = PoolBackend::new(SimdBackend::new(ScalarBackend::new()), threads);
+    bench_quant(b, &be, GgmlType::Q4_K, 1024, 3072, 8);
+}
+
 /// The decode matvec on the pool at 1 and 2 threads.
 #[divan::bench(args = [1, 2])]
 fn pool_q8_matvec_3072x1024(b: Bencher, threads: usize) {

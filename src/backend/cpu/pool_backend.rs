@@ -13,7 +13,7 @@
 use super::scalar::with_quant_scratch;
 use super::simd::quants::QuantMatmul;
 use super::simd::{with_act_scratch, ActQ8, Kernels, OutPtr, Packed, SimdBackend, GROUP};
-use super::threadpool::{default_threads, split, ThreadPool};
+use super::threadpool::{default_threads, split, Chunks, ThreadPool};
 use super::ScalarBackend;
 use crate::backend::{AttentionJob, AttentionShape, Backend, KvLayer, MatmulJob};
 use crate::tensor::{q8_0, GgmlType, Matrix};
@@ -135,14 +135,14 @@ impl PoolBackend {
     }
 
     /// `run(u0, u1)` over the 16-row groups `0..units` of one or more products: on the
-    /// caller alone when they are few, else cut into chunks the threads claim.
+    /// caller alone when they are few, else cut into [`Chunks`] the threads claim.
     fn run_groups(&self, units: usize, run: &(dyn Fn(usize, usize) + Sync)) {
         if units < MIN_GROUPS_TO_SPLIT {
             run(0, units);
         } else {
-            let nc = self.chunks(units);
-            self.pool.run(nc, &|c| {
-                let (u0, u1) = split(units, c, nc);
+            let chunks = Chunks::new(units, self.pool.n_threads(), CHUNKS_PER_THREAD);
+            self.pool.run(chunks.count(), &|c| {
+                let (u0, u1) = chunks.range(c);
                 run(u0, u1);
             });
         }
@@ -154,16 +154,8 @@ impl PoolBackend {
         with_act_scratch(|act| {
             self.quantize_act(x, n, w.cols, act);
             let a = act.view(n, w.cols);
-            let groups = p.groups();
-            if groups < MIN_GROUPS_TO_SPLIT {
-                // SAFETY: `out` holds n × rows floats and is ours alone.
-                unsafe { k.gemm_packed(p, &a, n, 0, groups, o, w.rows) };
-                return;
-            }
-            let nc = self.chunks(groups);
-            self.pool.run(nc, &|c| {
-                let (g0, g1) = split(groups, c, nc);
-                // SAFETY: threads take disjoint groups, hence disjoint output rows of `out`,
+            self.run_groups(p.groups(), &|g0, g1| {
+                // SAFETY: chunks take disjoint groups, hence disjoint output rows of `out`,
                 // which outlives the job.
                 unsafe { k.gemm_packed(p, &a, n, g0, g1, o, w.rows) };
             });
@@ -252,15 +244,7 @@ impl PoolBackend {
         with_quant_scratch(n * q.qrow, |qx| {
             self.quantize_rows(q, x, n, qx);
             let qx: &[u8] = qx;
-            let groups = w.rows.div_ceil(GROUP);
-            if groups < MIN_GROUPS_TO_SPLIT {
-                // SAFETY: `out` holds n × rows floats and is ours alone.
-                unsafe { q.rows(w, qx, n, 0, w.rows, o, w.rows) };
-                return;
-            }
-            let nc = self.chunks(groups);
-            self.pool.run(nc, &|c| {
-                let (g0, g1) = split(groups, c, nc);
+            self.run_groups(w.rows.div_ceil(GROUP), &|g0, g1| {
                 let (r0, r1) = (g0 * GROUP, (g1 * GROUP).min(w.rows));
                 // SAFETY: chunks take disjoint row ranges, hence disjoint elements of `out`,
                 // which outlives the job.
@@ -395,9 +379,7 @@ impl Backend for PoolBackend {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
                 let k = self.k;
                 let o = OutPtr(out.as_mut_ptr());
-                let nc = self.chunks(w.rows.div_ceil(GROUP));
-                self.pool.run(nc, &|c| {
-                    let (g0, g1) = split(w.rows.div_ceil(GROUP), c, nc);
+                self.run_groups(w.rows.div_ceil(GROUP), &|g0, g1| {
                     let (r0, r1) = (g0 * GROUP, (g1 * GROUP).min(w.rows));
                     // SAFETY: disjoint rows of `out`, which outlives the job.
                     unsafe { k.gemm_float(w, x, n, r0, r1, o, w.rows) };
@@ -579,9 +561,11 @@ impl Backend for PoolBackend {
             items += k.attention_items(&j.shape);
         }
         let o = OutPtr(out.as_mut_ptr());
-        let nc = self.chunks(items);
-        self.pool.run(nc, &|c| {
-            let (i0, i1) = split(items, c, nc);
+        // Shrinking chunks, as for the products: eight streams' items cost about the same,
+        // and equal chunks left a thread idle at the end of each layer's attention.
+        let chunks = Chunks::new(items, threads, CHUNKS_PER_THREAD);
+        self.pool.run(chunks.count(), &|c| {
+            let (i0, i1) = chunks.range(c);
             let mut first = 0;
             for j in jobs.iter().filter(|j| shared(j)) {
                 let n = k.attention_items(&j.shape);

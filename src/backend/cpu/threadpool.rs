@@ -331,6 +331,59 @@ pub fn split(total: usize, id: usize, n: usize) -> (usize, usize) {
     (start.min(total), (start + len).min(total))
 }
 
+/// `units` of work cut into chunks that threads claim in order: equal chunks of `1 /
+/// (per_thread · threads)` of the work while much is left, then chunks of a `2 · threads`-th
+/// of what is left, down to one unit. With equal chunks to the end, a thread that takes
+/// none of the last one idles for half a chunk on average while another finishes it;
+/// shrinking ones end the threads within about a unit of each other. No chunk is larger
+/// than an equal one, so a thread the OS deschedules still holds a job up by at most that.
+/// Over the jobs of eight decoding streams (Zen 4, two threads) the two threads' ends of a
+/// job were 4.5–4.8 µs apart on average with equal chunks, 1.6–1.9 µs with these
+/// (BENCHMARKS.md).
+#[derive(Clone, Copy, Debug)]
+pub struct Chunks {
+    units: usize,
+    /// The largest chunk: the size of an equal one.
+    max: usize,
+    /// A chunk takes at most what is left divided by this.
+    div: usize,
+}
+
+impl Chunks {
+    pub fn new(units: usize, threads: usize, per_thread: usize) -> Self {
+        let threads = threads.max(1);
+        Self {
+            units,
+            max: units.div_ceil((per_thread * threads).max(1)).max(1),
+            div: 2 * threads,
+        }
+    }
+
+    /// The size of the chunk that starts where `left` units are left.
+    fn size(&self, left: usize) -> usize {
+        left.div_ceil(self.div).clamp(1, self.max).min(left)
+    }
+
+    /// How many chunks there are.
+    pub fn count(&self) -> usize {
+        let (mut left, mut n) = (self.units, 0);
+        while left > 0 {
+            left -= self.size(left);
+            n += 1;
+        }
+        n
+    }
+
+    /// The half-open range of units chunk `c` covers (empty past the last chunk).
+    pub fn range(&self, c: usize) -> (usize, usize) {
+        let mut start = 0;
+        for _ in 0..c {
+            start += self.size(self.units - start);
+        }
+        (start, start + self.size(self.units - start))
+    }
+}
+
 /// Threads to use when none were asked for: `INFERNO_THREADS` if set, else the machine's
 /// physical performance cores.
 pub fn default_threads() -> usize {
@@ -422,6 +475,40 @@ mod tests {
                 assert_eq!(next, total);
             }
         }
+    }
+
+    #[test]
+    fn chunks_cover_everything_once_and_shrink_at_the_end() {
+        for units in [0, 1, 3, 4, 16, 17, 64, 384, 9496] {
+            for threads in 1..5 {
+                let c = Chunks::new(units, threads, 8);
+                let equal = units.div_ceil(8 * threads).max(1);
+                let (mut next, mut last) = (0, usize::MAX);
+                for i in 0..c.count() {
+                    let (a, b) = c.range(i);
+                    assert_eq!(a, next, "{units} units, {threads} threads, chunk {i}");
+                    assert!(b > a && b - a <= equal && b - a <= last);
+                    (next, last) = (b, b - a);
+                }
+                assert_eq!(next, units);
+                // Past the last chunk, ranges are empty.
+                let (a, b) = c.range(c.count());
+                assert_eq!((a, b), (units, units));
+                if units > 0 {
+                    assert_eq!(last, 1, "{units} units, {threads} threads end in one unit");
+                }
+            }
+        }
+        // 64 groups on two threads (a 1024-row product): 4 groups a chunk while more than
+        // 12 are left, then a quarter of what is left, rounded up.
+        let c = Chunks::new(64, 2, 8);
+        let sizes: Vec<usize> = (0..c.count())
+            .map(|i| c.range(i).1 - c.range(i).0)
+            .collect();
+        assert_eq!(
+            sizes,
+            [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 3, 3, 2, 1, 1, 1, 1]
+        );
     }
 
     #[test]
