@@ -10,8 +10,8 @@ mod common;
 
 use inferno::backend::cpu::simd::{AttentionWidth, Isa, Kernels, SimdBackend};
 use inferno::backend::{
-    create_backend, AttentionJob, AttentionShape, Backend, BackendOptions, Device, KvLayer, KvRows,
-    ParallelBackend, PoolBackend, ScalarBackend,
+    create_backend, AttentionJob, AttentionShape, Backend, BackendOptions, Device, KvCache,
+    KvLayer, KvRows, KvShape, KvStore, KvType, ParallelBackend, PoolBackend, ScalarBackend,
 };
 use inferno::gguf::GgufFile;
 use inferno::model::{Logits, Model};
@@ -278,6 +278,81 @@ fn split_elementwise_operations_match_one_thread_bit_for_bit() {
                 .zip(got.iter().zip(&want))
             {
                 assert_eq!(bits(g), bits(w), "{isa:?} {op} on {t} threads");
+            }
+        }
+    }
+}
+
+/// A step's KV stores spread over the pool's threads (eight decoding sequences and one
+/// with a prompt of five tokens: the parts of each sequence's keys and of its values) write
+/// the bytes that storing each sequence on one thread writes, in every cache type, and
+/// leave the rows around them alone.
+#[test]
+fn kv_stores_spread_over_threads_write_what_one_thread_writes() {
+    let mut r = rng(15);
+    let (layers, heads, hd, cap) = (2, 8, 128, 12);
+    let tokens = [1, 1, 1, 1, 1, 1, 1, 1, 5];
+    for kind in [KvType::F32, KvType::F16, KvType::Q8_0] {
+        let shape = KvShape {
+            n_layers: layers,
+            n_kv_heads: heads,
+            head_dim: hd,
+            types: (kind, kind),
+        };
+        // Every sequence has three positions of history, then its new rows go to layer 1.
+        let history = randn(&mut r, 3 * heads * hd, 1.5);
+        let new: Vec<(Vec<f32>, Vec<f32>)> = tokens
+            .iter()
+            .map(|&n| {
+                (
+                    randn(&mut r, n * heads * hd, 1.5),
+                    randn(&mut r, n * heads * hd, 1.5),
+                )
+            })
+            .collect();
+        let caches = || -> Vec<KvCache> {
+            (0..tokens.len())
+                .map(|_| {
+                    let mut c = KvCache::with_shape(shape, cap);
+                    for l in 0..layers {
+                        c.store(l, 0, &history, &history);
+                    }
+                    c
+                })
+                .collect()
+        };
+        let mut want = caches();
+        for (c, (k, v)) in want.iter_mut().zip(&new) {
+            c.store(1, 3, k, v);
+        }
+        for t in 1..=3 {
+            let mut got = caches();
+            let mut parts: Vec<KvStore<'_>> = got
+                .iter_mut()
+                .zip(&new)
+                .flat_map(|(c, (k, v))| c.store_parts(1, 3, k, v).expect("a host cache"))
+                .collect();
+            let values: usize = parts.iter().map(KvStore::len).sum();
+            assert!(
+                values >= 16 * 1024,
+                "enough values for the pool to split them"
+            );
+            PoolBackend::new(simd(Isa::Portable), t).store_kv(&mut parts);
+            drop(parts);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                for l in 0..layers {
+                    let (gl, wl) = (g.layer(l), w.layer(l));
+                    for (gr, wr) in [(gl.k, wl.k), (gl.v, wl.v)] {
+                        let (mut a, mut b) = (vec![0.0; hd], vec![0.0; hd]);
+                        for row in 0..heads * cap {
+                            assert_eq!(
+                                bits(gr.row(row, hd, &mut a)),
+                                bits(wr.row(row, hd, &mut b)),
+                                "{kind} sequence {i} layer {l} row {row}, {t} threads"
+                            );
+                        }
+                    }
+                }
             }
         }
     }

@@ -153,6 +153,54 @@ pub struct KvLayer<'a> {
     pub v: KvRows<'a>,
 }
 
+/// New rows for one layer's keys or values of one sequence (half of [`KvCache::store`]),
+/// written by [`KvStore::run`]. The default value writes nothing.
+#[derive(Default)]
+pub struct KvStore<'a> {
+    rows: Option<&'a mut HostRows>,
+    /// `n_tokens × heads × head_dim` values.
+    src: &'a [f32],
+    pos0: usize,
+    heads: usize,
+    head_dim: usize,
+    capacity: usize,
+}
+
+impl KvStore<'_> {
+    /// Values it writes.
+    pub fn len(&self) -> usize {
+        if self.rows.is_some() {
+            self.src.len()
+        } else {
+            0
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Converts the rows to the cache's type and writes them at their positions.
+    pub fn run(&mut self) {
+        let Some(rows) = self.rows.as_deref_mut() else {
+            return;
+        };
+        let (hd, heads) = (self.head_dim, self.heads);
+        if hd * heads == 0 {
+            return;
+        }
+        for (t, x) in self.src.chunks_exact(hd * heads).enumerate() {
+            for h in 0..heads {
+                rows.put(
+                    h * self.capacity + self.pos0 + t,
+                    hd,
+                    &x[h * hd..(h + 1) * hd],
+                );
+            }
+        }
+    }
+}
+
 /// One layer's keys or values in host memory, `[n_kv_heads][capacity]` rows. Every variant
 /// is allocated zeroed (F16 as its bit patterns), so the pages of positions not yet written
 /// are not resident.
@@ -384,22 +432,38 @@ impl KvCache {
     /// Stores `n_tokens` rows of keys and values (`n_tokens × n_kv_heads × head_dim`) at
     /// positions `pos0 ..`, converted to the cache's types.
     pub fn store(&mut self, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
-        let (hd, heads) = (self.kv.head_dim, self.kv.n_kv_heads);
-        let (row, cap) = (heads * hd, self.capacity);
-        // A device cache is filled by the GPU kernels; the host path never stores into it.
-        let Store::Host { k: kc, v: vc } = &mut self.store else {
-            return;
-        };
-        let (Some(kl), Some(vl)) = (kc.get_mut(layer), vc.get_mut(layer)) else {
-            return;
-        };
-        for (t, (kt, vt)) in k.chunks_exact(row).zip(v.chunks_exact(row)).enumerate() {
-            for h in 0..heads {
-                let r = h * cap + pos0 + t;
-                kl.put(r, hd, &kt[h * hd..(h + 1) * hd]);
-                vl.put(r, hd, &vt[h * hd..(h + 1) * hd]);
+        if let Some(parts) = self.store_parts(layer, pos0, k, v) {
+            for mut p in parts {
+                p.run();
             }
         }
+    }
+
+    /// [`KvCache::store`] as two parts, the keys' and the values', each run alone: a
+    /// backend can spread the parts of a step's sequences over its threads. `None` for a
+    /// device cache (the GPU kernels fill it; the host path never stores into it) or a
+    /// layer it does not have.
+    pub fn store_parts<'a>(
+        &'a mut self,
+        layer: usize,
+        pos0: usize,
+        k: &'a [f32],
+        v: &'a [f32],
+    ) -> Option<[KvStore<'a>; 2]> {
+        let (heads, head_dim, capacity) = (self.kv.n_kv_heads, self.kv.head_dim, self.capacity);
+        let Store::Host { k: kc, v: vc } = &mut self.store else {
+            return None;
+        };
+        let (kl, vl) = (kc.get_mut(layer)?, vc.get_mut(layer)?);
+        let part = |rows, src| KvStore {
+            rows: Some(rows),
+            src,
+            pos0,
+            heads,
+            head_dim,
+            capacity,
+        };
+        Some([part(kl, k), part(vl, v)])
     }
 
     /// Layer `layer`'s keys and values in host memory, `[n_kv_heads][capacity]` rows (empty

@@ -23,7 +23,7 @@ pub use cpu::{ParallelBackend, PoolBackend, ScalarBackend, SimdBackend};
 pub use device::{Device, DeviceError, Scratch};
 pub use exec::{Buf, Executor, Logits, Op, ScratchSpec, SeqStep, LOGITS};
 pub use factory::{create_backend, BackendOptions, BACKEND_NAMES};
-pub use kv_cache::{DeviceKv, KvCache, KvLayer, KvRows, KvShape, KvType, KV_TYPE_NAMES};
+pub use kv_cache::{DeviceKv, KvCache, KvLayer, KvRows, KvShape, KvStore, KvType, KV_TYPE_NAMES};
 
 use crate::tensor::{GgmlType, Matrix};
 
@@ -150,6 +150,15 @@ pub trait Backend: Send + Sync {
         }
     }
 
+    /// Writes the new keys and values of a step's sequences into their caches. A backend
+    /// with threads overrides it to run the parts on them: converting eight streams' rows
+    /// to F16 (and the misses of writing them) on one thread left the others idle.
+    fn store_kv(&self, parts: &mut [KvStore<'_>]) {
+        for p in parts {
+            p.run();
+        }
+    }
+
     /// `gate = silu(gate) * up`, element-wise (the SwiGLU gate).
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]);
 
@@ -198,6 +207,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn attention_batch(&self, jobs: &[AttentionJob<'_>], out: &mut [f32]) {
         (**self).attention_batch(jobs, out)
+    }
+    fn store_kv(&self, parts: &mut [KvStore<'_>]) {
+        (**self).store_kv(parts)
     }
     fn silu_mul(&self, gate: &mut [f32], up: &[f32]) {
         (**self).silu_mul(gate, up)

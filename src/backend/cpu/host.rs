@@ -4,7 +4,7 @@
 use crate::backend::exec::{
     wanted_rows, with_first_rows, Buf, Executor, MoeFfn, Op, ScratchSpec, SeqStep, LOGITS,
 };
-use crate::backend::{AttentionJob, AttentionShape, Backend, MatmulJob};
+use crate::backend::{AttentionJob, AttentionShape, Backend, KvStore, MatmulJob};
 use crate::tensor::Matrix;
 
 /// Most experts one step's batched expert products take (see [`moe_ffn`]).
@@ -474,14 +474,29 @@ impl Executor for HostExec<'_, '_> {
             Op::StoreKv { layer, k, v } => {
                 let w = self.width(k);
                 let (kb, vb) = (&self.sc.bufs[k.0], &self.sc.bufs[v.0]);
-                let mut r0 = 0;
+                // The keys' and values' parts of up to MAX_ATTENTION_JOBS sequences at a
+                // time, on the stack (nothing allocated per step).
+                let mut parts: [KvStore<'_>; 2 * MAX_ATTENTION_JOBS] =
+                    std::array::from_fn(|_| KvStore::default());
+                let (mut count, mut r0) = (0, 0);
                 for s in self.seqs.iter_mut() {
                     let m = s.tokens.len();
                     let pos0 = s.kv.len();
                     let rows = r0 * w..(r0 + m) * w;
-                    s.kv.store(layer, pos0, &kb[rows.clone()], &vb[rows]);
                     r0 += m;
+                    let Some([pk, pv]) =
+                        s.kv.store_parts(layer, pos0, &kb[rows.clone()], &vb[rows])
+                    else {
+                        continue;
+                    };
+                    (parts[count], parts[count + 1]) = (pk, pv);
+                    count += 2;
+                    if count == parts.len() {
+                        be.store_kv(&mut parts);
+                        count = 0;
+                    }
                 }
+                be.store_kv(&mut parts[..count]);
             }
             Op::Attention {
                 layer,

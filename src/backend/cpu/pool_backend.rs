@@ -15,7 +15,7 @@ use super::simd::quants::QuantMatmul;
 use super::simd::{with_act_scratch, ActQ8, Kernels, OutPtr, Packed, SimdBackend, GROUP};
 use super::threadpool::{default_threads, split, Chunks, ThreadPool};
 use super::ScalarBackend;
-use crate::backend::{AttentionJob, AttentionShape, Backend, KvLayer, MatmulJob};
+use crate::backend::{AttentionJob, AttentionShape, Backend, KvLayer, KvStore, MatmulJob};
 use crate::tensor::{q8_0, GgmlType, Matrix};
 
 /// Products with fewer 16-row groups than this run on the caller alone (dispatch would cost
@@ -35,8 +35,15 @@ pub struct PoolBackend {
 }
 
 /// A raw mutable pointer shared by the threads of one job, each touching its own part.
-#[derive(Clone, Copy)]
 struct SharedMut<T>(*mut T);
+
+// Copy for any `T` (a derive would ask `T: Copy`): only the pointer is copied.
+impl<T> Clone for SharedMut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedMut<T> {}
 // SAFETY: used only for disjoint writes into a buffer that outlives the job.
 unsafe impl<T> Send for SharedMut<T> {}
 // SAFETY: as above.
@@ -584,6 +591,20 @@ impl Backend for PoolBackend {
                     break;
                 }
             }
+        });
+    }
+
+    fn store_kv(&self, parts: &mut [KvStore<'_>]) {
+        let values: usize = parts.iter().map(KvStore::len).sum();
+        if parts.len() < 2 || values < MIN_ELEMENTS_TO_SPLIT {
+            return parts.iter_mut().for_each(KvStore::run);
+        }
+        let ps = SharedMut(parts.as_mut_ptr());
+        self.pool.run(parts.len(), &|c| {
+            // SAFETY: chunk `c` is part `c`, run by this thread alone; each part writes its
+            // own rows of its own cache (a sequence's keys and values are two parts, of
+            // two different buffers), and `parts` outlives the job.
+            unsafe { ps.slice(c, 1)[0].run() };
         });
     }
 
