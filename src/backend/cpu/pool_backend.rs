@@ -3,12 +3,14 @@
 //!
 //! Every matmul (packed Q8_0, the other quantized types in their stored layout, float) is
 //! split by 16-row groups of output rows, attention by (token, KV head) items (a batched
-//! step's sequences together, in one dispatch), RMSNorm by rows and SiLU×up by 8-aligned
-//! element ranges, into chunks the threads claim as they go; every output value is computed
-//! start to finish by one thread with the same code and order as `simd`, so results are
-//! byte-identical to `simd` at any thread count. The caller works too. The products of one
-//! input (a layer's query, key and value, or its gate and up) quantize it once and go to
-//! the threads in one dispatch ([`Backend::matmul_shared`]).
+//! step's sequences together, in one dispatch), RMSNorm by rows, SiLU×up by 8-aligned
+//! element ranges and a step's KV stores by sequence (keys and values apart), into chunks
+//! the threads claim as they go (for the products and attention, [`Chunks`] that shrink at
+//! the end); every output value is computed start to finish by one thread with the same
+//! code and order as `simd`, so results are byte-identical to `simd` at any thread count.
+//! The caller works too. The products of one input (a layer's query, key and value, or its
+//! gate and up) quantize it once and go to the threads in one dispatch
+//! ([`Backend::matmul_shared`]).
 
 use super::scalar::with_quant_scratch;
 use super::simd::quants::QuantMatmul;
