@@ -632,7 +632,8 @@ unsafe fn group_legacy_vnni<const T: usize, const FIVE: bool, const MIN: bool>(
     }
     let rows = w.rows_in_group(g);
     for (t, ac) in acc.iter().enumerate() {
-        // SAFETY: the destination is the caller's.
+        // SAFETY: the group's `rows <= 16` outputs of token `t0 + t` are the caller's;
+        // AVX-512 F is enabled in this function.
         unsafe { store_rows_512(out.add((t0 + t) * ldo + g * GROUP), *ac, rows) };
     }
 }
