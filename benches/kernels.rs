@@ -1,7 +1,8 @@
 //! Micro-benchmarks of each kernel, on Qwen3-0.6B's shapes (hidden 1024, FFN 3072, 16/8
 //! heads of 128) and, for the quantized types other than Q8_0, Qwen2.5-0.5B's (hidden 896,
 //! FFN 4864), for the scalar reference and every instruction set this CPU has, plus the
-//! thread pool's dispatch cost. Run with `cargo bench --bench kernels`.
+//! thread pool's dispatch cost, and the sampler's pass over a row of logits. Run with
+//! `cargo bench --bench kernels`.
 
 use divan::{black_box, Bencher};
 use inferno::backend::cpu::simd::{AttentionWidth, Isa, Kernels, SimdBackend};
@@ -839,4 +840,34 @@ fn attention_decode_8_streams_28_layers_f16<const D: usize>(b: Bencher, k: &str)
             }
         }
     });
+}
+
+/// What choosing one token costs on a row of Qwen's 151,936 logits, per sampling setting
+/// (llama.cpp's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05; greedy; the
+/// defaults with a repetition penalty over 64 tokens), and the finite-logits check every
+/// row gets before it. Paid on the engine thread for every stream, every step.
+#[divan::bench(args = ["defaults", "greedy", "penalty", "check"], sample_count = 50)]
+fn sample_151936(b: Bencher, setting: &str) {
+    use inferno::sampling::{check_logits, Sampler, SamplingParams};
+    let vocab = 151_936;
+    let logits = values(vocab, 3);
+    let history: Vec<u32> = (0..64).map(|i| (i * 2_371) % vocab as u32).collect();
+    let params = match setting {
+        "greedy" => SamplingParams::greedy(),
+        "penalty" => SamplingParams {
+            repeat_penalty: 1.1,
+            seed: Some(1),
+            ..SamplingParams::default()
+        },
+        _ => SamplingParams {
+            seed: Some(1),
+            ..SamplingParams::default()
+        },
+    };
+    let mut sampler = Sampler::new(params, vocab).unwrap();
+    if setting == "check" {
+        b.bench_local(|| check_logits(black_box(&logits)).is_ok());
+    } else {
+        b.bench_local(|| sampler.sample(black_box(&logits), &history));
+    }
 }

@@ -6,6 +6,9 @@
 //! A [`constraint`] (JSON schema, regex, grammar) masks the logits before all of them.
 
 pub mod constraint;
+mod select;
+
+pub use select::argmax;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -144,16 +147,10 @@ pub enum SamplingError {
 /// weights (or an overflow); sampling them would pick token 0 every time with NaN
 /// log-probabilities instead of failing.
 pub fn check_logits(logits: &[f32]) -> Result<(), SamplingError> {
-    // One pass the compiler vectorizes; the index is only looked for once one is bad.
-    if logits.iter().all(|x| x.is_finite()) {
-        return Ok(());
+    match select::first_non_finite(logits) {
+        None => Ok(()),
+        Some((token, value)) => Err(SamplingError::NonFiniteLogits { token, value }),
     }
-    let (token, &value) = logits
-        .iter()
-        .enumerate()
-        .find(|(_, x)| !x.is_finite())
-        .unwrap_or((0, &f32::NAN));
-    Err(SamplingError::NonFiniteLogits { token, value })
 }
 
 /// Samples tokens for one sequence; buffers are sized once for the vocabulary.
@@ -163,18 +160,25 @@ pub struct Sampler {
     rng: ChaCha8Rng,
     /// (token, logit or probability) candidates, reused every step.
     cand: Vec<(u32, f32)>,
+    /// The logits after the penalties (empty when none applies), reused every step.
+    penalized: Vec<f32>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams, vocab: usize) -> Result<Self, SamplingError> {
         params.validate()?;
         let seed = params.seed.unwrap_or_else(rand::random);
-        Ok(Self {
+        let mut s = Self {
             params,
             seed,
             rng: ChaCha8Rng::seed_from_u64(seed),
             cand: Vec::with_capacity(vocab),
-        })
+            penalized: Vec::new(),
+        };
+        if s.penalizes() {
+            s.penalized.reserve(vocab);
+        }
+        Ok(s)
     }
 
     pub fn seed(&self) -> u64 {
@@ -197,53 +201,29 @@ impl Sampler {
         let penalizes = self.penalizes();
         let p = &self.params;
         if p.temperature == 0.0 && !penalizes {
-            // Plain greedy reads the logits in place: no candidate list to fill.
+            // Plain greedy reads the logits in place.
             return argmax(logits);
         }
-        self.cand.clear();
-        self.cand
-            .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-        if penalizes {
-            let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
-            for (i, &tok) in window.iter().enumerate() {
-                // Each distinct token is penalised once, at its first occurrence.
-                if window[..i].contains(&tok) {
-                    continue;
-                }
-                let Some(c) = self.cand.get_mut(tok as usize) else {
-                    continue;
-                };
-                // A token masked out (−∞) stays out.
-                if !c.1.is_finite() {
-                    continue;
-                }
-                if p.repeat_penalty != 1.0 {
-                    c.1 = if c.1 > 0.0 {
-                        c.1 / p.repeat_penalty
-                    } else {
-                        c.1 * p.repeat_penalty
-                    };
-                }
-                if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
-                    let count = window[i..].iter().filter(|&&t| t == tok).count();
-                    c.1 -= count as f32 * p.frequency_penalty + p.presence_penalty;
-                }
-                // An extreme penalty (up to 3.4e38) saturates rather than overflowing to ±∞:
-                // at −∞ a token allowed by a grammar's mask would tie with those the mask
-                // took out, and +∞ would make the probabilities NaN.
-                c.1 = c.1.clamp(f32::MIN, f32::MAX);
-            }
-        }
+        let logits = if penalizes {
+            self.penalized.clear();
+            self.penalized.extend_from_slice(logits);
+            penalize(&mut self.penalized, history, p);
+            &self.penalized[..]
+        } else {
+            logits
+        };
         if p.temperature == 0.0 {
-            return argmax_of(self.cand.iter().copied());
+            return argmax(logits);
         }
-        let by_logit_desc =
-            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if p.top_k > 0 && p.top_k < self.cand.len() {
-            self.cand.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
-            self.cand.truncate(p.top_k);
+        if p.top_k > 0 && p.top_k < logits.len() {
+            // One pass over the row for the k best, not a list of the whole vocabulary.
+            select::top_k(logits, p.top_k, &mut self.cand);
+        } else {
+            self.cand.clear();
+            self.cand
+                .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+            self.cand.sort_unstable_by(select::by_logit_desc);
         }
-        self.cand.sort_unstable_by(by_logit_desc);
 
         // Probabilities at temperature 1 decide the top-p and min-p cut.
         softmax_in_place(&mut self.cand, 1.0);
@@ -281,20 +261,38 @@ impl Sampler {
     }
 }
 
-/// The token of the highest logit; the lowest id wins a tie (greedy sampling's pick).
-pub fn argmax(logits: &[f32]) -> u32 {
-    argmax_of(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)))
-}
-
-/// The highest logit's token; the lowest id wins a tie.
-fn argmax_of(cand: impl Iterator<Item = (u32, f32)>) -> u32 {
-    let mut best = (0u32, f32::NEG_INFINITY);
-    for (i, l) in cand {
-        if l > best.1 {
-            best = (i, l);
+/// Applies the repetition, frequency and presence penalties of `p` to `logits` (indexed by
+/// token) for the tokens of the last `repeat_last_n` of `history`.
+fn penalize(logits: &mut [f32], history: &[u32], p: &SamplingParams) {
+    let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
+    for (i, &tok) in window.iter().enumerate() {
+        // Each distinct token is penalised once, at its first occurrence.
+        if window[..i].contains(&tok) {
+            continue;
         }
+        let Some(l) = logits.get_mut(tok as usize) else {
+            continue;
+        };
+        // A token masked out (−∞) stays out.
+        if !l.is_finite() {
+            continue;
+        }
+        if p.repeat_penalty != 1.0 {
+            *l = if *l > 0.0 {
+                *l / p.repeat_penalty
+            } else {
+                *l * p.repeat_penalty
+            };
+        }
+        if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            let count = window[i..].iter().filter(|&&t| t == tok).count();
+            *l -= count as f32 * p.frequency_penalty + p.presence_penalty;
+        }
+        // An extreme penalty (up to 3.4e38) saturates rather than overflowing to ±∞: at −∞
+        // a token allowed by a grammar's mask would tie with those the mask took out, and
+        // +∞ would make the probabilities NaN.
+        *l = l.clamp(f32::MIN, f32::MAX);
     }
-    best.0
 }
 
 /// Replaces each candidate's logit by its probability at `temperature`.
@@ -569,5 +567,105 @@ mod tests {
         log_softmax(&logits(), &mut out);
         let total: f32 = out.iter().map(|l| l.exp()).sum();
         assert!((total - 1.0).abs() < 1e-5);
+    }
+
+    /// The sampler as first written: every token of the penalized row listed as a
+    /// candidate, partitioned for top-k, sorted; the rest as [`Sampler::sample`].
+    fn sample_listing_every_token(
+        p: &SamplingParams,
+        rng: &mut ChaCha8Rng,
+        logits: &[f32],
+        history: &[u32],
+    ) -> u32 {
+        let by_logit_desc =
+            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let mut row = logits.to_vec();
+        penalize(&mut row, history, p);
+        let mut cand: Vec<(u32, f32)> = row
+            .iter()
+            .copied()
+            .enumerate()
+            .map(|(i, l)| (i as u32, l))
+            .collect();
+        if p.temperature == 0.0 {
+            let mut best = (0u32, f32::NEG_INFINITY);
+            for &(i, l) in &cand {
+                if l > best.1 {
+                    best = (i, l);
+                }
+            }
+            return best.0;
+        }
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
+            cand.truncate(p.top_k);
+        }
+        cand.sort_unstable_by(by_logit_desc);
+        softmax_in_place(&mut cand, 1.0);
+        if p.top_p < 1.0 {
+            let mut cum = 0.0f32;
+            let mut keep = cand.len();
+            for (i, c) in cand.iter().enumerate() {
+                cum += c.1;
+                if cum >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cand.truncate(keep.max(1));
+        }
+        if p.min_p > 0.0 {
+            let floor = cand[0].1 * p.min_p;
+            let keep = cand.iter().take_while(|c| c.1 >= floor).count();
+            cand.truncate(keep.max(1));
+        }
+        for c in cand.iter_mut() {
+            c.1 = c.1.max(f32::MIN_POSITIVE).ln();
+        }
+        softmax_in_place(&mut cand, p.temperature);
+        let r: f32 = rng.random::<f32>();
+        let mut cum = 0.0f32;
+        for c in &cand {
+            cum += c.1;
+            if r < cum {
+                return c.0;
+            }
+        }
+        cand.last().map(|c| c.0).unwrap_or(0)
+    }
+
+    #[test]
+    fn tokens_are_those_of_listing_every_candidate() {
+        let mut rng = crate::test_rng::TestRng::new(5);
+        let vocab = 3000;
+        for case in 0..48 {
+            let params = SamplingParams {
+                temperature: [0.0, 0.3, 0.8, 1.7][case % 4],
+                top_k: [0, 1, 40, 64, 700, vocab - 1, vocab][case % 7],
+                top_p: [1.0, 0.95, 0.5][case % 3],
+                min_p: [0.0, 0.05][case % 2],
+                repeat_penalty: [1.0, 1.3][(case / 2) % 2],
+                frequency_penalty: [0.0, 0.4][(case / 3) % 2],
+                presence_penalty: [0.0, -0.2][(case / 5) % 2],
+                seed: Some(case as u64),
+                ..SamplingParams::default()
+            };
+            let mut sampler = Sampler::new(params.clone(), vocab).unwrap();
+            let mut reference = ChaCha8Rng::seed_from_u64(case as u64);
+            let mut history: Vec<u32> = (0..20).map(|_| rng.below(vocab) as u32).collect();
+            for _ in 0..40 {
+                // Logits of a few hundred distinct values (ties), some masked out.
+                let logits: Vec<f32> = (0..vocab)
+                    .map(|_| match rng.below(10) {
+                        0 => f32::NEG_INFINITY,
+                        _ => rng.below(400) as f32 / 25.0 - 8.0,
+                    })
+                    .collect();
+                let want = sample_listing_every_token(&params, &mut reference, &logits, &history);
+                let got = sampler.sample(&logits, &history);
+                assert_eq!(got, want, "case {case}: {params:?}");
+                history.push(got);
+            }
+        }
     }
 }
