@@ -11,30 +11,75 @@ use crate::tensor::{GgmlType, Matrix};
 use std::cell::RefCell;
 
 thread_local! {
-    static ROPE: RefCell<RopeTable> = RefCell::new(RopeTable::default());
+    static ROPE: RefCell<RopeTables> = RefCell::new(RopeTables::default());
 }
 
-/// Cosines and sines of the last positions asked for, shared by the 2 × n_layers RoPE calls
-/// of one forward pass. Computed exactly as the scalar backend computes them.
+/// Windows of positions whose angles one thread keeps: a step's sequences sit at
+/// different positions, and each one's window serves its 2 × n_layers RoPE calls of this
+/// step and the next ones, up to [`ROPE_WINDOW`] positions on.
+const ROPE_WINDOWS: usize = 16;
+
+/// Positions a window covers at least from the first it was computed for, so a decoding
+/// sequence computes its angles once every so many steps, not once a step.
+const ROPE_WINDOW: usize = 64;
+
+/// Cosines and sines of positions `pos0 .. pos0 + n`, computed exactly as the scalar
+/// backend computes them.
 #[derive(Default)]
-struct RopeTable {
+struct RopeWindow {
     pos0: usize,
     n: usize,
-    inv_freq: Vec<f32>,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    last_used: u64,
 }
 
-impl RopeTable {
-    fn update(&mut self, pos0: usize, n: usize, inv_freq: &[f32]) {
-        if self.pos0 == pos0 && self.n == n && self.inv_freq == inv_freq && !self.cos.is_empty() {
-            return;
+/// The windows of one thread, for one set of inverse frequencies (a model's).
+#[derive(Default)]
+struct RopeTables {
+    inv_freq: Vec<f32>,
+    windows: Vec<RopeWindow>,
+    clock: u64,
+}
+
+impl RopeTables {
+    /// The window that holds positions `pos0 .. pos0 + n`, computed into the least
+    /// recently used one when none does.
+    fn find(&mut self, pos0: usize, n: usize, inv_freq: &[f32]) -> &RopeWindow {
+        if self.inv_freq != inv_freq || self.windows.is_empty() {
+            // Every window sized for a decoding sequence at once, so a step that moves a
+            // sequence past its window allocates nothing.
+            self.inv_freq.clear();
+            self.inv_freq.extend_from_slice(inv_freq);
+            let floats = ROPE_WINDOW * inv_freq.len();
+            self.windows.clear();
+            self.windows.resize_with(ROPE_WINDOWS, || RopeWindow {
+                cos: vec![0.0; floats],
+                sin: vec![0.0; floats],
+                ..RopeWindow::default()
+            });
         }
+        self.clock += 1;
+        let held = |w: &RopeWindow| w.n > 0 && w.pos0 <= pos0 && pos0 + n <= w.pos0 + w.n;
+        let i = match self.windows.iter().position(held) {
+            Some(i) => i,
+            None => {
+                let i = (0..self.windows.len())
+                    .min_by_key(|&i| self.windows[i].last_used)
+                    .unwrap_or(0);
+                self.windows[i].fill(pos0, n.max(ROPE_WINDOW), inv_freq);
+                i
+            }
+        };
+        let w = &mut self.windows[i];
+        w.last_used = self.clock;
+        w
+    }
+}
+
+impl RopeWindow {
+    fn fill(&mut self, pos0: usize, n: usize, inv_freq: &[f32]) {
         let half = inv_freq.len();
-        if self.inv_freq.len() != half {
-            self.inv_freq.resize(half, 0.0);
-        }
-        self.inv_freq.copy_from_slice(inv_freq);
         if self.cos.len() < n * half {
             self.cos.resize(n * half, 0.0);
             self.sin.resize(n * half, 0.0);
@@ -144,8 +189,9 @@ impl Kernels {
     }
 
     /// `f(cos, sin)` with this thread's table of the angles of the `n` positions from
-    /// `pos0` (`inv_freq.len()` a position), computed once for the 2 × n_layers RoPE calls
-    /// of a forward pass; other threads may read the slices while `f` runs.
+    /// `pos0` (`inv_freq.len()` a position), kept in windows of positions so each of a
+    /// step's sequences computes its angles once for the 2 × n_layers RoPE calls of this
+    /// step and the next few; other threads may read the slices while `f` runs.
     pub fn with_rope_table<R>(
         &self,
         pos0: usize,
@@ -155,9 +201,10 @@ impl Kernels {
     ) -> R {
         ROPE.with(|t| {
             let mut t = t.borrow_mut();
-            t.update(pos0, n, inv_freq);
+            let w = t.find(pos0, n, inv_freq);
             let half = inv_freq.len();
-            f(&t.cos[..n * half], &t.sin[..n * half])
+            let at = (pos0 - w.pos0) * half..(pos0 - w.pos0 + n) * half;
+            f(&w.cos[at.clone()], &w.sin[at])
         })
     }
 
@@ -177,5 +224,46 @@ impl Kernels {
             i if i.x86_vector() => unsafe { x86::rope_apply(x, n_heads, head_dim, cos, sin) },
             _ => portable::rope_apply(x, n_heads, head_dim, cos, sin),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::simd::Isa;
+    use crate::test_rng::TestRng;
+
+    #[test]
+    fn rope_windows_hold_the_angles_of_every_position_asked_for() {
+        let k = Kernels::new(Isa::best());
+        let inv_freq: Vec<f32> = (0..32).map(|i| 10000f32.powf(-(i as f32) / 32.0)).collect();
+        let mut rng = TestRng::new(3);
+        // Sequences decoding at their own positions, more of them than windows, with
+        // prompts of various lengths between them.
+        let mut pos: Vec<usize> = (0..ROPE_WINDOWS + 3).map(|s| 37 * s).collect();
+        for _ in 0..2000 {
+            let s = rng.below(pos.len());
+            let n = if rng.below(10) == 0 {
+                1 + rng.below(200)
+            } else {
+                1
+            };
+            k.with_rope_table(pos[s], n, &inv_freq, |cos, sin| {
+                assert_eq!((cos.len(), sin.len()), (n * 32, n * 32));
+                for t in 0..n {
+                    for (i, &f) in inv_freq.iter().enumerate() {
+                        let (c, si) = crate::backend::rope_angle(pos[s] + t, f);
+                        assert_eq!(cos[t * 32 + i].to_bits(), c.to_bits());
+                        assert_eq!(sin[t * 32 + i].to_bits(), si.to_bits());
+                    }
+                }
+            });
+            pos[s] += n;
+        }
+        // Another model's frequencies are not served from the first one's windows.
+        let other: Vec<f32> = inv_freq.iter().map(|f| f * 0.5).collect();
+        k.with_rope_table(pos[0] - 1, 1, &other, |cos, _| {
+            assert_eq!(cos[5], crate::backend::rope_angle(pos[0] - 1, other[5]).0);
+        });
     }
 }
