@@ -844,9 +844,13 @@ fn attention_decode_8_streams_28_layers_f16<const D: usize>(b: Bencher, k: &str)
 
 /// What choosing one token costs on a row of Qwen's 151,936 logits, per sampling setting
 /// (llama.cpp's defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05; greedy; the
-/// defaults with a repetition penalty over 64 tokens), and the finite-logits check every
-/// row gets before it. Paid on the engine thread for every stream, every step.
-#[divan::bench(args = ["defaults", "greedy", "penalty", "check"], sample_count = 50)]
+/// defaults with a repetition penalty over 64 tokens; top-k off with top-p 1 and min-p 0,
+/// which keeps every token), and the finite-logits check every row gets before it. Paid
+/// on the engine thread for every stream, every step.
+#[divan::bench(
+    args = ["defaults", "greedy", "penalty", "top_k_off", "check"],
+    sample_count = 50
+)]
 fn sample_151936(b: Bencher, setting: &str) {
     use inferno::sampling::{check_logits, Sampler, SamplingParams};
     let vocab = 151_936;
@@ -856,6 +860,14 @@ fn sample_151936(b: Bencher, setting: &str) {
         "greedy" => SamplingParams::greedy(),
         "penalty" => SamplingParams {
             repeat_penalty: 1.1,
+            seed: Some(1),
+            ..SamplingParams::default()
+        },
+        "top_k_off" => SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
             seed: Some(1),
             ..SamplingParams::default()
         },

@@ -162,6 +162,9 @@ pub struct Sampler {
     cand: Vec<(u32, f32)>,
     /// The logits after the penalties (empty when none applies), reused every step.
     penalized: Vec<f32>,
+    /// The radix sort's keys and its second buffer, when top-k keeps every token.
+    keys: Vec<u64>,
+    keys_tmp: Vec<u64>,
 }
 
 impl Sampler {
@@ -174,9 +177,16 @@ impl Sampler {
             rng: ChaCha8Rng::seed_from_u64(seed),
             cand: Vec::with_capacity(vocab),
             penalized: Vec::new(),
+            keys: Vec::new(),
+            keys_tmp: Vec::new(),
         };
         if s.penalizes() {
             s.penalized.reserve(vocab);
+        }
+        let p = &s.params;
+        if p.temperature != 0.0 && (p.top_k == 0 || p.top_k >= vocab) {
+            s.keys.reserve(vocab);
+            s.keys_tmp.reserve(vocab);
         }
         Ok(s)
     }
@@ -219,10 +229,7 @@ impl Sampler {
             // One pass over the row for the k best, not a list of the whole vocabulary.
             select::top_k(logits, p.top_k, &mut self.cand);
         } else {
-            self.cand.clear();
-            self.cand
-                .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-            self.cand.sort_unstable_by(select::by_logit_desc);
+            select::sort_all(logits, &mut self.cand, &mut self.keys, &mut self.keys_tmp);
         }
 
         // Probabilities at temperature 1 decide the top-p and min-p cut.

@@ -78,6 +78,66 @@ pub(super) fn top_k(logits: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
     out.sort_unstable_by(by_logit_desc);
 }
 
+/// Digits of the radix sort in [`sort_all`]: three passes cover the 32 bits of a key.
+const RADIX_BITS: u32 = 11;
+const RADIX: usize = 1 << RADIX_BITS;
+
+/// Every (token, logit) pair of `logits` in [`by_logit_desc`]'s order, into `out`, with
+/// `keys` and `tmp` as scratch (no allocation when each has room for the row).
+///
+/// A stable radix sort of the logits' order keys, least significant digit first, started
+/// from the tokens in id order, so equal logits keep their ascending ids: the same order
+/// as a comparison sort by [`by_logit_desc`], four to five times faster on 151,936 logits.
+pub(super) fn sort_all(
+    logits: &[f32],
+    out: &mut Vec<(u32, f32)>,
+    keys: &mut Vec<u64>,
+    tmp: &mut Vec<u64>,
+) {
+    // The higher logit first: the total order's key made unsigned, then inverted. The
+    // token id rides in the low half.
+    let desc = |x: f32| !((order_key(x) as u32) ^ 0x8000_0000);
+    keys.clear();
+    keys.extend(
+        logits
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (u64::from(desc(x)) << 32) | i as u64),
+    );
+    let digit = |k: u64, pass: u32| ((k >> (32 + pass * RADIX_BITS)) as usize) & (RADIX - 1);
+    let mut hist = [[0u32; RADIX]; 3];
+    for &k in keys.iter() {
+        for (pass, h) in (0u32..).zip(hist.iter_mut()) {
+            h[digit(k, pass)] += 1;
+        }
+    }
+    tmp.clear();
+    tmp.resize(keys.len(), 0);
+    for (pass, h) in (0u32..).zip(&hist) {
+        // A digit that every key shares moves nothing.
+        if h.iter().any(|&c| c as usize == keys.len()) {
+            continue;
+        }
+        let mut at = [0u32; RADIX];
+        let mut sum = 0;
+        for (a, &c) in at.iter_mut().zip(h) {
+            *a = sum;
+            sum += c;
+        }
+        for &k in keys.iter() {
+            let b = digit(k, pass);
+            tmp[at[b] as usize] = k;
+            at[b] += 1;
+        }
+        std::mem::swap(keys, tmp);
+    }
+    out.clear();
+    out.extend(keys.iter().map(|&k| {
+        let token = k as u32;
+        (token, logits[token as usize])
+    }));
+}
+
 /// The token of the highest logit; the lowest id wins a tie, and a row of nothing above
 /// −∞ (or only NaN) gives token 0.
 pub fn argmax(logits: &[f32]) -> u32 {
@@ -201,6 +261,19 @@ mod tests {
                     |v: &[(u32, f32)]| v.iter().map(|c| (c.0, c.1.to_bits())).collect::<Vec<_>>();
                 assert_eq!(bits(&out), bits(&want), "n {n}, k {k}");
             }
+        }
+    }
+
+    #[test]
+    fn the_radix_sort_is_sorting_by_logit_then_token() {
+        let mut rng = TestRng::new(13);
+        let (mut out, mut keys, mut tmp) = (Vec::new(), Vec::new(), Vec::new());
+        for row in rows(&mut rng) {
+            sort_all(&row, &mut out, &mut keys, &mut tmp);
+            let want = top_k_by_sorting(&row, row.len());
+            let bits =
+                |v: &[(u32, f32)]| v.iter().map(|c| (c.0, c.1.to_bits())).collect::<Vec<_>>();
+            assert_eq!(bits(&out), bits(&want), "n {}", row.len());
         }
     }
 
