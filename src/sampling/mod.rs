@@ -171,11 +171,16 @@ impl Sampler {
     pub fn new(params: SamplingParams, vocab: usize) -> Result<Self, SamplingError> {
         params.validate()?;
         let seed = params.seed.unwrap_or_else(rand::random);
+        // Top-k holds a few candidates more than k; otherwise every token is one.
+        let room = match params.top_k {
+            k if k > 0 && k < vocab => select::top_k_room(k).min(vocab),
+            _ => vocab,
+        };
         let mut s = Self {
             params,
             seed,
             rng: ChaCha8Rng::seed_from_u64(seed),
-            cand: Vec::with_capacity(vocab),
+            cand: Vec::with_capacity(room),
             penalized: Vec::new(),
             keys: Vec::new(),
             keys_tmp: Vec::new(),

@@ -33,10 +33,15 @@ fn keep_first(cand: &mut Vec<(u32, f32)>, k: usize) {
     }
 }
 
+/// Candidates [`top_k`] holds at most for `k`.
+pub(super) fn top_k_room(k: usize) -> usize {
+    2 * k + BLOCK
+}
+
 /// The `k` first (token, logit) pairs of `logits` in [`by_logit_desc`]'s order, in that
 /// order, into `out`: what sorting every token that way and keeping `k` gives. `k` is at
-/// least 1 and less than `logits.len()`; `out` needs room for `2k + BLOCK` pairs (no
-/// allocation when it has it).
+/// least 1 and less than `logits.len()`; no allocation when `out` has room for
+/// [`top_k_room`] pairs.
 ///
 /// Once `k` candidates are held, the `k`-th is the bar: a later token (a higher id) beats
 /// it only with a logit above it in the total order, so whole blocks whose best key is at
@@ -45,7 +50,8 @@ fn keep_first(cand: &mut Vec<(u32, f32)>, k: usize) {
 pub(super) fn top_k(logits: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
     debug_assert!(k >= 1 && k < logits.len());
     out.clear();
-    let room = 2 * k;
+    // Compacted once this many are held, so at most a block more are ever held.
+    let room = top_k_room(k) - BLOCK;
     let mut bar: Option<i32> = None;
     for (b, block) in logits.chunks(BLOCK).enumerate() {
         let first = b * BLOCK;
@@ -248,14 +254,15 @@ mod tests {
     #[test]
     fn top_k_in_one_pass_is_sorting_every_token() {
         let mut rng = TestRng::new(11);
-        let mut out = Vec::new();
         for row in rows(&mut rng) {
             let n = row.len();
             for k in [1, 2, 3, 40, 63, 64, 65, 500, n.saturating_sub(1)] {
                 if k == 0 || k >= n {
                     continue;
                 }
+                let mut out = Vec::with_capacity(top_k_room(k));
                 top_k(&row, k, &mut out);
+                assert!(out.capacity() <= top_k_room(k), "n {n}, k {k}: grew");
                 let want = top_k_by_sorting(&row, k);
                 let bits =
                     |v: &[(u32, f32)]| v.iter().map(|c| (c.0, c.1.to_bits())).collect::<Vec<_>>();
