@@ -1,8 +1,9 @@
 //! The passes over a whole row of logits that every sampled token pays for, written so the
 //! compiler vectorizes them: the check that every logit is finite, the greedy pick, and the
 //! `k` best candidates of top-k, found in one pass over the row rather than by listing and
-//! partitioning every token of the vocabulary (152K on Qwen). Each gives exactly what the
-//! plain forms give: the same token, the same candidates in the same order.
+//! partitioning every token of the vocabulary (152K on Qwen); with top-k off, the whole row
+//! in order by a radix sort. Each gives exactly what the plain forms give: the same token,
+//! the same candidates in the same order.
 
 use std::cmp::Ordering;
 
