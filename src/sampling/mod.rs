@@ -172,9 +172,11 @@ impl Sampler {
         params.validate()?;
         let seed = params.seed.unwrap_or_else(rand::random);
         // Top-k holds a few candidates more than k; otherwise every token is one.
-        let room = match params.top_k {
-            k if k > 0 && k < vocab => select::top_k_room(k).min(vocab),
-            _ => vocab,
+        let narrows = select::narrows(params.top_k, vocab);
+        let room = if narrows {
+            select::top_k_room(params.top_k).min(vocab)
+        } else {
+            vocab
         };
         let mut s = Self {
             params,
@@ -188,8 +190,7 @@ impl Sampler {
         if s.penalizes() {
             s.penalized.reserve(vocab);
         }
-        let p = &s.params;
-        if p.temperature != 0.0 && (p.top_k == 0 || p.top_k >= vocab) {
+        if s.params.temperature != 0.0 && !narrows {
             s.keys.reserve(vocab);
             s.keys_tmp.reserve(vocab);
         }
@@ -213,64 +214,64 @@ impl Sampler {
     /// Picks the next token. `history` is the sequence so far (prompt and output), used by
     /// the penalties.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let penalizes = self.penalizes();
         let p = &self.params;
-        if p.temperature == 0.0 && !penalizes {
-            // Plain greedy reads the logits in place.
-            return argmax(logits);
-        }
-        let logits = if penalizes {
+        let logits = if self.penalizes() {
             self.penalized.clear();
             self.penalized.extend_from_slice(logits);
             penalize(&mut self.penalized, history, p);
             &self.penalized[..]
         } else {
+            // Read in place: no copy of the row.
             logits
         };
         if p.temperature == 0.0 {
             return argmax(logits);
         }
-        if p.top_k > 0 && p.top_k < logits.len() {
+        if select::narrows(p.top_k, logits.len()) {
             // One pass over the row for the k best, not a list of the whole vocabulary.
             select::top_k(logits, p.top_k, &mut self.cand);
         } else {
             select::sort_all(logits, &mut self.cand, &mut self.keys, &mut self.keys_tmp);
         }
-
-        // Probabilities at temperature 1 decide the top-p and min-p cut.
-        softmax_in_place(&mut self.cand, 1.0);
-        if p.top_p < 1.0 {
-            let mut cum = 0.0f32;
-            let mut keep = self.cand.len();
-            for (i, c) in self.cand.iter().enumerate() {
-                cum += c.1;
-                if cum >= p.top_p {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            self.cand.truncate(keep.max(1));
-        }
-        if p.min_p > 0.0 {
-            let floor = self.cand[0].1 * p.min_p;
-            let keep = self.cand.iter().take_while(|c| c.1 >= floor).count();
-            self.cand.truncate(keep.max(1));
-        }
-        // Back to logits for the temperature: log p differs from the logit by a constant.
-        for c in self.cand.iter_mut() {
-            c.1 = c.1.max(f32::MIN_POSITIVE).ln();
-        }
-        softmax_in_place(&mut self.cand, p.temperature);
-        let r: f32 = self.rng.random::<f32>();
-        let mut cum = 0.0f32;
-        for c in &self.cand {
-            cum += c.1;
-            if r < cum {
-                return c.0;
-            }
-        }
-        self.cand.last().map(|c| c.0).unwrap_or(0)
+        draw(&mut self.cand, p, &mut self.rng)
     }
+}
+
+/// Draws a token from `cand`, the candidates (token, logit) in the sampler's order: the
+/// top-p and min-p cuts (probabilities at temperature 1), then the temperature.
+fn draw(cand: &mut Vec<(u32, f32)>, p: &SamplingParams, rng: &mut ChaCha8Rng) -> u32 {
+    softmax_in_place(cand, 1.0);
+    if p.top_p < 1.0 {
+        let mut cum = 0.0f32;
+        let mut keep = cand.len();
+        for (i, c) in cand.iter().enumerate() {
+            cum += c.1;
+            if cum >= p.top_p {
+                keep = i + 1;
+                break;
+            }
+        }
+        cand.truncate(keep.max(1));
+    }
+    if p.min_p > 0.0 {
+        let floor = cand[0].1 * p.min_p;
+        let keep = cand.iter().take_while(|c| c.1 >= floor).count();
+        cand.truncate(keep.max(1));
+    }
+    // Back to logits for the temperature: log p differs from the logit by a constant.
+    for c in cand.iter_mut() {
+        c.1 = c.1.max(f32::MIN_POSITIVE).ln();
+    }
+    softmax_in_place(cand, p.temperature);
+    let r: f32 = rng.random::<f32>();
+    let mut cum = 0.0f32;
+    for c in cand.iter() {
+        cum += c.1;
+        if r < cum {
+            return c.0;
+        }
+    }
+    cand.last().map(|c| c.0).unwrap_or(0)
 }
 
 /// Applies the repetition, frequency and presence penalties of `p` to `logits` (indexed by
@@ -581,16 +582,15 @@ mod tests {
         assert!((total - 1.0).abs() < 1e-5);
     }
 
-    /// The sampler as first written: every token of the penalized row listed as a
-    /// candidate, partitioned for top-k, sorted; the rest as [`Sampler::sample`].
+    /// The sampler's candidates as first written: every token of the penalized row
+    /// listed, partitioned for top-k, sorted (or the first of the largest, greedy); then
+    /// [`draw`], as [`Sampler::sample`] draws.
     fn sample_listing_every_token(
         p: &SamplingParams,
         rng: &mut ChaCha8Rng,
         logits: &[f32],
         history: &[u32],
     ) -> u32 {
-        let by_logit_desc =
-            |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         let mut row = logits.to_vec();
         penalize(&mut row, history, p);
         let mut cand: Vec<(u32, f32)> = row
@@ -609,41 +609,11 @@ mod tests {
             return best.0;
         }
         if p.top_k > 0 && p.top_k < cand.len() {
-            cand.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
+            cand.select_nth_unstable_by(p.top_k - 1, select::by_logit_desc);
             cand.truncate(p.top_k);
         }
-        cand.sort_unstable_by(by_logit_desc);
-        softmax_in_place(&mut cand, 1.0);
-        if p.top_p < 1.0 {
-            let mut cum = 0.0f32;
-            let mut keep = cand.len();
-            for (i, c) in cand.iter().enumerate() {
-                cum += c.1;
-                if cum >= p.top_p {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            cand.truncate(keep.max(1));
-        }
-        if p.min_p > 0.0 {
-            let floor = cand[0].1 * p.min_p;
-            let keep = cand.iter().take_while(|c| c.1 >= floor).count();
-            cand.truncate(keep.max(1));
-        }
-        for c in cand.iter_mut() {
-            c.1 = c.1.max(f32::MIN_POSITIVE).ln();
-        }
-        softmax_in_place(&mut cand, p.temperature);
-        let r: f32 = rng.random::<f32>();
-        let mut cum = 0.0f32;
-        for c in &cand {
-            cum += c.1;
-            if r < cum {
-                return c.0;
-            }
-        }
-        cand.last().map(|c| c.0).unwrap_or(0)
+        cand.sort_unstable_by(select::by_logit_desc);
+        draw(&mut cand, p, rng)
     }
 
     #[test]

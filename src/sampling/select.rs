@@ -34,6 +34,11 @@ fn keep_first(cand: &mut Vec<(u32, f32)>, k: usize) {
     }
 }
 
+/// Whether top-k `k` narrows a row of `n` logits (0 and `n` or more keep every token).
+pub(super) fn narrows(k: usize, n: usize) -> bool {
+    k > 0 && k < n
+}
+
 /// Candidates [`top_k`] holds at most for `k`.
 pub(super) fn top_k_room(k: usize) -> usize {
     2 * k + BLOCK
@@ -49,7 +54,7 @@ pub(super) fn top_k_room(k: usize) -> usize {
 /// or below the bar are passed over. Candidates gather until there are `2k`, then the
 /// best `k` are kept and the bar rises.
 pub(super) fn top_k(logits: &[f32], k: usize, out: &mut Vec<(u32, f32)>) {
-    debug_assert!(k >= 1 && k < logits.len());
+    debug_assert!(narrows(k, logits.len()));
     out.clear();
     // Compacted once this many are held, so at most a block more are ever held.
     let room = top_k_room(k) - BLOCK;
@@ -166,27 +171,24 @@ pub fn argmax(logits: &[f32]) -> u32 {
     if best == f32::NEG_INFINITY {
         return 0;
     }
-    let Some((b, block)) = logits
-        .chunks(BLOCK)
-        .enumerate()
-        .find(|(_, c)| c.iter().fold(false, |hit, &x| hit | (x == best)))
-    else {
-        return 0;
-    };
-    let j = block.iter().position(|&x| x == best).unwrap_or(0);
-    (b * BLOCK + j) as u32
+    first_where(logits, |x| x == best).unwrap_or(0) as u32
 }
 
 /// The first logit that is not a finite number, with its index.
 pub(super) fn first_non_finite(logits: &[f32]) -> Option<(usize, f32)> {
-    // A block at a time without branches (vectorized), the index only looked for in a
-    // block that has one.
+    first_where(logits, |x| !x.is_finite()).map(|i| (i, logits[i]))
+}
+
+/// The index of the first logit for which `hit` holds: a block at a time without branches
+/// (vectorized), the index looked for only in the block that has one.
+#[inline(always)]
+fn first_where(logits: &[f32], hit: impl Fn(f32) -> bool) -> Option<usize> {
     let (b, block) = logits
         .chunks(BLOCK)
         .enumerate()
-        .find(|(_, c)| c.iter().fold(false, |bad, x| bad | !x.is_finite()))?;
-    let (j, &x) = block.iter().enumerate().find(|(_, x)| !x.is_finite())?;
-    Some((b * BLOCK + j, x))
+        .find(|(_, c)| c.iter().fold(false, |any, &x| any | hit(x)))?;
+    let j = block.iter().position(|&x| hit(x))?;
+    Some(b * BLOCK + j)
 }
 
 #[cfg(test)]
