@@ -341,6 +341,12 @@ fn q5_0_matmul_8x4864x896_from_memory(b: Bencher, k: &str) {
     bench_quant_from_memory(b, backend(k).as_ref(), GgmlType::Q5_0, 4864, 896, 8);
 }
 
+/// The same product for one stream.
+#[divan::bench(args = isas())]
+fn q5_0_matvec_4864x896_from_memory(b: Bencher, k: &str) {
+    bench_quant_from_memory(b, backend(k).as_ref(), GgmlType::Q5_0, 4864, 896, 1);
+}
+
 #[divan::bench(args = isas())]
 fn q4_k_matvec_3072x1024_from_memory(b: Bencher, k: &str) {
     bench_quant_from_memory(b, backend(k).as_ref(), GgmlType::Q4_K, 3072, 1024, 1);
@@ -652,6 +658,14 @@ fn q5_0_matmul_8x4864x896(b: Bencher, k: &str) {
 fn pool_q5_0_matvec_4864x896(b: Bencher, threads: usize) {
     let be = PoolBackend::new(SimdBackend::new(ScalarBackend::new()), threads);
     bench_quant(b, &be, GgmlType::Q5_0, 4864, 896, 1);
+}
+
+/// Eight streams' Q5_0 decode product on the pool with its weights from memory: at two
+/// threads the cores share the memory, as in the service's steps.
+#[divan::bench(args = [1, 2])]
+fn pool_q5_0_matmul_8x4864x896_from_memory(b: Bencher, threads: usize) {
+    let be = PoolBackend::new(SimdBackend::new(ScalarBackend::new()), threads);
+    bench_quant_from_memory(b, &be, GgmlType::Q5_0, 4864, 896, 8);
 }
 
 #[divan::bench(args = [1, 2])]
