@@ -12,7 +12,10 @@
 //! take the chunk shortest remaining first, so a short prompt is not stuck behind a long
 //! one (it minimises the mean wait for a first token); one that has waited
 //! [`STARVATION_STEPS`] steps goes first whatever its length, so a long prompt is delayed
-//! by a bounded number of steps, not starved. A job whose deadline would pass before its
+//! by a bounded number of steps, not starved. Prompts that arrive together thus start
+//! decoding one after another; rows shared equally made them finish together, and clients
+//! sending the same lengths then stayed in step, every round a burst (BENCHMARKS.md,
+//! "Waiting prompts sharing each step's rows"). A job whose deadline would pass before its
 //! first token by that estimate is refused at admission instead of holding a slot.
 
 use super::job::Job;
