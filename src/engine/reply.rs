@@ -1,5 +1,5 @@
 //! A request's reply as front-ends report it: the engine's events for one sequence
-//! ([`Event`]) split into reasoning, answer text and tool calls ([`Reply`]), with the
+//! ([`Event`](super::Event)) split into reasoning, answer text and tool calls ([`Reply`]), with the
 //! finish reason a turn that called tools ends with. Every front-end (gRPC, HTTP) converts
 //! these pieces to its wire format; none parses the output itself.
 

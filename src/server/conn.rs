@@ -6,7 +6,7 @@
 //! accepting fails (out of file descriptors).
 //!
 //! A connection counts as busy while any request on it is open, from its headers until its
-//! response body is finished or dropped ([`TrackRequests`] follows gRPC's, [`TrackedBody`]
+//! response body is finished or dropped ([`TrackRequests`] follows gRPC's, `TrackedBody`
 //! any body), so a stream that sends nothing for minutes (a health Watch, a request waiting
 //! in the queue) is never idle.
 
@@ -377,7 +377,7 @@ impl<B: http_body::Body + Unpin> http_body::Body for TrackedBody<B> {
 }
 
 /// Wraps the server's routes so each request marks its connection busy until its response
-/// ends, and a message over the size limit is answered as [`super::service::oversize`]
+/// ends, and a message over the size limit is answered as the service's `oversize`
 /// says.
 #[derive(Clone)]
 pub struct TrackRequests<S> {

@@ -4,14 +4,14 @@
 //!
 //! Layouts (little-endian), fields in storage order:
 //!
-//! | type | bytes | fields                                                            |
-//! |------|------:|-------------------------------------------------------------------|
-//! | Q2_K | 84    | scales [u8;16] (lo 4 bits scale, hi 4 bits min), qs [u8;64], d, dmin |
-//! | Q3_K | 110   | hmask [u8;32], qs [u8;64], scales [u8;12] (16 × 6 bits), d        |
-//! | Q4_K | 144   | d, dmin, scales [u8;12] (8 scales + 8 mins, 6 bits), qs [u8;128]  |
-//! | Q5_K | 176   | d, dmin, scales [u8;12], qh [u8;32], qs [u8;128]                  |
-//! | Q6_K | 210   | ql [u8;128], qh [u8;64], scales [i8;16], d                        |
-//! | Q8_K | 292   | d: f32, qs [i8;256], bsums [i16;16] (sums of each 16 values)      |
+//! | type | bytes | fields                                                                     |
+//! |------|------:|----------------------------------------------------------------------------|
+//! | Q2_K | 84    | scales `[u8; 16]` (lo 4 bits scale, hi 4 bits min), qs `[u8; 64]`, d, dmin |
+//! | Q3_K | 110   | hmask `[u8; 32]`, qs `[u8; 64]`, scales `[u8; 12]` (16 × 6 bits), d        |
+//! | Q4_K | 144   | d, dmin, scales `[u8; 12]` (8 scales + 8 mins, 6 bits), qs `[u8; 128]`     |
+//! | Q5_K | 176   | d, dmin, scales `[u8; 12]`, qh `[u8; 32]`, qs `[u8; 128]`                  |
+//! | Q6_K | 210   | ql `[u8; 128]`, qh `[u8; 64]`, scales `[i8; 16]`, d                        |
+//! | Q8_K | 292   | d: f32, qs `[i8; 256]`, bsums `[i16; 16]` (sums of each 16 values)         |
 //!
 //! `d` and `dmin` are f16 except in Q8_K. Values are `d·sc·q − dmin·m` (Q2_K, Q4_K, Q5_K),
 //! `d·(sc−32)·(q−4·!hbit)` (Q3_K) and `d·sc·(q−32)` (Q6_K).

@@ -185,7 +185,7 @@ pub fn can_encode(dtype: GgmlType) -> bool {
 
 /// llama.cpp's `general.file_type` code for a model whose matrices are all `dtype`, for the
 /// float types and Q8_0 (the K-quant mixtures have their own codes, see
-/// [`mixture::Mixture::file_type`]).
+/// [`mixture::Scheme::file_type`]).
 pub fn file_type(dtype: GgmlType) -> Option<u32> {
     match dtype {
         GgmlType::F32 => Some(0),

@@ -4,7 +4,7 @@
 //! The model drives it through the same executor interface as the host kernels
 //! (`backend::exec`), but nothing runs until the step ends: weights are uploaded once at load
 //! in their stored (quantized) layout, each sequence's KV cache lives on the device
-//! ([`GpuKv`]), and [`GpuExec`] records every operation of a step into one command buffer
+//! ([`GpuKv`]), and `GpuExec` records every operation of a step into one command buffer
 //! with one submit; only the logits come back.
 //!
 //! Types: Q8_0 (and Q4_0 and Q5_0, widened exactly to Q8_0 at upload), F16 and F32 keep their

@@ -30,7 +30,7 @@
 //! row with that token's Q8_K row, bit for bit. They read each Q8_K block's sums of 16 values
 //! (`bsums`, which the quantizer writes) for the mins and for the offsets of Q6_K (32) and
 //! Q3_K (4), as the scalar Q2_K/Q4_K/Q5_K products do for their mins; Q4_K and Q5_K read
-//! them summed per 32-value sub-block, once per activation row ([`write_min_pairs`]).
+//! them summed per 32-value sub-block, once per activation row (`write_min_pairs`).
 
 use super::{Isa, Line, OutPtr, GROUP};
 

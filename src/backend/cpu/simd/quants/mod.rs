@@ -23,7 +23,7 @@ use crate::tensor::{self, k_quants, GgmlType, Matrix, QuantDot};
 type DotFn = fn(&[u8], &[u8]) -> f32;
 
 /// A dot kernel for four weight rows (`rb` bytes apart, from the start of the slice) with
-/// one activation row, each result bit-identical to [`DotFn`]'s for that row.
+/// one activation row, each result bit-identical to `DotFn`'s for that row.
 pub type Dot4Fn = fn(&[u8], usize, &[u8]) -> [f32; 4];
 
 /// Tokens taken per pass over a range of weight rows: each weight row is used for all of
@@ -263,7 +263,7 @@ impl QuantMatmul {
 
     /// `out[t * ldo + r] = w[r] · xq[t]` for rows `r0..r1` and tokens `t < n`, with `xq`
     /// holding `n` activation rows quantized by [`QuantMatmul::quantize`]. Weight rows are
-    /// the outer loop and tokens the inner one (in tiles of [`TOKEN_TILE`]); with a
+    /// the outer loop and tokens the inner one (in tiles of `TOKEN_TILE`); with a
     /// four-row kernel, rows go four at a time (the rest one by one), which changes no
     /// result: every output is still one row's dot in that row's block order.
     ///
