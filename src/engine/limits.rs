@@ -31,8 +31,8 @@ pub struct EngineConfig {
     /// at what fits in the memory the KV cache may take (but at least one context; see
     /// [`super::memory`]).
     pub kv_cache_tokens: Option<usize>,
-    /// Speculative decoding (off by default; [`Method::Draft`](super::speculative::Method::Draft) needs the assets' draft
-    /// model).
+    /// Speculative decoding (off by default;
+    /// [`Method::Draft`](super::speculative::Method::Draft) needs the assets' draft model).
     pub speculation: Speculation,
     /// Honour [`FAULT_PANIC_REQUEST_ID`](super::FAULT_PANIC_REQUEST_ID).
     #[cfg(feature = "fault-injection")]

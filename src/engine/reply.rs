@@ -1,7 +1,7 @@
 //! A request's reply as front-ends report it: the engine's events for one sequence
-//! ([`Event`](super::Event)) split into reasoning, answer text and tool calls ([`Reply`]), with the
-//! finish reason a turn that called tools ends with. Every front-end (gRPC, HTTP) converts
-//! these pieces to its wire format; none parses the output itself.
+//! ([`Event`](super::Event)) split into reasoning, answer text and tool calls ([`Reply`]),
+//! with the finish reason a turn that called tools ends with. Every front-end (gRPC, HTTP)
+//! converts these pieces to its wire format; none parses the output itself.
 
 use super::generate::FinishReason;
 use super::job::{Done, TokenOut};

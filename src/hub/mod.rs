@@ -1,8 +1,8 @@
 //! Models by name from the Hugging Face Hub: a reference such as
-//! `Qwen/Qwen3-0.6B-GGUF:Q8_0` ([`reference`](mod@reference)) is resolved to a GGUF file of the repository
-//! ([`quant`]), downloaded into the cache Python's `huggingface_hub` shares ([`cache`],
-//! [`download`]) and opened from there like any local file. A split model's parts all come
-//! down together.
+//! `Qwen/Qwen3-0.6B-GGUF:Q8_0` ([`reference`](mod@reference)) is resolved to a GGUF file of
+//! the repository ([`quant`]), downloaded into the cache Python's `huggingface_hub` shares
+//! ([`cache`], [`download`]) and opened from there like any local file. A split model's
+//! parts all come down together.
 //!
 //! The environment is read as `huggingface_hub` reads it: `HF_ENDPOINT` (a mirror),
 //! `HF_HOME` / `HF_HUB_CACHE` (the cache), `HF_TOKEN` or the token file `HF_TOKEN_PATH`
