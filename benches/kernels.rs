@@ -748,9 +748,46 @@ fn qwen3_attention(n: usize, pos0: usize, capacity: usize) -> AttentionShape {
 /// `pos0` cached positions, the keys and values stored in a KV cache of type `kv`, timed
 /// on `k`.
 fn bench_attention(b: Bencher, k: &str, n: usize, pos0: usize, kv: KvType) {
+    bench_attention_shape(b, k, qwen3_attention(n, pos0, pos0 + n), kv);
+}
+
+/// An attention call with Qwen2.5-0.5B's heads (14 query heads, 2 KV heads of 64: seven
+/// query rows to each key and value, half Qwen3's head size), the real test checkpoint's.
+fn qwen2_attention(n: usize, pos0: usize, capacity: usize) -> AttentionShape {
+    AttentionShape {
+        n_tokens: n,
+        pos0,
+        n_heads: 14,
+        n_kv_heads: 2,
+        head_dim: 64,
+        capacity,
+        scale: 1.0 / (64f32).sqrt(),
+    }
+}
+
+/// One decode step's attention for one layer of Qwen2.5-0.5B at 1024 positions, F16 cache.
+#[divan::bench(args = attention_kernels())]
+fn attention_decode_ctx1024_f16_qwen2(b: Bencher, k: &str) {
+    bench_attention_shape(b, k, qwen2_attention(1, 1023, 1024), KvType::F16);
+}
+
+/// A 200-token prompt's attention for one layer of Qwen2.5-0.5B, F16 cache.
+#[divan::bench(args = attention_kernels(), sample_count = 20)]
+fn attention_prompt_200_f16_qwen2(b: Bencher, k: &str) {
+    bench_attention_shape(b, k, qwen2_attention(200, 0, 200), KvType::F16);
+}
+
+/// The last 256-token chunk of a 1,024-token prompt, one layer of Qwen2.5-0.5B, F16 cache.
+#[divan::bench(args = attention_kernels(), sample_count = 20)]
+fn attention_prompt_256_at_768_f16_qwen2(b: Bencher, k: &str) {
+    bench_attention_shape(b, k, qwen2_attention(256, 768, 1024), KvType::F16);
+}
+
+/// One attention call of shape `att`, the keys and values of its positions stored in a KV
+/// cache of type `kv` and `att.capacity` positions, timed on `k`.
+fn bench_attention_shape(b: Bencher, k: &str, att: AttentionShape, kv: KvType) {
     let be = backend(k);
-    let ctx = pos0 + n;
-    let att = qwen3_attention(n, pos0, ctx);
+    let (n, ctx) = (att.n_tokens, att.pos0 + att.n_tokens);
     let (n_heads, n_kv, hd) = (att.n_heads, att.n_kv_heads, att.head_dim);
     let q = values(n * n_heads * hd, 1);
     let shape = KvShape {
@@ -759,7 +796,7 @@ fn bench_attention(b: Bencher, k: &str, n: usize, pos0: usize, kv: KvType) {
         head_dim: hd,
         types: (kv, kv),
     };
-    let mut cache = KvCache::with_shape(shape, ctx);
+    let mut cache = KvCache::with_shape(shape, att.capacity);
     cache.store(
         0,
         0,
