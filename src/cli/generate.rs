@@ -104,6 +104,8 @@ pub struct GenerateArgs {
     /// --output text it streams to stderr, between "[reasoning]" and "[/reasoning]" lines,
     /// and only the answer goes to stdout; with --output json it is "reasoning_content" and
     /// "text" is the answer. Without this flag the reasoning is ordinary text.
+    // This comment is the --help text, where the brackets are literal, not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[arg(long)]
     pub separate_reasoning: bool,
     /// The prompt (with --chat: the user's message).

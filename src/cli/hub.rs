@@ -9,6 +9,8 @@ use clap::Args;
 pub struct PullArgs {
     /// The model: USER/REPO[:QUANT], hf.co/USER/REPO[:QUANT] or USER/REPO/FILE.gguf, with an
     /// optional @REVISION.
+    // This comment is the --help text, where the brackets are literal, not links.
+    #[allow(rustdoc::broken_intra_doc_links)]
     pub reference: String,
     #[command(flatten)]
     pub hub: HubArgs,
