@@ -730,57 +730,65 @@ fn rope_16x128(b: Bencher, k: &str) {
     });
 }
 
-/// An attention call with Qwen3-0.6B's heads (16 query heads, 8 KV heads of 128): `n`
-/// tokens after `pos0` cached positions, in caches of `capacity` positions.
-fn qwen3_attention(n: usize, pos0: usize, capacity: usize) -> AttentionShape {
+/// Query heads, KV heads and head size of Qwen3-0.6B (two query rows to each key).
+const QWEN3_HEADS: (usize, usize, usize) = (16, 8, 128);
+
+/// Those of Qwen2.5-0.5B, the real test checkpoint (seven query rows to each key, half the
+/// head size).
+const QWEN2_HEADS: (usize, usize, usize) = (14, 2, 64);
+
+/// An attention call with `heads` (query heads, KV heads, head size): `n` tokens after
+/// `pos0` cached positions, in caches of `capacity` positions.
+fn attention_shape(
+    (n_heads, n_kv_heads, head_dim): (usize, usize, usize),
+    n: usize,
+    pos0: usize,
+    capacity: usize,
+) -> AttentionShape {
     AttentionShape {
         n_tokens: n,
         pos0,
-        n_heads: 16,
-        n_kv_heads: 8,
-        head_dim: 128,
+        n_heads,
+        n_kv_heads,
+        head_dim,
         capacity,
-        scale: 1.0 / (128f32).sqrt(),
+        scale: 1.0 / (head_dim as f32).sqrt(),
     }
 }
 
-/// One layer's attention with Qwen3-0.6B's heads ([`qwen3_attention`]): `n` tokens after
+/// One layer's attention with Qwen3-0.6B's heads ([`QWEN3_HEADS`]): `n` tokens after
 /// `pos0` cached positions, the keys and values stored in a KV cache of type `kv`, timed
 /// on `k`.
 fn bench_attention(b: Bencher, k: &str, n: usize, pos0: usize, kv: KvType) {
-    bench_attention_shape(b, k, qwen3_attention(n, pos0, pos0 + n), kv);
-}
-
-/// An attention call with Qwen2.5-0.5B's heads (14 query heads, 2 KV heads of 64: seven
-/// query rows to each key and value, half Qwen3's head size), the real test checkpoint's.
-fn qwen2_attention(n: usize, pos0: usize, capacity: usize) -> AttentionShape {
-    AttentionShape {
-        n_tokens: n,
-        pos0,
-        n_heads: 14,
-        n_kv_heads: 2,
-        head_dim: 64,
-        capacity,
-        scale: 1.0 / (64f32).sqrt(),
-    }
+    bench_attention_shape(b, k, attention_shape(QWEN3_HEADS, n, pos0, pos0 + n), kv);
 }
 
 /// One decode step's attention for one layer of Qwen2.5-0.5B at 1024 positions, F16 cache.
 #[divan::bench(args = attention_kernels())]
 fn attention_decode_ctx1024_f16_qwen2(b: Bencher, k: &str) {
-    bench_attention_shape(b, k, qwen2_attention(1, 1023, 1024), KvType::F16);
+    bench_attention_shape(
+        b,
+        k,
+        attention_shape(QWEN2_HEADS, 1, 1023, 1024),
+        KvType::F16,
+    );
 }
 
 /// A 200-token prompt's attention for one layer of Qwen2.5-0.5B, F16 cache.
 #[divan::bench(args = attention_kernels(), sample_count = 20)]
 fn attention_prompt_200_f16_qwen2(b: Bencher, k: &str) {
-    bench_attention_shape(b, k, qwen2_attention(200, 0, 200), KvType::F16);
+    bench_attention_shape(b, k, attention_shape(QWEN2_HEADS, 200, 0, 200), KvType::F16);
 }
 
 /// The last 256-token chunk of a 1,024-token prompt, one layer of Qwen2.5-0.5B, F16 cache.
 #[divan::bench(args = attention_kernels(), sample_count = 20)]
 fn attention_prompt_256_at_768_f16_qwen2(b: Bencher, k: &str) {
-    bench_attention_shape(b, k, qwen2_attention(256, 768, 1024), KvType::F16);
+    bench_attention_shape(
+        b,
+        k,
+        attention_shape(QWEN2_HEADS, 256, 768, 1024),
+        KvType::F16,
+    );
 }
 
 /// One attention call of shape `att`, the keys and values of its positions stored in a KV
@@ -853,7 +861,7 @@ fn attention_prompt_64_at_2048_q8_0(b: Bencher, k: &str) {
 fn attention_decode_8_streams_28_layers_f16<const D: usize>(b: Bencher, k: &str) {
     let be = backend(k);
     let (layers, pos0, ctx) = (28, D - 1, D + 1);
-    let att = qwen3_attention(1, pos0, ctx);
+    let att = attention_shape(QWEN3_HEADS, 1, pos0, ctx);
     let (n_heads, n_kv, hd) = (att.n_heads, att.n_kv_heads, att.head_dim);
     let shape = KvShape {
         n_layers: layers,
