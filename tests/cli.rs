@@ -74,6 +74,26 @@ fn generate_tokenize_logits_info_on_a_synthetic_model() {
     );
     assert!(v["metrics"]["decode_tokens_per_second"].as_f64().unwrap() > 0.0);
 
+    // --logit-bias: 'e' (byte token 101) forced; the greedy first token banned; a token the
+    // model does not have refused before anything runs.
+    let o = greedy_json(&["--logit-bias", "101=100"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let forced: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(forced["text"], "e".repeat(12));
+    let first = v["tokens"][0].as_u64().unwrap();
+    let o = greedy_json(&["--logit-bias", &format!("{first}-100")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let banned: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let banned: Vec<u64> = serde_json::from_value(banned["tokens"].clone()).unwrap();
+    assert!(!banned.contains(&first), "{first} in {banned:?}");
+    let o = greedy_json(&["--logit-bias", "999999=1"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--logit-bias names token 999999, outside the model's vocabulary"),
+        "{}",
+        stderr(&o)
+    );
+
     // Text mode streams the same greedy text and reports the metrics on stderr.
     let o2 = inferno(&[
         "generate",

@@ -80,9 +80,22 @@ fn a_decoding_step_allocates_only_what_it_streams() {
     let mut rxs = Vec::new();
     for s in 0..SEQS as u32 {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // Half the sequences sample with a logit bias and penalties (their adjusted row is
+        // a buffer sized once, at admission).
+        let sampling = if s % 2 == 0 {
+            SamplingParams::greedy()
+        } else {
+            SamplingParams {
+                repeat_penalty: 1.1,
+                frequency_penalty: 0.2,
+                logit_bias: vec![(101, 1.5), (32, -100.0)],
+                seed: Some(u64::from(s)),
+                ..SamplingParams::default()
+            }
+        };
         let opts = GenerateOptions {
             max_tokens: STEPS,
-            sampling: SamplingParams::greedy(),
+            sampling,
             stop: vec![],
             ignore_eos: true,
             time_limit: None,

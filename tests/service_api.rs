@@ -15,6 +15,12 @@ use tonic::Code;
 
 /// The greedy completion of `prompt` computed in-process with the engine directly.
 fn reference(prompt: &str, max_tokens: usize) -> (Vec<u32>, String) {
+    reference_with(prompt, max_tokens, SamplingParams::greedy())
+}
+
+/// The completion of `prompt` with `sampling`, computed in-process with the engine directly
+/// (end-of-generation ignored).
+fn reference_with(prompt: &str, max_tokens: usize, sampling: SamplingParams) -> (Vec<u32>, String) {
     let a = synthetic_assets("demo", &LoadOptions::default()).unwrap();
     let mut ids: Vec<u32> = Vec::new();
     if a.tokenizer.add_bos() {
@@ -24,7 +30,7 @@ fn reference(prompt: &str, max_tokens: usize) -> (Vec<u32>, String) {
     let mut state = a.model.new_state(a.ctx_size, a.state_rows);
     let opts = GenerateOptions {
         max_tokens,
-        sampling: SamplingParams::greedy(),
+        sampling,
         stop: vec![],
         ignore_eos: true,
         time_limit: None,
@@ -238,6 +244,54 @@ async fn chat_messages_logprobs_tokenizer_and_model_info() {
     server.shutdown().await.unwrap();
 }
 
+/// `logit_bias` over gRPC: a banned token never comes, a forced one always does (greedy and
+/// sampled), and each stream is the engine's own completion with that bias.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_bans_and_forces_tokens_as_the_engine_does() {
+    let server = start_demo(test_config()).await;
+    let mut c = client(server.addr()).await;
+    let prompt = "Once upon a time";
+    let (plain, _) = reference(prompt, 16);
+    let banned = plain[0];
+    let forced = (plain[0] + 1) % 256;
+    let cases = [
+        (0.0, vec![(banned, -100.0)]),
+        (1.3, vec![(banned, -100.0)]),
+        (0.0, vec![(forced, 100.0)]),
+        (1.3, vec![(forced, 100.0), (banned, -3.5)]),
+    ];
+    for (temperature, bias) in cases {
+        let mut req = greedy(prompt, 16);
+        req.sampling = Some(pb::SamplingParams {
+            temperature: Some(temperature),
+            seed: Some(5),
+            logit_bias: bias.iter().copied().collect(),
+            ..Default::default()
+        });
+        let r = run(&mut c, req).await;
+        assert_eq!(r.code(), Code::Ok, "{:?}", r.status);
+        let want = reference_with(
+            prompt,
+            16,
+            SamplingParams {
+                temperature,
+                seed: Some(5),
+                logit_bias: bias.clone(),
+                ..SamplingParams::default()
+            },
+        );
+        assert_eq!(r.ids(), want.0, "temperature {temperature}, bias {bias:?}");
+        assert_eq!(r.text(), want.1);
+        if bias[0].1 > 0.0 {
+            assert_eq!(r.ids(), vec![forced; 16], "{bias:?}");
+        } else {
+            assert!(!r.ids().contains(&banned), "{bias:?}: {:?}", r.ids());
+            assert_ne!(r.ids(), plain);
+        }
+    }
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_arguments_are_rejected_with_clear_messages() {
     let server = start_demo(test_config()).await;
@@ -313,6 +367,16 @@ async fn invalid_arguments_are_rejected_with_clear_messages() {
             "top_p",
         ),
         (
+            "logit_bias beyond 100",
+            with(&|r| r.sampling = sampling(&|s| s.logit_bias = [(65, 150.0)].into())),
+            "invalid logit_bias 150",
+        ),
+        (
+            "logit_bias of a token the model does not have",
+            with(&|r| r.sampling = sampling(&|s| s.logit_bias = [(1_000_000, 1.0)].into())),
+            "logit_bias names token 1000000, outside the model's vocabulary",
+        ),
+        (
             "prompt longer than the context",
             with(&|r| r.prompt = "a".repeat(ctx + 10)),
             "context window holds",
@@ -352,7 +416,7 @@ async fn invalid_arguments_are_rejected_with_clear_messages() {
         assert!(r.tokens.is_empty());
     }
     let n_invalid = server.metrics().requests("Generate", "INVALID_ARGUMENT");
-    assert_eq!(n_invalid, 14);
+    assert_eq!(n_invalid, 16);
     // An id of printable ASCII is used as given.
     let r = run(&mut c, with(&|r| r.request_id = "job 42/a-b_c".into())).await;
     assert_eq!(r.code(), Code::Ok, "{:?}", r.status);

@@ -103,6 +103,8 @@ fn samplings() -> Vec<(&'static str, SamplingParams)> {
                 repeat_last_n: 16,
                 frequency_penalty: 0.3,
                 presence_penalty: 0.2,
+                // Byte tokens of the demo vocabulary: 'e' made likelier, ' ' all but banned.
+                logit_bias: vec![(b'e' as u32, 2.0), (b' ' as u32, -100.0)],
                 seed: Some(7),
             },
         ),

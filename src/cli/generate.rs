@@ -46,6 +46,10 @@ pub struct GenerateArgs {
     /// (1 = off).
     #[arg(long, default_value_t = 1.0)]
     pub repeat_penalty: f32,
+    /// Add BIAS (from -100 to 100) to the score of token ID before sampling, as llama.cpp's
+    /// --logit-bias: -100 all but bans the token, 100 all but forces it. Repeatable.
+    #[arg(long, value_name = "ID=BIAS", value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
     /// Seed of the sampler, for a repeatable run (default: a random one, printed with
     /// --output json).
     #[arg(long)]
@@ -112,6 +116,26 @@ pub struct GenerateArgs {
     pub prompt: String,
 }
 
+/// One `--logit-bias ID=BIAS` (also `ID+BIAS` and `ID-BIAS`, as llama.cpp spells it); the
+/// bias's range is the sampler's check.
+fn parse_logit_bias(s: &str) -> Result<(u32, f32), String> {
+    let at = s
+        .find(['=', '+', '-'])
+        .ok_or_else(|| format!("{s:?} is not ID=BIAS"))?;
+    let id = s[..at]
+        .parse::<u32>()
+        .map_err(|_| format!("{:?} is not a token id", &s[..at]))?;
+    let bias = if s.as_bytes()[at] == b'=' {
+        &s[at + 1..]
+    } else {
+        &s[at..]
+    };
+    let bias = bias
+        .parse::<f32>()
+        .map_err(|_| format!("{bias:?} is not a number"))?;
+    Ok((id, bias))
+}
+
 impl GenerateArgs {
     /// The response format the flags ask for, with its file read.
     fn response_format(&self) -> Result<Option<ResponseFormat>> {
@@ -139,6 +163,7 @@ pub fn cmd_generate(a: GenerateArgs) -> Result<()> {
         top_p: a.top_p,
         min_p: a.min_p,
         repeat_penalty: a.repeat_penalty,
+        logit_bias: a.logit_bias.clone(),
         seed: a.seed,
         ..SamplingParams::default()
     };
@@ -158,6 +183,16 @@ pub fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let path = a.model.source.resolve()?;
     let l = loader::file_assets(&path, &a.spec.load_options(a.model.run.load_options()))
         .map_err(anyhow::Error::msg)?;
+    if let Some(&(id, _)) = sampling
+        .logit_bias
+        .iter()
+        .find(|(id, _)| *id as usize >= l.model.config.vocab)
+    {
+        bail!(
+            "--logit-bias names token {id}, outside the model's vocabulary of {} tokens",
+            l.model.config.vocab
+        );
+    }
     let grammar = match &format {
         None => None,
         Some(f) => Some(GrammarCompiler::new(&l.tokenizer, l.model.config.vocab)?.compile(f)?),
@@ -454,6 +489,22 @@ impl<W: Write> ReplyOut<W> {
         if self.in_reasoning {
             eprintln!("\n[/reasoning]");
             self.in_reasoning = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_logit_bias;
+
+    #[test]
+    fn logit_bias_flags_parse_as_llama_cpp_spells_them() {
+        assert_eq!(parse_logit_bias("15043=1.5"), Ok((15043, 1.5)));
+        assert_eq!(parse_logit_bias("15043+1"), Ok((15043, 1.0)));
+        assert_eq!(parse_logit_bias("15043-100"), Ok((15043, -100.0)));
+        assert_eq!(parse_logit_bias("7=-3"), Ok((7, -3.0)));
+        for bad in ["15043", "x=1", "=1", "7=", "7=abc", "-7=1", "99999999999=1"] {
+            assert!(parse_logit_bias(bad).is_err(), "{bad}");
         }
     }
 }

@@ -322,6 +322,7 @@ fn request_field(e: &RequestError) -> Option<Field> {
         E::TooManyLogprobs(_) => Field::Logprobs,
         E::TooManyStops(_) | E::StopLength(_) => Field::Stop,
         E::Sampling(SamplingError::Invalid { field, .. }) => Field::Sampling(field),
+        E::LogitBiasToken { .. } => Field::Sampling("logit_bias"),
         E::Sampling(
             SamplingError::NonFiniteLogits { .. }
             | SamplingError::MissingRows { .. }

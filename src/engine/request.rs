@@ -94,6 +94,8 @@ pub enum RequestError {
     Empty,
     #[error("prompt token {index} is {id}, outside the model's vocabulary of {vocab} tokens")]
     TokenOutOfRange { index: usize, id: u32, vocab: usize },
+    #[error("logit_bias names token {id}, outside the model's vocabulary of {vocab} tokens")]
+    LogitBiasToken { id: u32, vocab: usize },
     #[error(
         "the prompt has {prompt} tokens but the context window holds {ctx}, leaving no room \
          for {}", room_wanted(*.max_tokens)
@@ -276,6 +278,15 @@ impl Served {
     /// shared KV cache.
     pub fn build(&self, req: Request, default_max_tokens: usize) -> Result<Built, RequestError> {
         check_parameters(&req)?;
+        let vocab = self.config.vocab;
+        if let Some(&(id, _)) = req
+            .sampling
+            .logit_bias
+            .iter()
+            .find(|(id, _)| *id as usize >= vocab)
+        {
+            return Err(RequestError::LogitBiasToken { id, vocab });
+        }
         let grammar = match &req.response_format {
             None => None,
             Some(f) => Some(
@@ -285,7 +296,6 @@ impl Served {
             ),
         };
         let tokens = prompt_tokens(&self.tokenizer, &self.chat_template, &req.prompt)?;
-        let vocab = self.config.vocab;
         if let Some((index, &id)) = tokens
             .iter()
             .enumerate()

@@ -1,9 +1,10 @@
 //! Choosing the next token from logits: greedy, or temperature sampling filtered by
-//! top-k, top-p and min-p, after repetition, frequency and presence penalties;
-//! reproducible from a seed.
+//! top-k, top-p and min-p, after a logit bias and the repetition, frequency and presence
+//! penalties; reproducible from a seed.
 //!
-//! The filter order is llama.cpp's: penalties → top-k → top-p → min-p → temperature → draw.
-//! A [`constraint`] (JSON schema, regex, grammar) masks the logits before all of them.
+//! The filter order is llama.cpp's: logit bias → penalties → top-k → top-p → min-p →
+//! temperature → draw. A [`constraint`] (JSON schema, regex, grammar) masks the logits
+//! before all of them.
 
 pub mod constraint;
 mod select;
@@ -37,6 +38,11 @@ pub struct SamplingParams {
     /// (OpenAI's `presence_penalty`). 0 = off.
     #[serde(default)]
     pub presence_penalty: f32,
+    /// Added to the logits of these tokens before the penalties (OpenAI's `logit_bias`):
+    /// (token, bias) pairs, each bias in [-100, 100] ([`LOGIT_BIAS_RANGE`]). A token the
+    /// model does not have is refused when the request is built, and ignored here.
+    #[serde(default)]
+    pub logit_bias: Vec<(u32, f32)>,
     /// Seed for the draw; `None` picks one at random (reported by [`Sampler::seed`]).
     pub seed: Option<u64>,
 }
@@ -52,6 +58,7 @@ impl Default for SamplingParams {
             repeat_last_n: 64,
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: None,
         }
     }
@@ -76,9 +83,16 @@ impl SamplingParams {
         ] {
             check_number(field, v.into())?;
         }
+        for &(_, bias) in &self.logit_bias {
+            check_number("logit_bias", bias.into())?;
+        }
         Ok(())
     }
 }
+
+/// The biases a `logit_bias` entry may add, as OpenAI's API documents them: -100 all but
+/// bans a token, 100 all but forces it.
+pub const LOGIT_BIAS_RANGE: std::ops::RangeInclusive<f64> = -100.0..=100.0;
 
 /// Checks one sampling number against its range, on the value as the client sent it: a
 /// JSON number is an `f64`, checked before it is narrowed to the `f32` the sampler keeps
@@ -100,6 +114,7 @@ pub fn check_number(field: &'static str, value: f64) -> Result<(), SamplingError
             "greater than 0, at most 3.4e38 (a 32-bit float)",
         ),
         "frequency_penalty" | "presence_penalty" => ((-2.0..=2.0).contains(&value), "in [-2, 2]"),
+        "logit_bias" => (LOGIT_BIAS_RANGE.contains(&value), "in [-100, 100]"),
         _ => (false, "a known sampling parameter"),
     };
     if ok {
@@ -160,7 +175,8 @@ pub struct Sampler {
     rng: ChaCha8Rng,
     /// (token, logit or probability) candidates, reused every step.
     cand: Vec<(u32, f32)>,
-    /// The logits after the penalties (empty when none applies), reused every step.
+    /// The logits after the bias and the penalties (empty when neither applies), reused
+    /// every step.
     penalized: Vec<f32>,
     /// The radix sort's keys and its second buffer, when top-k keeps every token.
     keys: Vec<u64>,
@@ -187,7 +203,7 @@ impl Sampler {
             keys: Vec::new(),
             keys_tmp: Vec::new(),
         };
-        if s.penalizes() {
+        if s.adjusts() {
             s.penalized.reserve(vocab);
         }
         if s.params.temperature != 0.0 && !narrows {
@@ -205,19 +221,23 @@ impl Sampler {
         &self.params
     }
 
-    /// Whether any penalty changes the logits.
-    fn penalizes(&self) -> bool {
+    /// Whether a bias or a penalty changes the logits.
+    fn adjusts(&self) -> bool {
         let p = &self.params;
-        p.repeat_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
+        !p.logit_bias.is_empty()
+            || p.repeat_penalty != 1.0
+            || p.frequency_penalty != 0.0
+            || p.presence_penalty != 0.0
     }
 
     /// Picks the next token. `history` is the sequence so far (prompt and output), used by
     /// the penalties.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let p = &self.params;
-        let logits = if self.penalizes() {
+        let logits = if self.adjusts() {
             self.penalized.clear();
             self.penalized.extend_from_slice(logits);
+            bias(&mut self.penalized, &p.logit_bias);
             penalize(&mut self.penalized, history, p);
             &self.penalized[..]
         } else {
@@ -272,6 +292,18 @@ fn draw(cand: &mut Vec<(u32, f32)>, p: &SamplingParams, rng: &mut ChaCha8Rng) ->
         }
     }
     cand.last().map(|c| c.0).unwrap_or(0)
+}
+
+/// Adds each (token, bias) of `logit_bias` to its token's logit; a token masked out (−∞)
+/// stays out. A checked bias (at most 100 either way) cannot take a finite logit past
+/// `f32`'s range: `f32::MAX + 100` rounds back to `f32::MAX`. Tokens beyond the row are
+/// passed over.
+fn bias(logits: &mut [f32], logit_bias: &[(u32, f32)]) {
+    for &(tok, b) in logit_bias {
+        if let Some(l) = logits.get_mut(tok as usize) {
+            *l += b;
+        }
+    }
 }
 
 /// Applies the repetition, frequency and presence penalties of `p` to `logits` (indexed by
@@ -478,6 +510,60 @@ mod tests {
     }
 
     #[test]
+    fn logit_bias_adds_to_a_token_before_the_penalties() {
+        let greedy_with = |logit_bias: Vec<(u32, f32)>, repeat_penalty| {
+            let params = SamplingParams {
+                logit_bias,
+                repeat_penalty,
+                ..SamplingParams::greedy()
+            };
+            Sampler::new(params, 6).unwrap().sample(&logits(), &[2])
+        };
+        assert_eq!(greedy_with(vec![], 1.0), 1);
+        // Token 2: 2.0 + 1.5 = 3.5 beats token 1's 3.0; a ban takes token 1 out.
+        assert_eq!(greedy_with(vec![(2, 1.5)], 1.0), 2);
+        assert_eq!(greedy_with(vec![(1, -100.0)], 1.0), 4);
+        // The bias first, then the penalty: (2.0 + 1.5) / 1.25 = 2.8 < 3.0; the other order
+        // would give 2.0 / 1.25 + 1.5 = 3.1 and pick token 2.
+        assert_eq!(greedy_with(vec![(2, 1.5)], 1.25), 1);
+        // A token the row does not have is passed over.
+        assert_eq!(greedy_with(vec![(6, 100.0), (99, 100.0)], 1.0), 1);
+        // Forced at any temperature; a masked token stays masked, whatever its bias.
+        let ninf = f32::NEG_INFINITY;
+        let masked = [ninf, 3.0, ninf, 0.5, 2.9, ninf];
+        for temperature in [0.0, 0.7, 2.0] {
+            let mut s = Sampler::new(
+                SamplingParams {
+                    temperature,
+                    top_k: 0,
+                    min_p: 0.0,
+                    logit_bias: vec![(3, 100.0), (0, 100.0)],
+                    seed: Some(3),
+                    ..SamplingParams::default()
+                },
+                6,
+            )
+            .unwrap();
+            for _ in 0..20 {
+                assert_eq!(s.sample(&masked, &[]), 3, "temperature {temperature}");
+            }
+        }
+        // At the ends of f32's range the sum stays finite.
+        let mut row = [f32::MAX, f32::MIN, ninf];
+        bias(&mut row, &[(0, 100.0), (1, -100.0), (2, 100.0)]);
+        assert_eq!(row, [f32::MAX, f32::MIN, ninf]);
+        for bad in [100.5, -101.0, f32::NAN, f32::INFINITY] {
+            let p = SamplingParams {
+                logit_bias: vec![(1, 0.0), (2, bad)],
+                ..SamplingParams::default()
+            };
+            let e = Sampler::new(p, 6).err().expect("refused").to_string();
+            assert!(e.starts_with("invalid logit_bias"), "{e}");
+            assert!(e.ends_with("must be in [-100, 100]"), "{e}");
+        }
+    }
+
+    #[test]
     fn top_k_one_is_greedy() {
         let params = SamplingParams {
             temperature: 5.0,
@@ -592,6 +678,7 @@ mod tests {
         history: &[u32],
     ) -> u32 {
         let mut row = logits.to_vec();
+        bias(&mut row, &p.logit_bias);
         penalize(&mut row, history, p);
         let mut cand: Vec<(u32, f32)> = row
             .iter()
@@ -629,6 +716,11 @@ mod tests {
                 repeat_penalty: [1.0, 1.3][(case / 2) % 2],
                 frequency_penalty: [0.0, 0.4][(case / 3) % 2],
                 presence_penalty: [0.0, -0.2][(case / 5) % 2],
+                logit_bias: match case % 5 {
+                    0 => vec![],
+                    1 => vec![(7, 100.0), (2999, -100.0)],
+                    _ => vec![(3, 2.5), (11, -1.25), (12, 0.0), (40, 6.0)],
+                },
                 seed: Some(case as u64),
                 ..SamplingParams::default()
             };

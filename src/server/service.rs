@@ -250,6 +250,12 @@ fn sampling_params(p: Option<&pb::SamplingParams>) -> SamplingParams {
         repeat_last_n: p.repeat_last_n.map_or(d.repeat_last_n, |n| n as usize),
         frequency_penalty: p.frequency_penalty.unwrap_or(d.frequency_penalty),
         presence_penalty: p.presence_penalty.unwrap_or(d.presence_penalty),
+        logit_bias: {
+            let mut bias: Vec<(u32, f32)> = p.logit_bias.iter().map(|(&t, &b)| (t, b)).collect();
+            // A map's order is arbitrary; the request's, as logged and compared, is not.
+            bias.sort_unstable_by_key(|&(t, _)| t);
+            bias
+        },
         seed: p.seed.or(d.seed),
     }
 }

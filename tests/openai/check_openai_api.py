@@ -4,7 +4,8 @@ a two-turn tool conversation (a required call, its result sent back), a json_sch
 validated by `jsonschema`, logprobs, n = 2, stop strings, reproducible seeds, completions
 from token ids, the models list, reasoning apart from the answer, and each error class as
 the client's own exception (400, 401, 404, 413, 429), after which the server's queue,
-running and KV-cache gauges return to 0.
+running and KV-cache gauges return to 0, and logit_bias forcing a token, banning one, and
+refused out of range.
 
 Run by tests/openai_client.rs, which starts the server:
 
@@ -290,14 +291,19 @@ def stop_strings(client, model):
     return stop
 
 
-def completions(client, model, base_url, api_key):
-    text = "The quick brown fox"
+def post(base_url, api_key, path, body):
+    """POSTs JSON to one of the server's own endpoints (/tokenize, /detokenize)."""
     req = urllib.request.Request(
-        base_url.removesuffix("/v1") + "/tokenize",
-        data=json.dumps({"content": text}).encode(),
+        base_url.removesuffix("/v1") + path,
+        data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"},
     )
-    ids = json.load(urllib.request.urlopen(req))["tokens"]
+    return json.load(urllib.request.urlopen(req))
+
+
+def completions(client, model, base_url, api_key):
+    text = "The quick brown fox"
+    ids = post(base_url, api_key, "/tokenize", {"content": text})["tokens"]
     by_text = client.completions.create(model=model, prompt=text, max_tokens=8, temperature=0)
     by_ids = client.completions.create(model=model, prompt=ids, max_tokens=8, temperature=0)
     check(isinstance(by_ids, Completion) and by_ids.object == "text_completion", "Completion")
@@ -322,6 +328,58 @@ def completions(client, model, base_url, api_key):
     )
     check(streamed == by_text.choices[0].text, f"streamed {streamed!r}")
     return by_ids.choices[0].text
+
+
+def logit_bias(client, model, base_url, api_key, real):
+    """A bias of 100 forces a token (greedy and sampled); with a real model, -100 on the
+    greedy reply's first token makes the runner-up first while the logprobs, the model's
+    own, stay as they were; a bias past 100, a key that is no token id and an id past the
+    vocabulary are each a 400 naming logit_bias."""
+    x = post(base_url, api_key, "/tokenize", {"content": " banana"})["tokens"][-1]
+    want = post(base_url, api_key, "/detokenize", {"tokens": [x] * 4})["content"]
+    for temperature, seed in ((0, None), (1.5, 3)):
+        r = client.chat.completions.create(
+            model=model,
+            messages=user("Say something."),
+            max_tokens=4,
+            temperature=temperature,
+            seed=seed,
+            logit_bias={str(x): 100},
+            extra_body={"ignore_eos": True},
+        )
+        got = r.choices[0].message.content
+        check(got == want, f"forced {x} at temperature {temperature}: {got!r} vs {want!r}")
+    banned = None
+    if real:
+        ask = dict(
+            model=model,
+            messages=user("Count: one, two,"),
+            max_tokens=1,
+            temperature=0,
+            logprobs=True,
+            top_logprobs=2,
+        )
+        first = client.chat.completions.create(**ask).choices[0].logprobs.content[0]
+        ids = post(base_url, api_key, "/tokenize", {"content": first.token})["tokens"]
+        check(len(ids) == 1, f"{first.token!r} is one token: {ids}")
+        banned = ids[0]
+        r = client.chat.completions.create(**ask, logit_bias={str(banned): -100})
+        after = r.choices[0].logprobs.content[0]
+        runner_up = first.top_logprobs[1]
+        check(after.token == runner_up.token, f"banned {first.token!r}: got {after.token!r}")
+        # The same distribution (a bias in it would move these by about 100).
+        check(abs(after.logprob - runner_up.logprob) < 1e-3, f"{after} vs {runner_up}")
+        check(after.top_logprobs[0].token == first.token, f"raw logprobs: {after}")
+        check(abs(after.top_logprobs[0].logprob - first.logprob) < 1e-3, f"raw: {after}")
+    for bias in ({str(x): 101}, {"abc": 1}, {"999999999": 1}):
+        try:
+            client.chat.completions.create(
+                model=model, messages=user("x"), max_tokens=2, logit_bias=bias
+            )
+            raise AssertionError(f"logit_bias {bias} was accepted")
+        except openai.BadRequestError as e:
+            check(e.body["param"] == "logit_bias", f"{bias}: {e.body}")
+    return {"forced": want, "banned": banned}
 
 
 def reasoning(client, model):
@@ -446,6 +504,7 @@ def main():
     out["choices"] = choices_and_seeds(client, model)
     out["stop"] = stop_strings(client, model)
     out["completions"] = completions(client, model, a.base_url, a.api_key)
+    out["logit_bias"] = logit_bias(client, model, a.base_url, a.api_key, a.real)
     out["reasoning"] = reasoning(client, model)
     if a.limits:
         out["errors"] = errors(client, model, a.base_url, a.api_key)

@@ -225,6 +225,7 @@ pub(super) fn common_spec(
             d.frequency_penalty,
         )?,
         presence_penalty: number("presence_penalty", s.presence_penalty, d.presence_penalty)?,
+        logit_bias: logit_bias(s.logit_bias.unwrap_or_default())?,
         seed: s.seed,
     };
     spec.max_tokens = s.max_tokens.map(|n| n as usize);
@@ -233,6 +234,36 @@ pub(super) fn common_spec(
     spec.speculate = !s.disable_speculation.unwrap_or(false);
     spec.request_id = request_id;
     Ok(spec)
+}
+
+/// `logit_bias` as the sampler takes it: each key a token id in decimal (its range against
+/// the vocabulary is the engine's check), each bias checked as sent, then narrowed.
+fn logit_bias(map: std::collections::BTreeMap<String, f64>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let mut out = Vec::with_capacity(map.len());
+    for (key, bias) in map {
+        let id = key
+            .parse::<u32>()
+            .ok()
+            .filter(|_| key.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "logit_bias",
+                    format!("logit_bias key {key:?} is not a token id (a decimal number)"),
+                )
+            })?;
+        check_number("logit_bias", bias)
+            .map_err(|e| ApiError::invalid("logit_bias", format!("{e} (token {id})")))?;
+        out.push((id, narrow(bias)));
+    }
+    // Keys that spell one id two ways ("7", "07") are one token: refused, not summed.
+    out.sort_unstable_by_key(|&(id, _)| id);
+    if let Some(w) = out.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!("logit_bias names token {} twice", w[0].0),
+        ));
+    }
+    Ok(out)
 }
 
 fn message(i: usize, m: wire::MessageIn) -> Result<Message, ApiError> {
@@ -559,4 +590,32 @@ fn stream_reply(merged: Merged, shape: Shape) -> Response {
         endings: (0..n).map(|_| None).collect(),
     };
     generate::stream(merged, opening, format)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::logit_bias;
+
+    #[test]
+    fn logit_bias_keys_are_decimal_token_ids_each_named_once() {
+        let map = |pairs: &[(&str, f64)]| pairs.iter().map(|&(k, v)| (k.to_string(), v)).collect();
+        assert_eq!(
+            logit_bias(map(&[("10", 1.5), ("2", -100.0), ("7", 100.0)])).unwrap(),
+            vec![(2, -100.0), (7, 100.0), (10, 1.5)]
+        );
+        assert_eq!(logit_bias(map(&[])).unwrap(), vec![]);
+        let refused = |pairs: &[(&str, f64)]| logit_bias(map(pairs)).unwrap_err().message;
+        for key in ["", "abc", "+7", "-7", " 7", "7.0", "4294967296"] {
+            let m = refused(&[(key, 1.0)]);
+            assert!(m.contains("is not a token id"), "{key:?}: {m}");
+        }
+        assert_eq!(
+            refused(&[("7", 1.0), ("007", 2.0)]),
+            "logit_bias names token 7 twice"
+        );
+        assert_eq!(
+            refused(&[("7", 100.5)]),
+            "invalid logit_bias 100.5: must be in [-100, 100] (token 7)"
+        );
+    }
 }

@@ -59,6 +59,10 @@ pub struct Sampling {
     pub stream: Option<bool>,
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
+    /// Token id (a decimal string, as JSON keys are) to a bias in [-100, 100] added to its
+    /// logit before sampling.
+    #[serde(default)]
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
     // Extensions (vLLM, llama-server).
     /// Keep the k most likely tokens; 0 or negative: off.
     #[serde(default)]
