@@ -1,4 +1,5 @@
-//! Inferno: an LLM inference engine for GGUF models, served over gRPC.
+//! Inferno: an LLM inference engine for GGUF models, served over gRPC and an
+//! OpenAI-compatible HTTP API.
 
 pub mod backend;
 pub mod cli;

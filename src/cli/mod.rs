@@ -25,7 +25,7 @@ use std::io::IsTerminal;
 #[command(
     name = "inferno",
     version,
-    about = "LLM inference for GGUF models, served over gRPC"
+    about = "LLM inference for GGUF models, served over gRPC and an OpenAI-compatible HTTP API"
 )]
 pub struct Cli {
     /// Log output format (filter with RUST_LOG, e.g. RUST_LOG=inferno=debug).
@@ -51,7 +51,8 @@ pub enum Command {
     Logits(logits::LogitsArgs),
     /// Describe a GGUF model: architecture, hyper-parameters, tensors, tokenizer.
     Info(info::InfoArgs),
-    /// Serve a model over gRPC (the built-in demo model when no --model is given).
+    /// Serve a model over gRPC and the OpenAI-compatible HTTP API (the built-in demo model
+    /// when no --model is given).
     Serve(serve::ServeArgs),
     /// Ask a running service's gRPC health whether it is serving (exit 0 only if it is).
     Health(health::HealthArgs),
