@@ -292,6 +292,44 @@ async fn logit_bias_bans_and_forces_tokens_as_the_engine_does() {
     server.shutdown().await.unwrap();
 }
 
+/// A reply of two tool calls (a regex writes it): both reported by default, the first
+/// alone with `parallel_tool_calls` false.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_tool_calls_false_reports_the_first_call_alone() {
+    let server = start_demo(test_config()).await;
+    let mut c = client(server.addr()).await;
+    let two = regex::escape(
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n\
+         <tool_call>\n{\"name\": \"g\", \"arguments\": {\"x\": 1}}\n</tool_call>",
+    );
+    for (parallel, want) in [(None, vec!["f", "g"]), (Some(false), vec!["f"])] {
+        let mut req = greedy("", 300);
+        req.ignore_eos = false;
+        req.messages = vec![pb::ChatMessage {
+            role: "user".into(),
+            content: "Call f and g.".into(),
+            ..Default::default()
+        }];
+        req.tools = ["f", "g"]
+            .map(|name| pb::Tool {
+                name: name.into(),
+                ..Default::default()
+            })
+            .into();
+        req.response_format = Some(pb::ResponseFormat {
+            format: Some(pb::response_format::Format::Regex(two.clone())),
+        });
+        req.parallel_tool_calls = parallel;
+        let r = run(&mut c, req).await;
+        assert_eq!(r.code(), Code::Ok, "{:?}", r.status);
+        let names: Vec<&str> = r.tool_calls.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, want, "parallel_tool_calls {parallel:?}");
+        assert_eq!(r.done.as_ref().unwrap().tool_calls, r.tool_calls);
+        assert_eq!(r.finish_reason(), Some(FinishReason::ToolCalls));
+    }
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_arguments_are_rejected_with_clear_messages() {
     let server = start_demo(test_config()).await;

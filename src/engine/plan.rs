@@ -100,6 +100,9 @@ pub struct PromptSpec {
     /// With messages: ask a thinking model to think (`true`) or not; `None`: the template's
     /// default.
     pub enable_thinking: Option<bool>,
+    /// With tools: whether the reply may hold more than one call (OpenAI's
+    /// `parallel_tool_calls`); when not, the first call alone is reported.
+    pub parallel_tool_calls: bool,
 }
 
 impl PromptSpec {
@@ -110,6 +113,7 @@ impl PromptSpec {
             tool_choice: ToolChoice::Auto,
             response_format: None,
             enable_thinking: None,
+            parallel_tool_calls: true,
         }
     }
 
@@ -594,6 +598,8 @@ pub struct Prepared {
     /// Splits the output into reasoning, text and tool calls as the request asks (a fresh
     /// parser: clone it for each sequence generated for the request).
     pub reply: ReplyParser,
+    /// Whether the reply may hold more than one tool call ([`PromptSpec`]'s).
+    pub parallel_tool_calls: bool,
 }
 
 /// Checks a request, renders and tokenizes its prompt and resolves its limits against
@@ -604,6 +610,7 @@ pub fn prepare(
     default_max_tokens: usize,
 ) -> Result<Prepared, PlanError> {
     check_request_id(&spec.request_id)?;
+    let parallel_tool_calls = spec.prompt.parallel_tool_calls;
     let plan = plan_prompt(&spec.prompt)?;
     let built = served.build(
         request::Request {
@@ -636,6 +643,7 @@ pub fn prepare(
         options: built.options,
         logprobs: built.logprobs,
         reply: ReplyParser::new(reasoning, plan.tools),
+        parallel_tool_calls,
     })
 }
 

@@ -44,14 +44,18 @@ pub struct Ending {
 /// Splits one sequence's output as it streams.
 pub struct Reply {
     parser: ReplyParser,
+    /// Whether the reply may hold more than one tool call (OpenAI's `parallel_tool_calls`):
+    /// when not, calls after the first are dropped, as vLLM drops them.
+    parallel_calls: bool,
     calls: Vec<ToolCall>,
     reasoning: String,
 }
 
 impl Reply {
-    pub fn new(parser: ReplyParser) -> Self {
+    pub fn new(parser: ReplyParser, parallel_calls: bool) -> Self {
         Self {
             parser,
+            parallel_calls,
             calls: Vec::new(),
             reasoning: String::new(),
         }
@@ -65,6 +69,7 @@ impl Reply {
         for p in piece.answer.drain(..) {
             match p {
                 Parsed::Text(t) => text.push_str(&t),
+                Parsed::Call(_) if !self.parallel_calls && !self.calls.is_empty() => {}
                 Parsed::Call(c) => {
                     let call = ToolCall {
                         id: format!("call_{:016x}", rand::random::<u64>()),
@@ -147,7 +152,7 @@ mod tests {
 
     #[test]
     fn reasoning_text_and_calls_come_apart_and_calls_end_the_turn_as_such() {
-        let mut r = Reply::new(ReplyParser::new(Some(ReasoningParser::new()), true));
+        let mut r = Reply::new(ReplyParser::new(Some(ReasoningParser::new()), true), true);
         let a = r.token(token(0, "<think>\nhm"));
         assert_eq!(a.text, "");
         let b = r.token(token(
@@ -170,11 +175,26 @@ mod tests {
 
     #[test]
     fn without_parsing_the_text_passes_through_and_the_tail_is_released() {
-        let mut r = Reply::new(ReplyParser::new(None, false));
+        let mut r = Reply::new(ReplyParser::new(None, false), true);
         assert_eq!(r.token(token(0, "<think>a")).text, "<think>a");
         let end = r.done(done("b"));
         assert_eq!(end.text, "b");
         assert_eq!(end.finish_reason, Some(FinishReason::Eos));
         assert!(end.reasoning_content.is_empty());
+    }
+
+    #[test]
+    fn without_parallel_calls_the_first_call_alone_is_kept() {
+        let two = "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n\
+                   <tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>";
+        for (parallel, names) in [(true, vec!["f", "g"]), (false, vec!["f"])] {
+            let mut r = Reply::new(ReplyParser::new(None, true), parallel);
+            let streamed = r.token(token(0, two)).calls;
+            let end = r.done(done(""));
+            let got: Vec<&str> = end.all_calls.iter().map(|c| c.name.as_str()).collect();
+            assert_eq!(got, names, "parallel {parallel}");
+            assert_eq!(streamed, end.all_calls);
+            assert_eq!(end.finish_reason, Some(FinishReason::ToolCalls));
+        }
     }
 }

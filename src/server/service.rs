@@ -190,6 +190,7 @@ pub(crate) fn generate_spec(req: pb::GenerateRequest) -> Result<GenerateSpec, St
         tool_choice,
         response_format: req.response_format.map(response_format).transpose()?,
         enable_thinking: req.enable_thinking,
+        parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
     };
     Ok(GenerateSpec {
         prompt,
@@ -473,7 +474,7 @@ impl pb::inference_server::Inference for InferenceService {
             served,
             request_id,
             ended: false,
-            reply: Reply::new(p.reply),
+            reply: Reply::new(p.reply, p.parallel_tool_calls),
             queued: VecDeque::new(),
         }))
     }

@@ -4,8 +4,8 @@ a two-turn tool conversation (a required call, its result sent back), a json_sch
 validated by `jsonschema`, logprobs, n = 2, stop strings, reproducible seeds, completions
 from token ids, the models list, reasoning apart from the answer, and each error class as
 the client's own exception (400, 401, 404, 413, 429), after which the server's queue,
-running and KV-cache gauges return to 0, and logit_bias forcing a token, banning one, and
-refused out of range.
+running and KV-cache gauges return to 0, logit_bias forcing a token, banning one, and
+refused out of range, and parallel_tool_calls false keeping the first of two calls.
 
 Run by tests/openai_client.rs, which starts the server:
 
@@ -382,6 +382,38 @@ def logit_bias(client, model, base_url, api_key, real):
     return {"forced": want, "banned": banned}
 
 
+def parallel_tool_calls(client, model):
+    """A reply of two calls (written by a regex, so any model makes it): both reported by
+    default, the first alone with parallel_tool_calls false, whole and streamed."""
+    two = re.escape(
+        '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    )
+    seen = {}
+    for parallel, want in ((None, ["get_time", "get_weather"]), (False, ["get_time"])):
+        ask = dict(
+            model=model,
+            messages=user("What time is it, and the weather in Oslo?"),
+            tools=TOOLS,
+            max_tokens=300,
+            temperature=0,
+            extra_body={"regex": two},
+        )
+        if parallel is not None:
+            ask["parallel_tool_calls"] = parallel
+        c = client.chat.completions.create(**ask).choices[0]
+        names = [t.function.name for t in c.message.tool_calls or []]
+        check(names == want, f"parallel_tool_calls {parallel}: {names}")
+        check(c.finish_reason == "tool_calls", c.finish_reason)
+        streamed = []
+        for chunk in client.chat.completions.create(**ask, stream=True):
+            for ch in chunk.choices:
+                streamed += [(t.index, t.function.name) for t in ch.delta.tool_calls or []]
+        check(streamed == list(enumerate(want)), f"streamed {streamed}")
+        seen[str(parallel)] = names
+    return seen
+
+
 def reasoning(client, model):
     """A `<think>` section comes apart as reasoning_content when asked for (the regex makes
     even a random-weight model write one)."""
@@ -505,6 +537,7 @@ def main():
     out["stop"] = stop_strings(client, model)
     out["completions"] = completions(client, model, a.base_url, a.api_key)
     out["logit_bias"] = logit_bias(client, model, a.base_url, a.api_key, a.real)
+    out["parallel_tool_calls"] = parallel_tool_calls(client, model)
     out["reasoning"] = reasoning(client, model)
     if a.limits:
         out["errors"] = errors(client, model, a.base_url, a.api_key)

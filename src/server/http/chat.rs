@@ -156,6 +156,7 @@ fn chat_spec(
     };
     prompt.response_format = one_format(format, &req.sampling)?;
     prompt.enable_thinking = req.chat_template_kwargs.and_then(|k| k.enable_thinking);
+    prompt.parallel_tool_calls = req.parallel_tool_calls.unwrap_or(true);
     let top = match (req.logprobs, req.top_logprobs) {
         (Some(true), t) => Some(t.unwrap_or(0) as usize),
         (_, Some(t)) if t > 0 => {

@@ -127,7 +127,7 @@ pub fn enqueue(
                 index: index as u32,
                 prompt: p,
                 prompt_tokens: prep.prompt.len(),
-                reply: Reply::new(prep.reply.clone()),
+                reply: Reply::new(prep.reply.clone(), prep.parallel_tool_calls),
             });
             receivers.push(rx);
         }

@@ -204,6 +204,9 @@ pub struct ChatRequest {
     pub tools: Option<Vec<ToolIn>>,
     #[serde(default)]
     pub tool_choice: Option<ToolChoiceIn>,
+    /// Whether the reply may hold more than one tool call; unset: it may.
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
     #[serde(default)]
     pub response_format: Option<ResponseFormatIn>,
     #[serde(default)]
