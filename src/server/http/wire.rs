@@ -4,7 +4,7 @@
 //! the extensions vLLM and llama-server accept (`top_k`, `min_p`, `repetition_penalty`,
 //! `ignore_eos`, `regex`, `grammar`, `chat_template_kwargs`, `separate_reasoning`) and
 //! llama-server's `/tokenize` and `/detokenize`. Fields a request may carry that are not
-//! listed here are ignored, as OpenAI's servers ignore them.
+//! listed here are ignored, as vLLM and llama-server ignore them.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
