@@ -104,6 +104,7 @@ fn a_decoding_step_allocates_only_what_it_streams() {
             // the machine's timing which steps decode one row a sequence (those counted
             // here); speculating steps are the next test's, at fixed costs.
             speculate: false,
+            ..GenerateOptions::default()
         };
         let prompt = vec![72 + s, 101, 108, 108, 111];
         engine

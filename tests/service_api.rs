@@ -36,6 +36,7 @@ fn reference_with(prompt: &str, max_tokens: usize, sampling: SamplingParams) -> 
         time_limit: None,
         grammar: None,
         speculate: true,
+        ..GenerateOptions::default()
     };
     let g = generate(&a.model, &a.tokenizer, &mut state, &ids, &opts, |_| {
         Flow::Continue
@@ -288,6 +289,85 @@ async fn logit_bias_bans_and_forces_tokens_as_the_engine_does() {
             assert!(!r.ids().contains(&banned), "{bias:?}: {:?}", r.ids());
             assert_ne!(r.ids(), plain);
         }
+    }
+    server.shutdown().await.unwrap();
+}
+
+/// `min_tokens` holds end-of-generation (forced by a bias) back for that many tokens, and
+/// `stop_token_ids` end the output like it, with their own finish reason; both checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_tokens_and_stop_token_ids_end_the_output_when_asked() {
+    let server = start_demo(test_config()).await;
+    let mut c = client(server.addr()).await;
+    let im_end = c
+        .tokenize(pb::TokenizeRequest {
+            text: "<|im_end|>".into(),
+            parse_special: Some(true),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .ids;
+    assert_eq!(im_end.len(), 1);
+    let (eos, x) = (im_end[0], u32::from(b'x'));
+    let ask = |bias: &[(u32, f32)], min_tokens: u32, stop_token_ids: Vec<u32>| {
+        let mut req = greedy("Once upon a time", 20);
+        req.ignore_eos = false;
+        req.sampling = Some(pb::SamplingParams {
+            temperature: Some(0.0),
+            logit_bias: bias.iter().copied().collect(),
+            ..Default::default()
+        });
+        req.min_tokens = min_tokens;
+        req.stop_token_ids = stop_token_ids;
+        req
+    };
+    let cases = [
+        (ask(&[(eos, 100.0)], 0, vec![]), 0, FinishReason::Eos),
+        (ask(&[(eos, 100.0)], 5, vec![]), 5, FinishReason::Eos),
+        (
+            ask(&[(x, 100.0)], 0, vec![x]),
+            0,
+            FinishReason::StopSequence,
+        ),
+        (
+            ask(&[(x, 100.0)], 3, vec![x]),
+            3,
+            FinishReason::StopSequence,
+        ),
+        // Held back too: end-of-generation next best after the stop token.
+        (
+            ask(&[(x, 100.0), (eos, 99.0)], 4, vec![x]),
+            4,
+            FinishReason::StopSequence,
+        ),
+    ];
+    for (i, (req, n, finish)) in cases.into_iter().enumerate() {
+        let r = run(&mut c, req).await;
+        assert_eq!(r.code(), Code::Ok, "case {i}: {:?}", r.status);
+        assert_eq!(r.finish_reason(), Some(finish), "case {i}: {:?}", r.ids());
+        assert_eq!(r.tokens.len(), n, "case {i}: {:?}", r.ids());
+        assert!(!r.ids().contains(&eos) && !r.ids().contains(&x), "case {i}");
+        assert_eq!(r.done.unwrap().usage.unwrap().completion_tokens, n as u32);
+    }
+    for (req, want) in [
+        (
+            ask(&[], 21, vec![]),
+            "min_tokens (21) exceeds max_tokens (20)",
+        ),
+        (
+            ask(&[], 0, vec![1_000_000]),
+            "stop_token_ids has token 1000000, outside the model's vocabulary",
+        ),
+        (
+            ask(&[], 0, vec![x; 65]),
+            "65 stop_token_ids given; at most 64",
+        ),
+    ] {
+        let r = run(&mut c, req).await;
+        let s = r.status.expect("refused");
+        assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+        assert!(s.message().contains(want), "{s:?}");
     }
     server.shutdown().await.unwrap();
 }

@@ -76,6 +76,7 @@ fn request_span_holds_prefill_and_decode_steps_and_engine_steps_hold_kernels() {
         time_limit: None,
         grammar: None,
         speculate: true,
+        ..GenerateOptions::default()
     };
     engine
         .submit(Job::new(

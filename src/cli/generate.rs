@@ -212,6 +212,7 @@ pub fn cmd_generate(a: GenerateArgs) -> Result<()> {
         time_limit: None,
         grammar,
         speculate: true,
+        ..GenerateOptions::default()
     };
     // Only the positions this run can fill: a whole long context of cache is gigabytes.
     let positions = (prompt.len() + a.max_tokens).min(l.ctx_size);

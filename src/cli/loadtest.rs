@@ -600,6 +600,7 @@ impl Baseline {
             time_limit: None,
             grammar: None,
             speculate: true,
+            ..GenerateOptions::default()
         };
         Ok(Self {
             assets,

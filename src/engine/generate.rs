@@ -47,6 +47,13 @@ pub struct GenerateOptions {
     /// Whether this generation may speculate when its engine does (it never changes the
     /// output, only the speed; off, each step runs one token).
     pub speculate: bool,
+    /// Tokens generated before the tokens that end a generation (end-of-generation, and
+    /// `stop_token_ids`) may be sampled (vLLM's `min_tokens`); stop strings still end it,
+    /// and so does a grammar that allows nothing else. 0: off.
+    pub min_tokens: usize,
+    /// Tokens that end the generation when sampled, as end-of-generation does (not part of
+    /// the output), with [`FinishReason::StopSequence`] (vLLM's `stop_token_ids`).
+    pub stop_token_ids: Vec<u32>,
 }
 
 impl Default for GenerateOptions {
@@ -59,6 +66,8 @@ impl Default for GenerateOptions {
             time_limit: None,
             grammar: None,
             speculate: true,
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
         }
     }
 }
@@ -223,6 +232,9 @@ pub struct Sequence<'t> {
     constraint: Option<Constraint>,
     /// The logits with the grammar's mask applied (sized once; empty when unconstrained).
     masked: Vec<f32>,
+    /// The tokens that would end the generation (end-of-generation where it ends it, and
+    /// `stop_token_ids`): held back until `min_tokens` are generated.
+    enders: Vec<u32>,
     /// Each mask's computation time, in ms.
     mask_ms: Vec<f64>,
     last_mask: Option<(Duration, Duration)>,
@@ -255,7 +267,14 @@ impl<'t> Sequence<'t> {
         context: usize,
     ) -> Result<Self, GenerateError> {
         let start = Instant::now();
-        let sampler = Sampler::new(opts.sampling.clone(), vocab)?;
+        let mut sampler = Sampler::new(opts.sampling.clone(), vocab)?;
+        let mut enders = opts.stop_token_ids.clone();
+        if opts.grammar.is_some() || !opts.ignore_eos {
+            enders.extend_from_slice(tokenizer.eog_ids());
+        }
+        if opts.min_tokens > 0 {
+            sampler.reserve_row(vocab);
+        }
         if prompt.is_empty() {
             return Err(GenerateError::EmptyPrompt);
         }
@@ -279,6 +298,7 @@ impl<'t> Sequence<'t> {
         Ok(Self {
             constraint,
             masked,
+            enders,
             mask_ms,
             last_mask: None,
             vocab,
@@ -474,7 +494,12 @@ impl<'t> Sequence<'t> {
                 &self.masked[..]
             }
         };
-        let id = self.sampler.sample(logits, &self.history);
+        let hold: &[u32] = if self.out_tokens.len() < self.opts.min_tokens {
+            &self.enders
+        } else {
+            &[]
+        };
+        let id = self.sampler.sample_holding(logits, &self.history, hold);
         if self.first_token_at.is_none() {
             self.first_token_at = Some(self.start.elapsed());
             self.decode_start = Instant::now();
@@ -484,6 +509,9 @@ impl<'t> Sequence<'t> {
         let constrained = self.constraint.is_some();
         if (constrained || !self.opts.ignore_eos) && self.tokenizer.is_eog(id) {
             return Ok(Step::Finished(FinishReason::Eos));
+        }
+        if self.opts.stop_token_ids.contains(&id) {
+            return Ok(Step::Finished(FinishReason::StopSequence));
         }
         // Whether the grammar is now complete and takes nothing more.
         let mut grammar_done = false;

@@ -173,6 +173,10 @@ pub struct GenerateSpec {
     pub request_id: String,
     /// Whether the request may speculate when the server does (never changes the tokens).
     pub speculate: bool,
+    /// Tokens generated before end-of-generation or a stop token may end the output.
+    pub min_tokens: usize,
+    /// Tokens that end the output when generated.
+    pub stop_token_ids: Vec<u32>,
 }
 
 impl GenerateSpec {
@@ -188,6 +192,8 @@ impl GenerateSpec {
             separate_reasoning: false,
             request_id: String::new(),
             speculate: true,
+            min_tokens: 0,
+            stop_token_ids: Vec::new(),
         }
     }
 }
@@ -219,6 +225,8 @@ pub enum Field {
     /// The alternatives asked for per token.
     Logprobs,
     Stop,
+    StopTokenIds,
+    MinTokens,
     /// A sampling parameter, by its engine name (`temperature`, `top_p`, `repeat_penalty`...).
     Sampling(&'static str),
     RequestId,
@@ -241,6 +249,8 @@ impl fmt::Display for Field {
             Field::MaxTokens => f.write_str("max_tokens"),
             Field::Logprobs => f.write_str("logprobs"),
             Field::Stop => f.write_str("stop"),
+            Field::StopTokenIds => f.write_str("stop_token_ids"),
+            Field::MinTokens => f.write_str("min_tokens"),
             Field::Sampling(name) => f.write_str(name),
             Field::RequestId => f.write_str("request_id"),
         }
@@ -327,6 +337,8 @@ fn request_field(e: &RequestError) -> Option<Field> {
         E::TooManyStops(_) | E::StopLength(_) => Field::Stop,
         E::Sampling(SamplingError::Invalid { field, .. }) => Field::Sampling(field),
         E::LogitBiasToken { .. } => Field::Sampling("logit_bias"),
+        E::StopTokenOutOfRange { .. } | E::TooManyStopTokens(_) => Field::StopTokenIds,
+        E::MinTokensAboveMax { .. } => Field::MinTokens,
         E::Sampling(
             SamplingError::NonFiniteLogits { .. }
             | SamplingError::MissingRows { .. }
@@ -623,6 +635,8 @@ pub fn prepare(
             logprobs: spec.logprobs,
             response_format: plan.response_format,
             speculate: spec.speculate,
+            min_tokens: spec.min_tokens,
+            stop_token_ids: spec.stop_token_ids,
         },
         default_max_tokens,
     )?;

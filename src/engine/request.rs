@@ -24,6 +24,8 @@ use std::time::Duration;
 pub const ROLES: &[&str] = &["system", "user", "assistant", "tool"];
 /// Limits on the parts of a request that are not bounded by the context window.
 pub const MAX_STOP_STRINGS: usize = 16;
+/// Most stop token ids one request may give.
+pub const MAX_STOP_TOKEN_IDS: usize = 64;
 pub const MAX_STOP_BYTES: usize = 256;
 
 /// A generation request as a client states it, before it is built.
@@ -43,6 +45,11 @@ pub struct Request {
     /// Whether the request may speculate when the server does (see
     /// [`GenerateOptions::speculate`]).
     pub speculate: bool,
+    /// See [`GenerateOptions::min_tokens`]; at most the resolved `max_tokens`.
+    pub min_tokens: usize,
+    /// See [`GenerateOptions::stop_token_ids`]; each in the vocabulary, at most
+    /// [`MAX_STOP_TOKEN_IDS`].
+    pub stop_token_ids: Vec<u32>,
 }
 
 /// A request's prompt before tokenization.
@@ -96,6 +103,15 @@ pub enum RequestError {
     TokenOutOfRange { index: usize, id: u32, vocab: usize },
     #[error("logit_bias names token {id}, outside the model's vocabulary of {vocab} tokens")]
     LogitBiasToken { id: u32, vocab: usize },
+    #[error("stop_token_ids has token {id}, outside the model's vocabulary of {vocab} tokens")]
+    StopTokenOutOfRange { id: u32, vocab: usize },
+    #[error("{0} stop_token_ids given; at most {MAX_STOP_TOKEN_IDS} are allowed")]
+    TooManyStopTokens(usize),
+    #[error("min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})")]
+    MinTokensAboveMax {
+        min_tokens: usize,
+        max_tokens: usize,
+    },
     #[error(
         "the prompt has {prompt} tokens but the context window holds {ctx}, leaving no room \
          for {}", room_wanted(*.max_tokens)
@@ -287,6 +303,9 @@ impl Served {
         {
             return Err(RequestError::LogitBiasToken { id, vocab });
         }
+        if let Some(&id) = req.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(RequestError::StopTokenOutOfRange { id, vocab });
+        }
         let grammar = match &req.response_format {
             None => None,
             Some(f) => Some(
@@ -309,6 +328,12 @@ impl Served {
             req.max_tokens,
             default_max_tokens,
         )?;
+        if req.min_tokens > max_tokens {
+            return Err(RequestError::MinTokensAboveMax {
+                min_tokens: req.min_tokens,
+                max_tokens,
+            });
+        }
         Ok(Built {
             prompt: tokens,
             options: GenerateOptions {
@@ -319,6 +344,8 @@ impl Served {
                 time_limit: req.time_limit,
                 grammar,
                 speculate: req.speculate,
+                min_tokens: req.min_tokens,
+                stop_token_ids: req.stop_token_ids,
             },
             logprobs: req.logprobs,
         })
@@ -342,6 +369,9 @@ fn check_parameters(req: &Request) -> Result<(), RequestError> {
         .find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
     {
         return Err(RequestError::StopLength(s.len()));
+    }
+    if req.stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(RequestError::TooManyStopTokens(req.stop_token_ids.len()));
     }
     req.sampling.validate()?;
     Ok(())
@@ -414,6 +444,8 @@ mod tests {
             logprobs: MAX_LOGPROBS,
             response_format: None,
             speculate: true,
+            min_tokens: 0,
+            stop_token_ids: vec![],
         }
     }
 

@@ -230,15 +230,29 @@ impl Sampler {
             || p.presence_penalty != 0.0
     }
 
+    /// Sizes the adjusted row for a sampler whose [`Sampler::sample_holding`] will hold
+    /// tokens back, so that no step allocates it.
+    pub fn reserve_row(&mut self, vocab: usize) {
+        self.penalized.reserve(vocab);
+    }
+
     /// Picks the next token. `history` is the sequence so far (prompt and output), used by
     /// the penalties.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        self.sample_holding(logits, history, &[])
+    }
+
+    /// [`Sampler::sample`] with the tokens of `hold` taken out after the bias and the
+    /// penalties, unless nothing else could be picked (a grammar that allows only them):
+    /// a generation's enders before its `min_tokens`.
+    pub fn sample_holding(&mut self, logits: &[f32], history: &[u32], hold: &[u32]) -> u32 {
         let p = &self.params;
-        let logits = if self.adjusts() {
+        let logits = if self.adjusts() || !hold.is_empty() {
             self.penalized.clear();
             self.penalized.extend_from_slice(logits);
             bias(&mut self.penalized, &p.logit_bias);
             penalize(&mut self.penalized, history, p);
+            hold_back(&mut self.penalized, hold);
             &self.penalized[..]
         } else {
             // Read in place: no copy of the row.
@@ -292,6 +306,26 @@ fn draw(cand: &mut Vec<(u32, f32)>, p: &SamplingParams, rng: &mut ChaCha8Rng) ->
         }
     }
     cand.last().map(|c| c.0).unwrap_or(0)
+}
+
+/// Sets the logits of the tokens of `hold` to −∞ when some other token keeps a finite
+/// logit; otherwise leaves the row as it is.
+fn hold_back(logits: &mut [f32], hold: &[u32]) {
+    if hold.is_empty() {
+        return;
+    }
+    let held_finite = hold
+        .iter()
+        .filter(|&&t| logits.get(t as usize).is_some_and(|l| l.is_finite()))
+        .count();
+    let finite = logits.iter().filter(|l| l.is_finite()).count();
+    if finite > held_finite {
+        for &t in hold {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
 }
 
 /// Adds each (token, bias) of `logit_bias` to its token's logit; a token masked out (−∞)
@@ -560,6 +594,35 @@ mod tests {
             let e = Sampler::new(p, 6).err().expect("refused").to_string();
             assert!(e.starts_with("invalid logit_bias"), "{e}");
             assert!(e.ends_with("must be in [-100, 100]"), "{e}");
+        }
+    }
+
+    #[test]
+    fn held_tokens_are_not_picked_unless_nothing_else_is_left() {
+        let mut s = Sampler::new(SamplingParams::greedy(), 6).unwrap();
+        s.reserve_row(6);
+        assert_eq!(s.sample_holding(&logits(), &[], &[1]), 4);
+        assert_eq!(s.sample_holding(&logits(), &[], &[1, 4, 99]), 2);
+        assert_eq!(s.sample_holding(&logits(), &[], &[]), 1);
+        // A row (a grammar's) that allows only held tokens keeps them.
+        let ninf = f32::NEG_INFINITY;
+        assert_eq!(
+            s.sample_holding(&[ninf, ninf, 0.5, ninf, ninf, ninf], &[], &[2]),
+            2
+        );
+        let mut s = Sampler::new(
+            SamplingParams {
+                temperature: 1.5,
+                top_k: 0,
+                min_p: 0.0,
+                seed: Some(9),
+                ..SamplingParams::default()
+            },
+            6,
+        )
+        .unwrap();
+        for _ in 0..50 {
+            assert!(![1, 2].contains(&s.sample_holding(&logits(), &[], &[1, 2])));
         }
     }
 

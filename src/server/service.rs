@@ -204,6 +204,8 @@ pub(crate) fn generate_spec(req: pb::GenerateRequest) -> Result<GenerateSpec, St
         separate_reasoning: req.separate_reasoning,
         request_id: req.request_id,
         speculate: !req.disable_speculation,
+        min_tokens: req.min_tokens as usize,
+        stop_token_ids: req.stop_token_ids,
     })
 }
 

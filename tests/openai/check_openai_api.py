@@ -5,7 +5,8 @@ validated by `jsonschema`, logprobs, n = 2, stop strings, reproducible seeds, co
 from token ids, the models list, reasoning apart from the answer, and each error class as
 the client's own exception (400, 401, 404, 413, 429), after which the server's queue,
 running and KV-cache gauges return to 0, logit_bias forcing a token, banning one, and
-refused out of range, and parallel_tool_calls false keeping the first of two calls.
+refused out of range (with vLLM's min_tokens and stop_token_ids), and parallel_tool_calls
+false keeping the first of two calls.
 
 Run by tests/openai_client.rs, which starts the server:
 
@@ -371,6 +372,27 @@ def logit_bias(client, model, base_url, api_key, real):
         check(abs(after.logprob - runner_up.logprob) < 1e-3, f"{after} vs {runner_up}")
         check(after.top_logprobs[0].token == first.token, f"raw logprobs: {after}")
         check(abs(after.top_logprobs[0].logprob - first.logprob) < 1e-3, f"raw: {after}")
+    # vLLM's min_tokens and stop_token_ids: end-of-generation forced by a bias comes after
+    # exactly min_tokens tokens; a forced stop token ends the reply at once, as "stop".
+    eos = post(base_url, api_key, "/tokenize", {"content": "<|im_end|>"})["tokens"]
+    check(len(eos) == 1, f"<|im_end|> is one token: {eos}")
+    for extra, n in (
+        ({"min_tokens": 3}, 3),
+        ({"min_tokens": 0}, 0),
+        ({"stop_token_ids": [x], "ignore_eos": True}, 0),
+    ):
+        bias = {str(eos[0]): 100} if "min_tokens" in extra else {str(x): 100}
+        r = client.chat.completions.create(
+            model=model,
+            messages=user("Say something."),
+            max_tokens=8,
+            temperature=0,
+            logit_bias=bias,
+            extra_body=extra,
+        )
+        c = r.choices[0]
+        check(r.usage.completion_tokens == n, f"{extra}: {r.usage}")
+        check(c.finish_reason == "stop", f"{extra}: {c.finish_reason}")
     for bias in ({str(x): 101}, {"abc": 1}, {"999999999": 1}):
         try:
             client.chat.completions.create(

@@ -323,6 +323,7 @@ pub fn reference_on(opts: &LoadOptions, prompts: &[&str], max_tokens: usize) -> 
         time_limit: None,
         grammar: None,
         speculate: true,
+        ..GenerateOptions::default()
     };
     prompts
         .iter()

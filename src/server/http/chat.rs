@@ -232,6 +232,8 @@ pub(super) fn common_spec(
     spec.max_tokens = s.max_tokens.map(|n| n as usize);
     spec.stop = s.stop.map(wire::Stop::into_vec).unwrap_or_default();
     spec.ignore_eos = s.ignore_eos.unwrap_or(false);
+    spec.min_tokens = s.min_tokens.unwrap_or(0) as usize;
+    spec.stop_token_ids = s.stop_token_ids.unwrap_or_default();
     spec.speculate = !s.disable_speculation.unwrap_or(false);
     spec.request_id = request_id;
     Ok(spec)

@@ -2,7 +2,8 @@
 //! Python package types them (`openai/types/chat/completion_create_params.py`,
 //! `chat_completion.py`, `chat_completion_chunk.py`, `completion.py`, `model.py`), plus
 //! the extensions vLLM and llama-server accept (`top_k`, `min_p`, `repetition_penalty`,
-//! `ignore_eos`, `regex`, `grammar`, `chat_template_kwargs`, `separate_reasoning`) and
+//! `ignore_eos`, `min_tokens`, `stop_token_ids`, `regex`, `grammar`, `chat_template_kwargs`,
+//! `separate_reasoning`) and
 //! llama-server's `/tokenize` and `/detokenize`. Fields a request may carry that are not
 //! listed here are ignored, as vLLM and llama-server ignore them.
 
@@ -73,6 +74,12 @@ pub struct Sampling {
     pub repetition_penalty: Option<f64>,
     #[serde(default)]
     pub ignore_eos: Option<bool>,
+    /// Tokens generated before end-of-generation or a stop token may end the output.
+    #[serde(default)]
+    pub min_tokens: Option<u32>,
+    /// Token ids that end the output when generated.
+    #[serde(default)]
+    pub stop_token_ids: Option<Vec<u32>>,
     /// The output matches this regular expression.
     #[serde(default)]
     pub regex: Option<String>,
