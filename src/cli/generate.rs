@@ -183,11 +183,7 @@ pub fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let path = a.model.source.resolve()?;
     let l = loader::file_assets(&path, &a.spec.load_options(a.model.run.load_options()))
         .map_err(anyhow::Error::msg)?;
-    if let Some(&(id, _)) = sampling
-        .logit_bias
-        .iter()
-        .find(|(id, _)| *id as usize >= l.model.config.vocab)
-    {
+    if let Some(id) = sampling.logit_bias_outside(l.model.config.vocab) {
         bail!(
             "--logit-bias names token {id}, outside the model's vocabulary of {} tokens",
             l.model.config.vocab

@@ -233,7 +233,7 @@ pub struct Sequence<'t> {
     /// The logits with the grammar's mask applied (sized once; empty when unconstrained).
     masked: Vec<f32>,
     /// The tokens that would end the generation (end-of-generation where it ends it, and
-    /// `stop_token_ids`): held back until `min_tokens` are generated.
+    /// `stop_token_ids`): held back until `min_tokens` are generated (empty without).
     enders: Vec<u32>,
     /// Each mask's computation time, in ms.
     mask_ms: Vec<f64>,
@@ -268,11 +268,13 @@ impl<'t> Sequence<'t> {
     ) -> Result<Self, GenerateError> {
         let start = Instant::now();
         let mut sampler = Sampler::new(opts.sampling.clone(), vocab)?;
-        let mut enders = opts.stop_token_ids.clone();
-        if opts.grammar.is_some() || !opts.ignore_eos {
-            enders.extend_from_slice(tokenizer.eog_ids());
-        }
+        // Only a sequence with a `min_tokens` holds its enders back.
+        let mut enders = Vec::new();
         if opts.min_tokens > 0 {
+            enders.extend_from_slice(&opts.stop_token_ids);
+            if opts.grammar.is_some() || !opts.ignore_eos {
+                enders.extend_from_slice(tokenizer.eog_ids());
+            }
             sampler.reserve_row(vocab);
         }
         if prompt.is_empty() {

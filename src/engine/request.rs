@@ -295,12 +295,7 @@ impl Served {
     pub fn build(&self, req: Request, default_max_tokens: usize) -> Result<Built, RequestError> {
         check_parameters(&req)?;
         let vocab = self.config.vocab;
-        if let Some(&(id, _)) = req
-            .sampling
-            .logit_bias
-            .iter()
-            .find(|(id, _)| *id as usize >= vocab)
-        {
+        if let Some(id) = req.sampling.logit_bias_outside(vocab) {
             return Err(RequestError::LogitBiasToken { id, vocab });
         }
         if let Some(&id) = req.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {

@@ -88,6 +88,14 @@ impl SamplingParams {
         }
         Ok(())
     }
+
+    /// The first token `logit_bias` names that a vocabulary of `vocab` tokens lacks.
+    pub fn logit_bias_outside(&self, vocab: usize) -> Option<u32> {
+        self.logit_bias
+            .iter()
+            .map(|&(t, _)| t)
+            .find(|&t| t as usize >= vocab)
+    }
 }
 
 /// The biases a `logit_bias` entry may add, as OpenAI's API documents them: -100 all but
@@ -309,17 +317,17 @@ fn draw(cand: &mut Vec<(u32, f32)>, p: &SamplingParams, rng: &mut ChaCha8Rng) ->
 }
 
 /// Sets the logits of the tokens of `hold` to −∞ when some other token keeps a finite
-/// logit; otherwise leaves the row as it is.
+/// logit; otherwise leaves the row as it is. `hold` may name a token twice (a stop token
+/// that is also end-of-generation).
 fn hold_back(logits: &mut [f32], hold: &[u32]) {
     if hold.is_empty() {
         return;
     }
-    let held_finite = hold
-        .iter()
-        .filter(|&&t| logits.get(t as usize).is_some_and(|l| l.is_finite()))
-        .count();
-    let finite = logits.iter().filter(|l| l.is_finite()).count();
-    if finite > held_finite {
+    // Stops at the first finite logit outside `hold`: at once on a row no grammar masked.
+    let other_left = (0u32..)
+        .zip(logits.iter())
+        .any(|(t, l)| l.is_finite() && !hold.contains(&t));
+    if other_left {
         for &t in hold {
             if let Some(l) = logits.get_mut(t as usize) {
                 *l = f32::NEG_INFINITY;
@@ -606,6 +614,9 @@ mod tests {
         assert_eq!(s.sample_holding(&logits(), &[], &[]), 1);
         // A row (a grammar's) that allows only held tokens keeps them.
         let ninf = f32::NEG_INFINITY;
+        // A token named twice is held once: token 4 is still left.
+        let two = [ninf, 3.0, ninf, ninf, 2.9, ninf];
+        assert_eq!(s.sample_holding(&two, &[], &[1, 1]), 4);
         assert_eq!(
             s.sample_holding(&[ninf, ninf, 0.5, ninf, ninf, ninf], &[], &[2]),
             2
