@@ -98,7 +98,7 @@ fn llama3_chat_template_renders_like_transformers_with_one_bos() {
         if gen {
             let prompt = Prompt::Chat {
                 messages,
-                enable_thinking: None,
+                template: Default::default(),
             };
             let got = prompt_tokens(&tok, &template, &prompt).unwrap();
             assert_eq!(got, want, "{name}: the request's tokens");

@@ -374,6 +374,101 @@ async fn min_tokens_and_stop_token_ids_end_the_output_when_asked() {
 
 /// A reply of two tool calls (a regex writes it): both reported by default, the first
 /// alone with `parallel_tool_calls` false.
+/// vLLM's chat options over gRPC: a prefilled reply (`continue_final_message`) is continued
+/// as the engine continues the prompt the model's template renders for it, and
+/// `add_generation_prompt: false` leaves the assistant turn unopened; asking for both, a
+/// template variable the server sets, a variable list that is no object and either option
+/// on a raw prompt are refused naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefilled_reply_is_continued_and_chat_options_are_checked() {
+    use inferno::tokenizer::{ChatEnding, ChatMessage, TemplateArgs};
+    let server = start_demo(test_config()).await;
+    let mut c = client(server.addr()).await;
+    let template = synthetic_assets("demo", &LoadOptions::default())
+        .unwrap()
+        .chat_template;
+    let conversation = [("user", "Hi"), ("assistant", "Hello th")];
+    let messages: Vec<ChatMessage> = conversation
+        .iter()
+        .map(|(role, content)| ChatMessage::new(*role, *content))
+        .collect();
+    let chat = |ending: ChatEnding| {
+        let mut req = greedy("", 8);
+        req.messages = conversation
+            .iter()
+            .map(|(role, content)| pb::ChatMessage {
+                role: (*role).into(),
+                content: (*content).into(),
+                ..Default::default()
+            })
+            .collect();
+        req.continue_final_message = ending == ChatEnding::ContinueFinal;
+        req.add_generation_prompt = (ending == ChatEnding::Closed).then_some(false);
+        req.chat_template_kwargs = r#"{"unused": [1, {"b": 2}]}"#.into();
+        req
+    };
+    for ending in [ChatEnding::ContinueFinal, ChatEnding::Closed] {
+        let rendered = template
+            .render_with(
+                &messages,
+                &TemplateArgs {
+                    ending,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        if ending == ChatEnding::ContinueFinal {
+            assert!(rendered.ends_with("assistant\nHello th"), "{rendered:?}");
+        }
+        let (want, text) = reference(&rendered, 8);
+        let r = run(&mut c, chat(ending)).await;
+        assert_eq!(r.code(), Code::Ok, "{:?}", r.status);
+        assert_eq!(r.ids(), want, "{ending:?}");
+        assert_eq!(r.text(), text, "{ending:?}");
+    }
+
+    type Change = Box<dyn Fn(&mut pb::GenerateRequest)>;
+    let refusals: [(Change, &str); 5] = [
+        (
+            Box::new(|r| r.add_generation_prompt = Some(true)),
+            "add_generation_prompt (a new assistant turn) cannot be true",
+        ),
+        (
+            Box::new(|r| r.chat_template_kwargs = r#"{"tools": []}"#.into()),
+            "chat_template_kwargs may not set \"tools\"",
+        ),
+        (
+            Box::new(|r| r.chat_template_kwargs = "[1]".into()),
+            "chat_template_kwargs must be a JSON object",
+        ),
+        (
+            Box::new(|r| {
+                r.messages.clear();
+                r.prompt = "Hi".into();
+            }),
+            "continue_final_message applies to a chat request",
+        ),
+        (
+            Box::new(|r| r.messages.last_mut().unwrap().content = String::new()),
+            "",
+        ),
+    ];
+    for (i, (change, message)) in refusals.iter().enumerate() {
+        let mut req = chat(ChatEnding::ContinueFinal);
+        change(&mut req);
+        let r = run(&mut c, req).await;
+        if message.is_empty() {
+            // An empty prefill is allowed: it continues an empty reply.
+            assert_eq!(r.code(), Code::Ok, "{i}: {:?}", r.status);
+            continue;
+        }
+        assert_eq!(r.code(), Code::InvalidArgument, "{i}: {:?}", r.status);
+        let got = r.status.as_ref().unwrap().message();
+        assert!(got.contains(message), "{i}: {got}");
+    }
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_tool_calls_false_reports_the_first_call_alone() {
     let server = start_demo(test_config()).await;

@@ -14,8 +14,9 @@ use super::request::{self, Prompt, RequestError, Served};
 use super::GenerateOptions;
 use crate::sampling::constraint::{tool_call_grammar, ConstraintError, ResponseFormat};
 use crate::sampling::{SamplingError, SamplingParams};
+use crate::tokenizer::chat::RESERVED_TEMPLATE_VARIABLES;
 use crate::tokenizer::reasoning::{ReasoningParser, ReplyParser};
-use crate::tokenizer::ChatMessage;
+use crate::tokenizer::{ChatEnding, ChatMessage, TemplateArgs};
 use serde_json::{json, Value};
 use std::fmt;
 use std::time::Duration;
@@ -84,7 +85,8 @@ pub enum Input {
     Text(String),
     /// Token ids, used as given (no BOS is added).
     Tokens(Vec<u32>),
-    /// A conversation, rendered with the model's chat template and an assistant turn opened.
+    /// A conversation, rendered with the model's chat template (an assistant turn opened,
+    /// unless [`PromptSpec::ending`] says otherwise).
     Messages(Vec<Message>),
 }
 
@@ -103,6 +105,13 @@ pub struct PromptSpec {
     /// With tools: whether the reply may hold more than one call (OpenAI's
     /// `parallel_tool_calls`); when not, the first call alone is reported.
     pub parallel_tool_calls: bool,
+    /// With messages: whether an assistant turn is opened after them, or the final message
+    /// is left open for the model to continue (vLLM's `add_generation_prompt` and
+    /// `continue_final_message`).
+    pub ending: ChatEnding,
+    /// With messages: more variables for the chat template, a JSON object's text (vLLM's
+    /// `chat_template_kwargs`); none may be one the renderer sets.
+    pub template_kwargs: Option<String>,
 }
 
 impl PromptSpec {
@@ -114,6 +123,8 @@ impl PromptSpec {
             response_format: None,
             enable_thinking: None,
             parallel_tool_calls: true,
+            ending: ChatEnding::AssistantTurn,
+            template_kwargs: None,
         }
     }
 
@@ -135,6 +146,7 @@ impl PromptSpec {
                 .sum(),
         };
         input
+            + self.template_kwargs.as_ref().map_or(0, String::len)
             + self
                 .tools
                 .iter()
@@ -221,6 +233,12 @@ pub enum Field {
     },
     ToolChoice,
     ResponseFormat,
+    /// The chat template's further variables, or one of them.
+    ChatTemplateKwargs {
+        key: Option<String>,
+    },
+    AddGenerationPrompt,
+    ContinueFinalMessage,
     MaxTokens,
     /// The alternatives asked for per token.
     Logprobs,
@@ -246,6 +264,12 @@ impl fmt::Display for Field {
             Field::ToolParameters { tool } => write!(f, "tools[{tool}].parameters"),
             Field::ToolChoice => f.write_str("tool_choice"),
             Field::ResponseFormat => f.write_str("response_format"),
+            Field::ChatTemplateKwargs { key: None } => f.write_str("chat_template_kwargs"),
+            Field::ChatTemplateKwargs { key: Some(key) } => {
+                write!(f, "chat_template_kwargs.{key}")
+            }
+            Field::AddGenerationPrompt => f.write_str("add_generation_prompt"),
+            Field::ContinueFinalMessage => f.write_str("continue_final_message"),
             Field::MaxTokens => f.write_str("max_tokens"),
             Field::Logprobs => f.write_str("logprobs"),
             Field::Stop => f.write_str("stop"),
@@ -292,6 +316,18 @@ pub enum PlanError {
     RequiredWithoutTools,
     #[error("tools need a chat request (messages), not a raw prompt")]
     ToolsWithoutMessages,
+    #[error("{0} applies to a chat request (messages), not a raw prompt")]
+    ChatOptionWithoutMessages(Field),
+    #[error(
+        "chat_template_kwargs may not set {0:?}: the server sets it (give enable_thinking, \
+         add_generation_prompt or continue_final_message as their own fields)"
+    )]
+    ReservedTemplateVariable(String),
+    #[error(
+        "continue_final_message continues the final message, so add_generation_prompt (a new \
+         assistant turn) cannot be true with it"
+    )]
+    ContinueWithGenerationPrompt,
     #[error("response_format cannot be combined with a required or named tool_choice")]
     FormatWithForcedTool,
     #[error("tools[{index}].name must be letters, digits, '_', '-' or '.' (got {name:?})")]
@@ -316,6 +352,11 @@ impl PlanError {
             PlanError::RequestIdTooLong | PlanError::RequestIdCharacters => Field::RequestId,
             PlanError::UnknownToolChoice(_) | PlanError::RequiredWithoutTools => Field::ToolChoice,
             PlanError::ToolsWithoutMessages => Field::Tools,
+            PlanError::ChatOptionWithoutMessages(field) => field.clone(),
+            PlanError::ContinueWithGenerationPrompt => Field::ContinueFinalMessage,
+            PlanError::ReservedTemplateVariable(key) => Field::ChatTemplateKwargs {
+                key: Some(key.clone()),
+            },
             PlanError::FormatWithForcedTool => Field::ResponseFormat,
             PlanError::BadToolName { index, .. } => Field::ToolName { tool: *index },
             PlanError::Json { field, .. } => field.clone(),
@@ -503,6 +544,28 @@ pub struct PromptPlan {
 pub fn plan_prompt(spec: &PromptSpec) -> Result<PromptPlan, PlanError> {
     let mode = tool_mode(spec)?;
     let mut response_format = spec.response_format.clone();
+    if !matches!(spec.input, Input::Messages(_)) {
+        let chat_only = match spec.ending {
+            ChatEnding::ContinueFinal => Some(Field::ContinueFinalMessage),
+            ChatEnding::Closed => Some(Field::AddGenerationPrompt),
+            ChatEnding::AssistantTurn => spec
+                .template_kwargs
+                .as_ref()
+                .map(|_| Field::ChatTemplateKwargs { key: None }),
+        };
+        if let Some(field) = chat_only {
+            return Err(PlanError::ChatOptionWithoutMessages(field));
+        }
+    }
+    let template = TemplateArgs {
+        ending: spec.ending,
+        enable_thinking: spec.enable_thinking,
+        kwargs: spec
+            .template_kwargs
+            .as_deref()
+            .map(checked_template_kwargs)
+            .transpose()?,
+    };
     let prompt = match &spec.input {
         Input::Text(text) => Prompt::Text {
             text: text.clone(),
@@ -520,7 +583,7 @@ pub fn plan_prompt(spec: &PromptSpec) -> Result<PromptPlan, PlanError> {
                         .iter()
                         .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
                         .collect(),
-                    enable_thinking: spec.enable_thinking,
+                    template,
                 }
             } else {
                 if let Some((index, m)) = messages
@@ -551,7 +614,7 @@ pub fn plan_prompt(spec: &PromptSpec) -> Result<PromptPlan, PlanError> {
                 Prompt::ChatJson {
                     messages: Value::Array(rendered).to_string(),
                     tools,
-                    enable_thinking: spec.enable_thinking,
+                    template,
                 }
             }
         }
@@ -561,6 +624,43 @@ pub fn plan_prompt(spec: &PromptSpec) -> Result<PromptPlan, PlanError> {
         response_format,
         tools: mode != ToolMode::Off,
     })
+}
+
+/// How a chat's rendering ends, from vLLM's two switches: `add_generation_prompt` (unset:
+/// true unless the final message is continued) and `continue_final_message`.
+pub fn chat_ending(
+    add_generation_prompt: Option<bool>,
+    continue_final_message: bool,
+) -> Result<ChatEnding, PlanError> {
+    match (add_generation_prompt, continue_final_message) {
+        (Some(true), true) => Err(PlanError::ContinueWithGenerationPrompt),
+        (_, true) => Ok(ChatEnding::ContinueFinal),
+        (Some(false), false) => Ok(ChatEnding::Closed),
+        (_, false) => Ok(ChatEnding::AssistantTurn),
+    }
+}
+
+/// The chat template's further variables as given (JSON text), once they are known to be
+/// a JSON object that sets none of the variables the renderer sets.
+fn checked_template_kwargs(text: &str) -> Result<String, PlanError> {
+    let field = Field::ChatTemplateKwargs { key: None };
+    let value: Value = serde_json::from_str(text).map_err(|e| PlanError::Json {
+        field: field.clone(),
+        problem: JsonProblem::Invalid(e.to_string()),
+    })?;
+    let Value::Object(map) = value else {
+        return Err(PlanError::Json {
+            field,
+            problem: JsonProblem::NotObject,
+        });
+    };
+    if let Some(key) = map
+        .keys()
+        .find(|k| RESERVED_TEMPLATE_VARIABLES.contains(&k.as_str()))
+    {
+        return Err(PlanError::ReservedTemplateVariable(key.clone()));
+    }
+    Ok(text.to_owned())
 }
 
 /// Refuses a text of `bytes` bytes to tokenize (`what`: "text", "prompt") over `max`.
@@ -786,16 +886,169 @@ mod tests {
             let Prompt::ChatJson {
                 messages,
                 tools,
-                enable_thinking,
+                template: args,
             } = plan.prompt
             else {
                 panic!("{name}: not a chat with tools");
             };
             let rendered = template
-                .render_json(&messages, tools.as_deref(), true, enable_thinking)
+                .render_json_with(&messages, tools.as_deref(), &args)
                 .unwrap();
             assert_eq!(rendered, conv["rendered"].as_str().unwrap(), "{name}");
         }
+    }
+
+    /// Chats rendered with no assistant turn opened, with the final message continued (a
+    /// prefilled reply) and with further template variables come out as transformers
+    /// renders them (`tests/fixtures/chat_tools/chat-endings.json`, made by
+    /// `gen_chat_tools_fixture.py`), through the template alone and through the planner
+    /// where the messages fit its types; what transformers refuses is refused.
+    #[test]
+    fn chat_endings_and_template_variables_render_as_transformers_renders_them() {
+        use crate::tokenizer::ChatTemplate;
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/chat_tools/chat-endings.json"
+        );
+        let file: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let template = |name: &str| {
+            let special = &file["special_tokens"][name];
+            let token = |k: &str| special[k].as_str().map(str::to_owned);
+            ChatTemplate::new(file["templates"][name].as_str().unwrap())
+                .unwrap()
+                .with_special_tokens(token("bos_token"), token("eos_token"))
+        };
+        let convs = file["conversations"].as_array().unwrap();
+        assert_eq!(convs.len(), 13);
+        let (mut planned, mut refused) = (0, 0);
+        for conv in convs {
+            let name = conv["name"].as_str().unwrap();
+            let t = template(conv["template"].as_str().unwrap());
+            let ending = chat_ending(
+                conv["generation_prompt"].as_bool(),
+                conv["continue"].as_bool().unwrap(),
+            )
+            .unwrap();
+            let kwargs = conv.get("kwargs").map(Value::to_string);
+            let args = TemplateArgs {
+                ending,
+                enable_thinking: None,
+                kwargs: kwargs.clone(),
+            };
+            let tools = conv.get("tools").map(Value::to_string);
+            let direct = t.render_json_with(&conv["messages"].to_string(), tools.as_deref(), &args);
+            let Some(want) = conv["rendered"].as_str() else {
+                let e = direct.unwrap_err().to_string();
+                assert!(
+                    e.contains("continue_final_message is set but"),
+                    "{name}: {e}"
+                );
+                refused += 1;
+                continue;
+            };
+            assert_eq!(direct.unwrap(), want, "{name}: the template alone");
+
+            // The planner's path, where every content is text.
+            let messages: Option<Vec<Message>> = conv["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    Some(Message {
+                        role: m["role"].as_str()?.into(),
+                        content: m["content"].as_str()?.into(),
+                        tool_calls: m["tool_calls"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(|c| ToolCall {
+                                id: c["id"].as_str().unwrap().into(),
+                                name: c["function"]["name"].as_str().unwrap().into(),
+                                arguments: c["function"]["arguments"].to_string(),
+                            })
+                            .collect(),
+                        tool_call_id: m["tool_call_id"].as_str().unwrap_or_default().into(),
+                    })
+                })
+                .collect();
+            let Some(messages) = messages else {
+                continue;
+            };
+            let mut spec = PromptSpec::new(Input::Messages(messages));
+            spec.ending = ending;
+            spec.template_kwargs = kwargs;
+            spec.tools = conv["tools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| Tool {
+                    name: t["function"]["name"].as_str().unwrap().into(),
+                    description: t["function"]["description"].as_str().unwrap().into(),
+                    parameters: t["function"]["parameters"].to_string(),
+                })
+                .collect();
+            let rendered = match plan_prompt(&spec).unwrap().prompt {
+                Prompt::Chat { messages, template } => t.render_with(&messages, &template),
+                Prompt::ChatJson {
+                    messages,
+                    tools,
+                    template,
+                } => t.render_json_with(&messages, tools.as_deref(), &template),
+                other => panic!("{name}: {other:?}"),
+            };
+            assert_eq!(rendered.unwrap(), want, "{name}: through the planner");
+            planned += 1;
+        }
+        assert_eq!((planned, refused), (10, 2));
+    }
+
+    /// The chat-only options are refused on a raw prompt, and the template variables may
+    /// not set what the renderer sets, each naming its field.
+    #[test]
+    fn chat_options_are_checked_and_name_their_field() {
+        assert_eq!(
+            chat_ending(Some(true), true).unwrap_err().field(),
+            Some(Field::ContinueFinalMessage)
+        );
+        assert_eq!(chat_ending(None, true).unwrap(), ChatEnding::ContinueFinal);
+        assert_eq!(chat_ending(Some(false), false).unwrap(), ChatEnding::Closed);
+        assert_eq!(chat_ending(None, false).unwrap(), ChatEnding::AssistantTurn);
+        let text = |f: &dyn Fn(&mut PromptSpec)| {
+            let mut spec = PromptSpec::new(Input::Text("hi".into()));
+            f(&mut spec);
+            plan_prompt(&spec).unwrap_err()
+        };
+        let e = text(&|s| s.ending = ChatEnding::ContinueFinal);
+        assert_eq!(e.field(), Some(Field::ContinueFinalMessage));
+        assert_eq!(
+            e.to_string(),
+            "continue_final_message applies to a chat request (messages), not a raw prompt"
+        );
+        let e = text(&|s| s.ending = ChatEnding::Closed);
+        assert_eq!(e.field(), Some(Field::AddGenerationPrompt));
+        let e = text(&|s| s.template_kwargs = Some("{}".into()));
+        assert_eq!(e.field(), Some(Field::ChatTemplateKwargs { key: None }));
+        let chat = |kwargs: &str| {
+            let mut spec = PromptSpec::new(Input::Messages(vec![Message::new("user", "hi")]));
+            spec.template_kwargs = Some(kwargs.into());
+            plan_prompt(&spec).map(|p| p.prompt)
+        };
+        for reserved in RESERVED_TEMPLATE_VARIABLES {
+            let e = chat(&format!("{{\"ok\": 1, \"{reserved}\": true}}")).unwrap_err();
+            assert_eq!(
+                e.field().unwrap().to_string(),
+                format!("chat_template_kwargs.{reserved}")
+            );
+        }
+        for (bad, problem) in [("[1]", "must be a JSON object"), ("{", "is not valid JSON")] {
+            let e = chat(bad).unwrap_err();
+            assert_eq!(e.field(), Some(Field::ChatTemplateKwargs { key: None }));
+            assert!(e.to_string().contains(problem), "{e}");
+        }
+        let Prompt::Chat { template, .. } = chat(r#"{"b": 1, "a": 2}"#).unwrap() else {
+            panic!("not a plain chat");
+        };
+        assert_eq!(template.kwargs.as_deref(), Some(r#"{"b": 1, "a": 2}"#));
     }
 
     fn chat_with_tools() -> PromptSpec {

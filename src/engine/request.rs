@@ -16,7 +16,7 @@ use super::speculative::SpecInfo;
 use crate::model::ModelConfig;
 use crate::sampling::constraint::{ConstraintError, GrammarCompiler, ResponseFormat};
 use crate::sampling::{SamplingError, SamplingParams};
-use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use crate::tokenizer::{ChatMessage, ChatTemplate, TemplateArgs, Tokenizer};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -58,11 +58,11 @@ pub enum Prompt {
     /// Plain text. With `parse_special`, special-token text such as `<|im_start|>` becomes
     /// those tokens; without, it is ordinary text.
     Text { text: String, parse_special: bool },
-    /// Chat messages, rendered with the model's template and an assistant turn opened.
+    /// Chat messages, rendered with the model's template (an assistant turn opened unless
+    /// `template` says otherwise).
     Chat {
         messages: Vec<ChatMessage>,
-        /// For templates that honour it (Qwen3): `Some(false)` asks for no thinking section.
-        enable_thinking: Option<bool>,
+        template: TemplateArgs,
     },
     /// Token ids, used as given (no BOS is added); each must be in the model's vocabulary.
     Tokens(Vec<u32>),
@@ -72,7 +72,7 @@ pub enum Prompt {
     ChatJson {
         messages: String,
         tools: Option<String>,
-        enable_thinking: Option<bool>,
+        template: TemplateArgs,
     },
 }
 
@@ -161,10 +161,7 @@ pub fn prompt_tokens(
             text,
             parse_special,
         } => (text.as_str(), *parse_special),
-        Prompt::Chat {
-            messages,
-            enable_thinking,
-        } => {
+        Prompt::Chat { messages, template } => {
             if let Some((index, m)) = messages
                 .iter()
                 .enumerate()
@@ -176,7 +173,7 @@ pub fn prompt_tokens(
                 });
             }
             rendered = chat_template
-                .render(messages, true, *enable_thinking)
+                .render_with(messages, template)
                 .map_err(|e| RequestError::Template(e.to_string()))?;
             // The template writes the special tokens that delimit the turns.
             (rendered.as_str(), true)
@@ -184,10 +181,10 @@ pub fn prompt_tokens(
         Prompt::ChatJson {
             messages,
             tools,
-            enable_thinking,
+            template,
         } => {
             rendered = chat_template
-                .render_json(messages, tools.as_deref(), true, *enable_thinking)
+                .render_json_with(messages, tools.as_deref(), template)
                 .map_err(|e| RequestError::Template(e.to_string()))?;
             (rendered.as_str(), true)
         }

@@ -191,6 +191,9 @@ pub(crate) fn generate_spec(req: pb::GenerateRequest) -> Result<GenerateSpec, St
         response_format: req.response_format.map(response_format).transpose()?,
         enable_thinking: req.enable_thinking,
         parallel_tool_calls: req.parallel_tool_calls.unwrap_or(true),
+        ending: plan::chat_ending(req.add_generation_prompt, req.continue_final_message)
+            .map_err(plan_status)?,
+        template_kwargs: (!req.chat_template_kwargs.is_empty()).then_some(req.chat_template_kwargs),
     };
     Ok(GenerateSpec {
         prompt,

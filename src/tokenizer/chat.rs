@@ -46,6 +46,61 @@ impl ChatMessage {
     }
 }
 
+/// How a rendered conversation ends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ChatEnding {
+    /// The opening of an assistant turn follows the messages (`add_generation_prompt`).
+    #[default]
+    AssistantTurn,
+    /// The messages alone, each turn closed.
+    Closed,
+    /// The final message left open for the model to continue it (`continue_final_message`,
+    /// a "prefilled" reply): the rendering is cut right after that message's text, as
+    /// transformers cuts it.
+    ContinueFinal,
+}
+
+/// What a template is rendered with besides the messages and tools.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TemplateArgs {
+    pub ending: ChatEnding,
+    /// For templates that honour it (Qwen3): `Some(false)` asks for no thinking section;
+    /// passed only when set, so templates that test `enable_thinking is defined` behave as
+    /// with transformers.
+    pub enable_thinking: Option<bool>,
+    /// More variables for the template (vLLM's `chat_template_kwargs`): a JSON object's
+    /// text. The variables the renderer sets itself (`messages`, `tools`, …) take
+    /// precedence over these; callers refuse such names before.
+    pub kwargs: Option<String>,
+}
+
+impl TemplateArgs {
+    /// An assistant turn opened or not, nothing else.
+    pub fn new(add_generation_prompt: bool, enable_thinking: Option<bool>) -> Self {
+        Self {
+            ending: if add_generation_prompt {
+                ChatEnding::AssistantTurn
+            } else {
+                ChatEnding::Closed
+            },
+            enable_thinking,
+            kwargs: None,
+        }
+    }
+}
+
+/// The variables the renderer sets itself, which `chat_template_kwargs` may not.
+pub const RESERVED_TEMPLATE_VARIABLES: &[&str] = &[
+    "messages",
+    "tools",
+    "documents",
+    "add_generation_prompt",
+    "continue_final_message",
+    "bos_token",
+    "eos_token",
+    "enable_thinking",
+];
+
 /// A compiled chat template plus the special-token text it may reference.
 #[derive(Clone)]
 pub struct ChatTemplate {
@@ -173,6 +228,18 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         enable_thinking: Option<bool>,
     ) -> Result<String, TokenizerError> {
+        self.render_with(
+            messages,
+            &TemplateArgs::new(add_generation_prompt, enable_thinking),
+        )
+    }
+
+    /// Renders a conversation with all of [`TemplateArgs`].
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        args: &TemplateArgs,
+    ) -> Result<String, TokenizerError> {
         let messages: Vec<Value> = messages
             .iter()
             .map(|m| {
@@ -182,12 +249,7 @@ impl ChatTemplate {
                 ])
             })
             .collect();
-        self.render_values(
-            Value::from(messages),
-            Value::from(()),
-            add_generation_prompt,
-            enable_thinking,
-        )
+        self.render_values(Value::from(messages), Value::from(()), args)
     }
 
     /// Renders a conversation given as JSON text, for messages that carry
@@ -204,6 +266,20 @@ impl ChatTemplate {
         tools_json: Option<&str>,
         add_generation_prompt: bool,
         enable_thinking: Option<bool>,
+    ) -> Result<String, TokenizerError> {
+        self.render_json_with(
+            messages_json,
+            tools_json,
+            &TemplateArgs::new(add_generation_prompt, enable_thinking),
+        )
+    }
+
+    /// [`Self::render_json`] with all of [`TemplateArgs`].
+    pub fn render_json_with(
+        &self,
+        messages_json: &str,
+        tools_json: Option<&str>,
+        args: &TemplateArgs,
     ) -> Result<String, TokenizerError> {
         let messages = json_to_value(messages_json)
             .map_err(|e| TokenizerError::ChatInput(format!("messages: {e}")))?;
@@ -225,15 +301,14 @@ impl ChatTemplate {
                 tools
             }
         };
-        self.render_values(messages, tools, add_generation_prompt, enable_thinking)
+        self.render_values(messages, tools, args)
     }
 
     fn render_values(
         &self,
         messages: Value,
         tools: Value,
-        add_generation_prompt: bool,
-        enable_thinking: Option<bool>,
+        args: &TemplateArgs,
     ) -> Result<String, TokenizerError> {
         if let Some(e) = &self.broken {
             return Err(TokenizerError::Template(format!(
@@ -244,25 +319,162 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(template_error)?;
-        let mut ctx: Vec<(&str, Value)> = vec![
-            ("messages", messages),
-            ("add_generation_prompt", Value::from(add_generation_prompt)),
+        let (messages, final_text) = match args.ending {
+            ChatEnding::ContinueFinal => {
+                // transformers refuses a template that never reads a message's content.
+                if !self.source.contains("content") {
+                    return Err(TokenizerError::ChatInput(
+                        "continue_final_message is set but the chat template does not read \
+                         the messages' content"
+                            .into(),
+                    ));
+                }
+                let (messages, text) = tag_final_message(messages)?;
+                (messages, Some(text))
+            }
+            _ => (messages, None),
+        };
+        // The caller's variables first: a later entry of the same name replaces them.
+        let mut ctx: Vec<(Value, Value)> = Vec::new();
+        if let Some(kwargs) = &args.kwargs {
+            let kwargs = json_to_value(kwargs)
+                .map_err(|e| TokenizerError::ChatInput(format!("chat_template_kwargs: {e}")))?;
+            if kwargs.kind() != ValueKind::Map {
+                return Err(TokenizerError::ChatInput(
+                    "chat_template_kwargs: expected a JSON object".into(),
+                ));
+            }
+            for key in kwargs.try_iter().map_err(template_error)? {
+                let value = kwargs.get_item(&key).map_err(template_error)?;
+                ctx.push((key, value));
+            }
+        }
+        let add_generation_prompt = args.ending == ChatEnding::AssistantTurn;
+        ctx.extend([
+            (Value::from("messages"), messages),
+            (
+                Value::from("add_generation_prompt"),
+                Value::from(add_generation_prompt),
+            ),
             // transformers always passes these, as None when unused.
-            ("tools", tools),
-            ("documents", Value::from(())),
-        ];
+            (Value::from("tools"), tools),
+            (Value::from("documents"), Value::from(())),
+        ]);
         if let Some(bos) = &self.bos_token {
-            ctx.push(("bos_token", Value::from(bos.as_str())));
+            ctx.push((Value::from("bos_token"), Value::from(bos.as_str())));
         }
         if let Some(eos) = &self.eos_token {
-            ctx.push(("eos_token", Value::from(eos.as_str())));
+            ctx.push((Value::from("eos_token"), Value::from(eos.as_str())));
         }
-        if let Some(thinking) = enable_thinking {
-            ctx.push(("enable_thinking", Value::from(thinking)));
+        if let Some(thinking) = args.enable_thinking {
+            ctx.push((Value::from("enable_thinking"), Value::from(thinking)));
         }
         let ctx: Value = ctx.into_iter().collect();
-        template.render(ctx).map_err(template_error)
+        let rendered = template.render(ctx).map_err(template_error)?;
+        match final_text {
+            Some(text) => cut_at_continue_tag(rendered, &text),
+            None => Ok(rendered),
+        }
     }
+}
+
+/// What `continue_final_message` appends to the final message's text before rendering, to
+/// find where the text ends in the rendering (transformers' marker, so a template that
+/// changes the text around it cuts where transformers cuts).
+const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
+
+/// The messages with [`CONTINUE_TAG`] appended to the final message's text (its content,
+/// or, for a list of parts, the last part with a `text`), and that text as it was.
+fn tag_final_message(messages: Value) -> Result<(Value, String), TokenizerError> {
+    let refuse =
+        |what: &str| TokenizerError::ChatInput(format!("continue_final_message is set but {what}"));
+    let mut list: Vec<Value> = messages
+        .try_iter()
+        .map_err(|_| refuse("the messages are not a list"))?
+        .collect();
+    let last = list
+        .pop()
+        .ok_or_else(|| refuse("the conversation is empty"))?;
+    let mut fields = map_entries(&last).ok_or_else(|| refuse("the final message is no object"))?;
+    let content = fields
+        .iter_mut()
+        .find(|(k, _)| k.as_str() == Some("content"))
+        .map(|(_, v)| v)
+        .filter(|v| !v.is_none() && !v.is_undefined())
+        .ok_or_else(|| refuse("the final message has no content to continue"))?;
+    let text = if let Some(text) = content.as_str() {
+        let text = text.to_owned();
+        *content = Value::from(format!("{text}{CONTINUE_TAG}"));
+        text
+    } else {
+        let mut parts: Vec<Value> = content
+            .try_iter()
+            .map_err(|_| refuse("the final message's content is neither text nor a list"))?
+            .collect();
+        let mut found = None;
+        for part in parts.iter_mut().rev() {
+            let Some(mut entries) = map_entries(part) else {
+                continue;
+            };
+            let Some((_, v)) = entries.iter_mut().find(|(k, _)| k.as_str() == Some("text")) else {
+                continue;
+            };
+            let text = v
+                .as_str()
+                .ok_or_else(|| refuse("the final message's last text part is no string"))?
+                .to_owned();
+            *v = Value::from(format!("{text}{CONTINUE_TAG}"));
+            *part = OrderedMap::value(entries);
+            found = Some(text);
+            break;
+        }
+        let text = found.ok_or_else(|| refuse("the final message has no text part to continue"))?;
+        *content = Value::from(parts);
+        text
+    };
+    list.push(OrderedMap::value(fields));
+    Ok((Value::from(list), text))
+}
+
+/// A map value's entries in its own order; `None` for anything else.
+fn map_entries(v: &Value) -> Option<Vec<(Value, Value)>> {
+    if v.kind() != ValueKind::Map {
+        return None;
+    }
+    let keys: Vec<Value> = v.try_iter().ok()?.collect();
+    keys.into_iter()
+        .map(|k| v.get_item(&k).ok().map(|item| (k, item)))
+        .collect()
+}
+
+/// Python's `str.isspace`, which transformers' `strip` uses: Unicode whitespace and the
+/// four information separators U+001C..U+001F.
+fn python_space(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+}
+
+/// Cuts a rendering where [`CONTINUE_TAG`] begins, as transformers does: right there when
+/// the template kept the tag whole, else with the space before it trimmed (the template
+/// trimmed the text's end).
+fn cut_at_continue_tag(mut rendered: String, text: &str) -> Result<String, TokenizerError> {
+    let tag = CONTINUE_TAG.trim_matches(python_space);
+    let at = match rendered.rfind(tag) {
+        Some(at) if rendered.contains(text.trim_matches(python_space)) => at,
+        _ => {
+            return Err(TokenizerError::ChatInput(
+                "continue_final_message is set but the final message does not appear in the \
+                 chat the template renders (the template drops or changes it)"
+                    .into(),
+            ))
+        }
+    };
+    let whole = rendered[at..].starts_with(CONTINUE_TAG);
+    rendered.truncate(at);
+    if !whole {
+        let kept = rendered.trim_end_matches(python_space).len();
+        rendered.truncate(kept);
+    }
+    Ok(rendered)
 }
 
 /// A template map that keeps insertion order (minijinja's own maps are
@@ -509,6 +721,73 @@ mod tests {
             .iter()
             .map(|(r, c)| ChatMessage::new(*r, *c))
             .collect()
+    }
+
+    /// The caller's variables reach the template in their order, the renderer's own win
+    /// over them, and a continued final message is cut where its text ends, or refused
+    /// where there is none or the template never reads one.
+    #[test]
+    fn template_arguments_and_the_continued_final_message() {
+        let t = ChatTemplate::new(
+            "{{ add_generation_prompt }}|{{ x | tojson }}|{% for m in messages %}{{ m.content }};{% endfor %}",
+        )
+        .unwrap();
+        let args = |ending, kwargs: &str| TemplateArgs {
+            ending,
+            enable_thinking: None,
+            kwargs: Some(kwargs.into()),
+        };
+        let hi = msgs(&[("user", "Hi"), ("assistant", "Hel\u{1f} ")]);
+        let out = t
+            .render_with(
+                &hi,
+                &args(
+                    ChatEnding::Closed,
+                    r#"{"x": {"b": 1, "a": 2}, "add_generation_prompt": true, "messages": []}"#,
+                ),
+            )
+            .unwrap();
+        assert_eq!(out, "False|{\"b\": 1, \"a\": 2}|Hi;Hel\u{1f} ;");
+        let out = t
+            .render_with(&hi, &args(ChatEnding::ContinueFinal, r#"{"x": 1}"#))
+            .unwrap();
+        assert_eq!(out, "False|1|Hi;Hel\u{1f} ");
+        for bad in ["[1]", "{"] {
+            let e = t
+                .render_with(&hi, &args(ChatEnding::Closed, bad))
+                .unwrap_err();
+            assert!(e.to_string().contains("chat_template_kwargs"), "{e}");
+        }
+        let e = t
+            .render_json_with(
+                r#"[{"role": "assistant", "content": null}]"#,
+                None,
+                &TemplateArgs {
+                    ending: ChatEnding::ContinueFinal,
+                    ..Default::default()
+                },
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("no content to continue"), "{e}");
+        let continued = |t: &ChatTemplate, m: &[ChatMessage]| {
+            t.render_with(
+                m,
+                &TemplateArgs {
+                    ending: ChatEnding::ContinueFinal,
+                    ..Default::default()
+                },
+            )
+        };
+        let e = continued(&t, &[]).unwrap_err();
+        assert!(e.to_string().contains("the conversation is empty"), "{e}");
+        let blind = ChatTemplate::new("{% for m in messages %}{{ m.role }}{% endfor %}").unwrap();
+        let e = continued(&blind, &hi).unwrap_err();
+        assert!(e.to_string().contains("does not read"), "{e}");
+        // The Python whitespace set: U+001F is trimmed where the template trims the text.
+        let trims =
+            ChatTemplate::new("{% for m in messages %}<{{ m.content | trim }}>{% endfor %}")
+                .unwrap();
+        assert_eq!(continued(&trims, &hi).unwrap(), "<Hi><Hel");
     }
 
     #[test]

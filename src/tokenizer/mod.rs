@@ -25,7 +25,7 @@ use tokenizers::{AddedToken, AddedVocabulary, Model, OffsetReferential, OffsetTy
 
 use crate::gguf::{GgufFile, Value};
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatEnding, ChatMessage, ChatTemplate, TemplateArgs};
 pub use stream::StreamDecoder;
 
 use pre::PreTokenizerKind;

@@ -5,8 +5,10 @@ validated by `jsonschema`, logprobs, n = 2, stop strings, reproducible seeds, co
 from token ids, the models list, reasoning apart from the answer, and each error class as
 the client's own exception (400, 401, 404, 413, 429), after which the server's queue,
 running and KV-cache gauges return to 0, logit_bias forcing a token, banning one, and
-refused out of range (with vLLM's min_tokens and stop_token_ids), and parallel_tool_calls
-false keeping the first of two calls.
+refused out of range (with vLLM's min_tokens and stop_token_ids), parallel_tool_calls
+false keeping the first of two calls, and vLLM's continue_final_message (a prefilled reply,
+continued as the raw prompt transformers renders for it is), add_generation_prompt and
+chat_template_kwargs.
 
 Run by tests/openai_client.rs, which starts the server:
 
@@ -24,6 +26,7 @@ import re
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import jsonschema
 import openai
@@ -436,6 +439,61 @@ def parallel_tool_calls(client, model):
     return seen
 
 
+ENDINGS = Path(__file__).resolve().parents[1] / "fixtures/chat_tools/chat-endings.json"
+
+
+def prefill(client, model, base_url, api_key, real):
+    """vLLM's continue_final_message, add_generation_prompt and chat_template_kwargs: the
+    conflicting pair and a variable the server sets are 400s naming the field. With the
+    real checkpoint, whose template the fixture holds: a prefilled reply is continued
+    exactly as /v1/completions continues the prompt transformers renders for it, and the
+    prompt is the open turn's plus the prefill's tokens (or less the turn's opening)."""
+    ask = dict(model=model, max_tokens=2, temperature=0)
+    for extra, param in (
+        ({"continue_final_message": True, "add_generation_prompt": True},
+         "continue_final_message"),
+        ({"chat_template_kwargs": {"add_generation_prompt": False}},
+         "chat_template_kwargs.add_generation_prompt"),
+        ({"chat_template_kwargs": {"enable_thinking": "yes"}},
+         "chat_template_kwargs.enable_thinking"),
+    ):
+        try:
+            client.chat.completions.create(**ask, messages=user("x"), extra_body=extra)
+            raise AssertionError(f"{extra} was accepted")
+        except openai.BadRequestError as e:
+            check(e.body["param"] == param, f"{extra}: {e.body}")
+    ok = client.chat.completions.create(
+        **ask,
+        messages=[*user("Hi"), {"role": "assistant", "content": "Hello"}],
+        extra_body={"continue_final_message": True, "chat_template_kwargs": {"x": [1]}},
+    )
+    check(ok.choices[0].finish_reason in ("stop", "length"), f"{ok}")
+    if not real:
+        return None
+    case = next(
+        c for c in json.load(open(ENDINGS))["conversations"] if c["name"] == "prefilled_code"
+    )
+    ask["max_tokens"] = 24
+    continued = client.chat.completions.create(
+        **ask, messages=case["messages"], extra_body={"continue_final_message": True}
+    )
+    raw = client.completions.create(**ask, prompt=case["rendered"])
+    got = continued.choices[0].message.content
+    check(got == raw.choices[0].text, f"continued {got!r} vs raw {raw.choices[0].text!r}")
+    check(continued.usage.prompt_tokens == raw.usage.prompt_tokens, f"{continued.usage}")
+    question = case["messages"][:1]
+    opened = client.chat.completions.create(**ask, messages=question).usage.prompt_tokens
+    prefix = case["messages"][1]["content"]
+    n = len(post(base_url, api_key, "/tokenize", {"content": prefix})["tokens"])
+    check(continued.usage.prompt_tokens == opened + n, f"{opened} + {n}: {continued.usage}")
+    closed = client.chat.completions.create(
+        **ask, messages=question, extra_body={"add_generation_prompt": False}
+    ).usage.prompt_tokens
+    turn = len(post(base_url, api_key, "/tokenize", {"content": "<|im_start|>assistant\n"})["tokens"])
+    check(closed == opened - turn, f"closed {closed}, opened {opened}, turn {turn}")
+    return {"prefill": prefix, "continued": got}
+
+
 def reasoning(client, model):
     """A `<think>` section comes apart as reasoning_content when asked for (the regex makes
     even a random-weight model write one)."""
@@ -561,6 +619,7 @@ def main():
     out["logit_bias"] = logit_bias(client, model, a.base_url, a.api_key, a.real)
     out["parallel_tool_calls"] = parallel_tool_calls(client, model)
     out["reasoning"] = reasoning(client, model)
+    out["prefill"] = prefill(client, model, a.base_url, a.api_key, a.real)
     if a.limits:
         out["errors"] = errors(client, model, a.base_url, a.api_key)
     print(json.dumps(out))

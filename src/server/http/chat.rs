@@ -5,7 +5,7 @@
 //! DeepSeek-R1 distills) or the request sets `separate_reasoning: true`;
 //! `separate_reasoning: false` keeps it in the content.
 
-use super::error::{ApiError, Endpoint};
+use super::error::{plan_error, ApiError, Endpoint};
 use super::generate::{self, Merged, Shape, StreamFormat, Update};
 use super::wire::{self, ChatRequest, Content, ToolChoiceIn};
 use super::{HttpState, JsonBody, RequestId};
@@ -155,7 +155,27 @@ fn chat_spec(
         },
     };
     prompt.response_format = one_format(format, &req.sampling)?;
-    prompt.enable_thinking = req.chat_template_kwargs.and_then(|k| k.enable_thinking);
+    if let Some(mut kwargs) = req.chat_template_kwargs {
+        // The engine takes enable_thinking as its own field, as gRPC does.
+        prompt.enable_thinking = match kwargs.shift_remove("enable_thinking") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::Bool(b)) => Some(b),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "chat_template_kwargs.enable_thinking",
+                    "chat_template_kwargs.enable_thinking must be true or false",
+                ))
+            }
+        };
+        if !kwargs.is_empty() {
+            prompt.template_kwargs = Some(serde_json::Value::Object(kwargs).to_string());
+        }
+    }
+    prompt.ending = plan::chat_ending(
+        req.add_generation_prompt,
+        req.continue_final_message.unwrap_or(false),
+    )
+    .map_err(|e| plan_error(e, Endpoint::Chat))?;
     prompt.parallel_tool_calls = req.parallel_tool_calls.unwrap_or(true);
     let top = match (req.logprobs, req.top_logprobs) {
         (Some(true), t) => Some(t.unwrap_or(0) as usize),

@@ -3,7 +3,7 @@
 //! `chat_completion.py`, `chat_completion_chunk.py`, `completion.py`, `model.py`), plus
 //! the extensions vLLM and llama-server accept (`top_k`, `min_p`, `repetition_penalty`,
 //! `ignore_eos`, `min_tokens`, `stop_token_ids`, `regex`, `grammar`, `chat_template_kwargs`,
-//! `separate_reasoning`) and
+//! `add_generation_prompt`, `continue_final_message`, `separate_reasoning`) and
 //! llama-server's `/tokenize` and `/detokenize`. Fields a request may carry that are not
 //! listed here are ignored, as vLLM and llama-server ignore them.
 
@@ -187,12 +187,6 @@ pub struct ResponseFormatIn {
     pub json_schema: Option<JsonSchemaIn>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-pub struct ChatTemplateKwargs {
-    #[serde(default)]
-    pub enable_thinking: Option<bool>,
-}
-
 /// `POST /v1/chat/completions`.
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
@@ -216,8 +210,17 @@ pub struct ChatRequest {
     pub parallel_tool_calls: Option<bool>,
     #[serde(default)]
     pub response_format: Option<ResponseFormatIn>,
+    /// Variables for the chat template (vLLM's): `enable_thinking`, and any other the
+    /// template reads, in their order.
     #[serde(default)]
-    pub chat_template_kwargs: Option<ChatTemplateKwargs>,
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Whether the rendered chat ends with an assistant turn opened (vLLM's); unset: it
+    /// does unless `continue_final_message`.
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    /// Leave the final message open for the model to continue it (vLLM's).
+    #[serde(default)]
+    pub continue_final_message: Option<bool>,
     /// Report a `<think>` section as `reasoning_content`; unset: when the model thinks.
     #[serde(default)]
     pub separate_reasoning: Option<bool>,
