@@ -8,7 +8,7 @@ running and KV-cache gauges return to 0, logit_bias forcing a token, banning one
 refused out of range (with vLLM's min_tokens and stop_token_ids), parallel_tool_calls
 false keeping the first of two calls, and vLLM's continue_final_message (a prefilled reply,
 continued as the raw prompt transformers renders for it is), add_generation_prompt and
-chat_template_kwargs.
+chat_template_kwargs, and vLLM's structured_outputs and guided_* constraints.
 
 Run by tests/openai_client.rs, which starts the server:
 
@@ -232,6 +232,72 @@ def json_schema(client, model, real):
         )
         check(isinstance(json.loads(obj.choices[0].message.content), dict), "json_object")
     return value
+
+
+def vllm_structured(client, model, real):
+    """vLLM's constraints, sent as its clients send them (extra_body): structured_outputs and
+    the guided_* fields. A choice list gives exactly one of its strings (chat and
+    completions), a schema valid JSON, a regex a full match; two constraints at once are a
+    400 naming the second."""
+    labels = ["positive", "negative", "neutral (mixed)"]
+    ask = dict(model=model, max_tokens=20, temperature=0)
+    got = {}
+    for extra in ({"guided_choice": labels}, {"structured_outputs": {"choice": labels}}):
+        r = client.chat.completions.create(
+            **ask, messages=user("Classify: 'I loved this film.'"), extra_body=extra
+        )
+        c = r.choices[0]
+        check(c.message.content in labels, f"{extra}: {c.message.content!r}")
+        check(c.finish_reason == "stop", f"{extra}: {c.finish_reason}")
+        got[next(iter(extra))] = c.message.content
+    if real:
+        check(got["guided_choice"] == "positive", f"a loved film: {got}")
+    text = client.completions.create(
+        **ask, prompt="The film was", extra_body={"guided_choice": labels}
+    ).choices[0].text
+    check(text in labels, f"completions: {text!r}")
+    for extra in ({"guided_json": SCHEMA}, {"structured_outputs": {"json": json.dumps(SCHEMA)}}):
+        r = client.chat.completions.create(
+            **{**ask, "max_tokens": 300},
+            messages=user("Describe a person as JSON."),
+            extra_body=extra,
+        )
+        jsonschema.validate(json.loads(r.choices[0].message.content), SCHEMA)
+    for extra in ({"guided_regex": "[0-9]{3}-[a-z]{2}"},
+                  {"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}}):
+        r = client.chat.completions.create(**ask, messages=user("A code?"), extra_body=extra)
+        check(re.fullmatch("[0-9]{3}-[a-z]{2}", r.choices[0].message.content), f"{r}")
+    try:
+        client.chat.completions.create(
+            **ask,
+            messages=user("x"),
+            response_format={"type": "json_object"},
+            extra_body={"guided_choice": labels},
+        )
+        raise AssertionError("two constraints were accepted")
+    except openai.BadRequestError as e:
+        check(e.body["param"] == "guided_choice", f"{e.body}")
+    return got
+
+
+def unserved(client, model):
+    """What vLLM offers and this server does not compute is refused, naming the field,
+    rather than answered as if it had been done."""
+    for extra, param in (
+        ({"prompt_logprobs": 0}, "prompt_logprobs"),
+        ({"use_beam_search": True}, "use_beam_search"),
+    ):
+        try:
+            client.chat.completions.create(
+                model=model, messages=user("x"), max_tokens=2, extra_body=extra
+            )
+            raise AssertionError(f"{extra} was accepted")
+        except openai.BadRequestError as e:
+            check(e.body["param"] == param, f"{extra}: {e.body}")
+    ok = client.completions.create(
+        model=model, prompt="x", max_tokens=2, extra_body={"use_beam_search": False}
+    )
+    check(len(ok.choices) == 1, f"{ok}")
 
 
 def logprobs(client, model):
@@ -612,6 +678,8 @@ def main():
     out["chat"] = chat(client, model, 16)
     out["tools"] = tools(client, model, 16, a.real)
     out["json_schema"] = json_schema(client, model, a.real)
+    out["vllm_structured"] = vllm_structured(client, model, a.real)
+    unserved(client, model)
     out["logprobs"] = logprobs(client, model)
     out["choices"] = choices_and_seeds(client, model)
     out["stop"] = stop_strings(client, model)

@@ -200,21 +200,131 @@ fn chat_spec(
     Ok((spec, top))
 }
 
-/// The response format with the extensions' regex or grammar: at most one of them.
+/// The response format, or one of the extensions' constraints in its place: `regex`,
+/// `grammar`, vLLM's `structured_outputs` or its `guided_*` fields. At most one.
 pub(super) fn one_format(
     format: Option<ResponseFormat>,
     s: &wire::Sampling,
 ) -> Result<Option<ResponseFormat>, ApiError> {
-    let mut formats: Vec<ResponseFormat> = format.into_iter().collect();
-    formats.extend(s.regex.clone().map(ResponseFormat::Regex));
-    formats.extend(s.grammar.clone().map(ResponseFormat::Lark));
+    let mut formats: Vec<(&str, ResponseFormat)> =
+        format.map(|f| ("response_format", f)).into_iter().collect();
+    let mut add =
+        |name: &'static str, f: Option<ResponseFormat>| formats.extend(f.map(|f| (name, f)));
+    add("regex", s.regex.clone().map(ResponseFormat::Regex));
+    add("grammar", s.grammar.clone().map(ResponseFormat::Lark));
+    add(
+        "guided_json",
+        json_schema("guided_json", s.guided_json.as_ref())?,
+    );
+    add(
+        "guided_regex",
+        s.guided_regex.clone().map(ResponseFormat::Regex),
+    );
+    add(
+        "guided_choice",
+        choice("guided_choice", s.guided_choice.as_deref())?,
+    );
+    add(
+        "guided_grammar",
+        s.guided_grammar.clone().map(ResponseFormat::Lark),
+    );
+    if let Some(o) = &s.structured_outputs {
+        if o.structural_tag.as_ref().is_some_and(|t| !t.is_null()) {
+            return Err(ApiError::invalid(
+                "structured_outputs.structural_tag",
+                "structured_outputs.structural_tag is not supported (use json, json_object, \
+                 regex, choice or grammar)",
+            ));
+        }
+        add(
+            "structured_outputs.json",
+            json_schema("structured_outputs.json", o.json.as_ref())?,
+        );
+        add(
+            "structured_outputs.json_object",
+            (o.json_object == Some(true)).then_some(ResponseFormat::JsonObject),
+        );
+        add(
+            "structured_outputs.regex",
+            o.regex.clone().map(ResponseFormat::Regex),
+        );
+        add(
+            "structured_outputs.choice",
+            choice("structured_outputs.choice", o.choice.as_deref())?,
+        );
+        add(
+            "structured_outputs.grammar",
+            o.grammar.clone().map(ResponseFormat::Lark),
+        );
+    }
     if formats.len() > 1 {
+        let named: Vec<&str> = formats.iter().map(|(name, _)| *name).collect();
         return Err(ApiError::invalid(
-            "response_format",
-            "give at most one of response_format, regex and grammar",
+            formats[1].0,
+            format!(
+                "give at most one constraint on the output (response_format, regex, grammar, \
+                 structured_outputs or a guided_* field); this request gives {}",
+                named.join(", ")
+            ),
         ));
     }
-    Ok(formats.pop())
+    Ok(formats.pop().map(|(_, f)| f))
+}
+
+/// vLLM's JSON schema constraint: the schema as an object, or as its JSON text.
+fn json_schema(
+    param: &'static str,
+    v: Option<&serde_json::Value>,
+) -> Result<Option<ResponseFormat>, ApiError> {
+    match v {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(text)) => Ok(Some(ResponseFormat::JsonSchema(text.clone()))),
+        Some(schema @ serde_json::Value::Object(_)) => {
+            Ok(Some(ResponseFormat::JsonSchema(schema.to_string())))
+        }
+        Some(_) => Err(ApiError::invalid(
+            param,
+            format!("{param} must be a JSON schema: an object, or its JSON text"),
+        )),
+    }
+}
+
+/// vLLM's choice constraint: the output is exactly one of the strings, as a regular
+/// expression of their alternation.
+fn choice(
+    param: &'static str,
+    choices: Option<&[String]>,
+) -> Result<Option<ResponseFormat>, ApiError> {
+    let Some(choices) = choices else {
+        return Ok(None);
+    };
+    if choices.is_empty() {
+        return Err(ApiError::invalid(
+            param,
+            format!("{param} is empty: give at least one string"),
+        ));
+    }
+    Ok(Some(ResponseFormat::Regex(choice_regex(choices))))
+}
+
+/// A regular expression that matches exactly the given strings.
+fn choice_regex(choices: &[String]) -> String {
+    let mut out = String::from("(?:");
+    for (i, c) in choices.iter().enumerate() {
+        if i > 0 {
+            out.push('|');
+        }
+        for ch in c.chars() {
+            // The characters the regex syntax gives a meaning (regex-syntax's
+            // `is_meta_character`); every other one stands for itself.
+            if "\\.+*?()|[]{}^$#&-~".contains(ch) {
+                out.push('\\');
+            }
+            out.push(ch);
+        }
+    }
+    out.push(')');
+    out
 }
 
 /// The request fields both endpoints share: sampling, stop strings, limits. Each sampling
@@ -224,6 +334,7 @@ pub(super) fn common_spec(
     s: wire::Sampling,
     request_id: String,
 ) -> Result<GenerateSpec, ApiError> {
+    refuse_unserved(&s)?;
     let d = SamplingParams::default();
     let number = |param: &'static str, v: Option<f64>, default: f32| {
         v.map_or(Ok(default), |v| {
@@ -257,6 +368,25 @@ pub(super) fn common_spec(
     spec.speculate = !s.disable_speculation.unwrap_or(false);
     spec.request_id = request_id;
     Ok(spec)
+}
+
+/// Refuses what OpenAI or vLLM define but this server does not do, rather than give a
+/// different answer than asked for.
+fn refuse_unserved(s: &wire::Sampling) -> Result<(), ApiError> {
+    if s.prompt_logprobs.is_some() {
+        return Err(ApiError::invalid(
+            "prompt_logprobs",
+            "prompt_logprobs is not supported: the engine computes logprobs for generated \
+             tokens only",
+        ));
+    }
+    if s.use_beam_search == Some(true) {
+        return Err(ApiError::invalid(
+            "use_beam_search",
+            "beam search is not supported: ask for n sampled choices instead",
+        ));
+    }
+    Ok(())
 }
 
 /// `logit_bias` as the sampler takes it: each key a token id in decimal (its range against
@@ -617,7 +747,101 @@ fn stream_reply(merged: Merged, shape: Shape) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use super::logit_bias;
+    use super::{choice_regex, logit_bias, one_format, wire, ResponseFormat};
+    use serde_json::json;
+
+    /// vLLM's choice list becomes a regular expression that matches each string whole and
+    /// nothing else, whatever characters they hold.
+    #[test]
+    fn a_choice_list_matches_exactly_its_strings() {
+        let choices: Vec<String> = [
+            "yes",
+            "no",
+            "a.b",
+            "(x)|[y]",
+            "1+1=2?",
+            "$5 ^ {3}",
+            "#tag & -~\\",
+            "naïve ✓",
+            "",
+        ]
+        .map(String::from)
+        .into();
+        let re = regex::Regex::new(&format!("^{}$", choice_regex(&choices))).unwrap();
+        for c in &choices {
+            assert!(re.is_match(c), "{c:?}");
+        }
+        for other in ["ye", "yesno", "aXb", "x", "1+1=2", "11=2?", "naive ✓", " "] {
+            assert!(!re.is_match(other), "{other:?}");
+        }
+    }
+
+    /// The output constraints of vLLM arrive as the engine's response formats, and two of
+    /// them in one request are refused, naming the second.
+    #[test]
+    fn vllms_structured_outputs_become_response_formats() {
+        let parse = |v: serde_json::Value| -> wire::Sampling { serde_json::from_value(v).unwrap() };
+        let one = |v| one_format(None, &parse(v));
+        let schema = json!({"type": "object", "properties": {"b": {}, "a": {}}});
+        for v in [
+            json!({"guided_json": schema}),
+            json!({"guided_json": schema.to_string()}),
+            json!({"structured_outputs": {"json": schema}}),
+        ] {
+            assert_eq!(
+                one(v).unwrap(),
+                Some(ResponseFormat::JsonSchema(
+                    r#"{"type":"object","properties":{"b":{},"a":{}}}"#.into()
+                ))
+            );
+        }
+        assert_eq!(
+            one(json!({"structured_outputs": {"json_object": true}})).unwrap(),
+            Some(ResponseFormat::JsonObject)
+        );
+        assert_eq!(
+            one(json!({"guided_regex": "a+"})).unwrap(),
+            Some(ResponseFormat::Regex("a+".into()))
+        );
+        assert_eq!(
+            one(json!({"structured_outputs": {"choice": ["a", "b"]}})).unwrap(),
+            Some(ResponseFormat::Regex("(?:a|b)".into()))
+        );
+        assert_eq!(
+            one(json!({"guided_grammar": "start: \"x\""})).unwrap(),
+            Some(ResponseFormat::Lark("start: \"x\"".into()))
+        );
+        assert_eq!(one(json!({"structured_outputs": {}})).unwrap(), None);
+        for (v, param) in [
+            (json!({"guided_json": 5}), "guided_json"),
+            (json!({"guided_choice": []}), "guided_choice"),
+            (
+                json!({"structured_outputs": {"structural_tag": {}}}),
+                "structured_outputs.structural_tag",
+            ),
+            (
+                json!({"regex": "a", "guided_choice": ["b"]}),
+                "guided_choice",
+            ),
+            (
+                json!({"structured_outputs": {"regex": "a", "grammar": "start: \"x\""}}),
+                "structured_outputs.grammar",
+            ),
+        ] {
+            let e = one(v.clone()).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{v}: {}", e.message);
+        }
+        let e = one_format(
+            Some(ResponseFormat::JsonObject),
+            &parse(json!({"guided_regex": "a"})),
+        )
+        .unwrap_err();
+        assert!(
+            e.message.contains("response_format, guided_regex"),
+            "{}",
+            e.message
+        );
+    }
 
     #[test]
     fn logit_bias_keys_are_decimal_token_ids_each_named_once() {

@@ -2,8 +2,9 @@
 //! Python package types them (`openai/types/chat/completion_create_params.py`,
 //! `chat_completion.py`, `chat_completion_chunk.py`, `completion.py`, `model.py`), plus
 //! the extensions vLLM and llama-server accept (`top_k`, `min_p`, `repetition_penalty`,
-//! `ignore_eos`, `min_tokens`, `stop_token_ids`, `regex`, `grammar`, `chat_template_kwargs`,
-//! `add_generation_prompt`, `continue_final_message`, `separate_reasoning`) and
+//! `ignore_eos`, `min_tokens`, `stop_token_ids`, `regex`, `grammar`, `structured_outputs`
+//! and the `guided_*` fields it replaced, `chat_template_kwargs`, `add_generation_prompt`,
+//! `continue_final_message`, `separate_reasoning`) and
 //! llama-server's `/tokenize` and `/detokenize`. Fields a request may carry that are not
 //! listed here are ignored, as vLLM and llama-server ignore them.
 
@@ -86,10 +87,49 @@ pub struct Sampling {
     /// The output is a sentence of this Lark grammar (llguidance's dialect).
     #[serde(default)]
     pub grammar: Option<String>,
+    /// vLLM's constraints on the output, one at most.
+    #[serde(default)]
+    pub structured_outputs: Option<StructuredOutputs>,
+    /// vLLM's earlier spellings of `structured_outputs`' fields.
+    #[serde(default)]
+    pub guided_json: Option<Value>,
+    #[serde(default)]
+    pub guided_regex: Option<String>,
+    #[serde(default)]
+    pub guided_choice: Option<Vec<String>>,
+    #[serde(default)]
+    pub guided_grammar: Option<String>,
+    /// vLLM's logprobs of the prompt's tokens, which the engine does not compute (refused
+    /// unless null).
+    #[serde(default)]
+    pub prompt_logprobs: Option<u32>,
+    /// vLLM's beam search, not served (refused when true).
+    #[serde(default)]
+    pub use_beam_search: Option<bool>,
     /// Decode without speculation even where the server speculates (the tokens are the
     /// same either way; only the speed differs).
     #[serde(default)]
     pub disable_speculation: Option<bool>,
+}
+
+/// vLLM's `structured_outputs`: a JSON schema (an object, or its JSON text), any JSON
+/// object, a regular expression, one of a list of strings, or a grammar (llguidance's Lark
+/// dialect here).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct StructuredOutputs {
+    #[serde(default)]
+    pub json: Option<Value>,
+    #[serde(default)]
+    pub json_object: Option<bool>,
+    #[serde(default)]
+    pub regex: Option<String>,
+    #[serde(default)]
+    pub choice: Option<Vec<String>>,
+    #[serde(default)]
+    pub grammar: Option<String>,
+    /// Not supported; refused rather than ignored.
+    #[serde(default)]
+    pub structural_tag: Option<Value>,
 }
 
 /// A message's content: text, or a list of parts of which only text ones are supported.
