@@ -469,6 +469,47 @@ async fn a_prefilled_reply_is_continued_and_chat_options_are_checked() {
     server.shutdown().await.unwrap();
 }
 
+/// A choice over gRPC: the output is exactly one of the options, whatever characters they
+/// hold, with the end of generation; no options at all is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_choice_gives_exactly_one_of_its_options() {
+    let server = start_demo(test_config()).await;
+    let mut c = client(server.addr()).await;
+    let options: Vec<String> = ["yes", "no", "maybe (a.k.a. 50/50)?", "[n/a]"]
+        .map(String::from)
+        .into();
+    let choice = |options: Vec<String>| {
+        let mut req = greedy("Answer:", 32);
+        req.ignore_eos = false;
+        req.response_format = Some(pb::ResponseFormat {
+            format: Some(pb::response_format::Format::Choice(
+                pb::response_format::Choice { options },
+            )),
+        });
+        req
+    };
+    for seed in 0..4 {
+        let mut req = choice(options.clone());
+        req.sampling = Some(pb::SamplingParams {
+            temperature: Some(1.5),
+            seed: Some(seed),
+            ..Default::default()
+        });
+        let r = run(&mut c, req).await;
+        assert_eq!(r.code(), Code::Ok, "{:?}", r.status);
+        assert!(options.contains(&r.text()), "{:?}", r.text());
+        assert_eq!(r.finish_reason(), Some(FinishReason::Eos));
+    }
+    let r = run(&mut c, choice(Vec::new())).await;
+    assert_eq!(r.code(), Code::InvalidArgument);
+    assert!(
+        r.status.as_ref().unwrap().message().contains("no options"),
+        "{:?}",
+        r.status
+    );
+    server.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_tool_calls_false_reports_the_first_call_alone() {
     let server = start_demo(test_config()).await;

@@ -30,6 +30,30 @@ pub enum ResponseFormat {
 }
 
 impl ResponseFormat {
+    /// Exactly one of `options` (vLLM's choice constraint): a regular expression of their
+    /// alternation, each escaped. `None` for no options.
+    pub fn choice(options: &[String]) -> Option<Self> {
+        if options.is_empty() {
+            return None;
+        }
+        let mut re = String::from("(?:");
+        for (i, option) in options.iter().enumerate() {
+            if i > 0 {
+                re.push('|');
+            }
+            for c in option.chars() {
+                // The characters the regex syntax gives a meaning (regex-syntax's
+                // `is_meta_character`); every other one stands for itself.
+                if "\\.+*?()|[]{}^$#&-~".contains(c) {
+                    re.push('\\');
+                }
+                re.push(c);
+            }
+        }
+        re.push(')');
+        Some(Self::Regex(re))
+    }
+
     /// The format's name as the API spells it.
     pub fn kind(&self) -> &'static str {
         match self {

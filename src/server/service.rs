@@ -235,10 +235,13 @@ fn response_format(f: pb::ResponseFormat) -> Result<ResponseFormat, Status> {
         Some(Format::JsonObject(_)) => ResponseFormat::JsonObject,
         Some(Format::Regex(r)) => ResponseFormat::Regex(r),
         Some(Format::Lark(g)) => ResponseFormat::Lark(g),
+        Some(Format::Choice(c)) => ResponseFormat::choice(&c.options).ok_or_else(|| {
+            invalid("response_format.choice has no options: give at least one string")
+        })?,
         None => {
             return Err(invalid(
                 "response_format is set but names no format (json_schema, json_object, \
-                 regex or lark)",
+                 regex, lark or choice)",
             ))
         }
     })

@@ -289,42 +289,17 @@ fn json_schema(
     }
 }
 
-/// vLLM's choice constraint: the output is exactly one of the strings, as a regular
-/// expression of their alternation.
+/// vLLM's choice constraint: the output is exactly one of the strings.
 fn choice(
     param: &'static str,
     choices: Option<&[String]>,
 ) -> Result<Option<ResponseFormat>, ApiError> {
-    let Some(choices) = choices else {
-        return Ok(None);
-    };
-    if choices.is_empty() {
-        return Err(ApiError::invalid(
-            param,
-            format!("{param} is empty: give at least one string"),
-        ));
+    match choices {
+        None => Ok(None),
+        Some(c) => ResponseFormat::choice(c).map(Some).ok_or_else(|| {
+            ApiError::invalid(param, format!("{param} is empty: give at least one string"))
+        }),
     }
-    Ok(Some(ResponseFormat::Regex(choice_regex(choices))))
-}
-
-/// A regular expression that matches exactly the given strings.
-fn choice_regex(choices: &[String]) -> String {
-    let mut out = String::from("(?:");
-    for (i, c) in choices.iter().enumerate() {
-        if i > 0 {
-            out.push('|');
-        }
-        for ch in c.chars() {
-            // The characters the regex syntax gives a meaning (regex-syntax's
-            // `is_meta_character`); every other one stands for itself.
-            if "\\.+*?()|[]{}^$#&-~".contains(ch) {
-                out.push('\\');
-            }
-            out.push(ch);
-        }
-    }
-    out.push(')');
-    out
 }
 
 /// The request fields both endpoints share: sampling, stop strings, limits. Each sampling
@@ -747,7 +722,7 @@ fn stream_reply(merged: Merged, shape: Shape) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use super::{choice_regex, logit_bias, one_format, wire, ResponseFormat};
+    use super::{logit_bias, one_format, wire, ResponseFormat};
     use serde_json::json;
 
     /// vLLM's choice list becomes a regular expression that matches each string whole and
@@ -767,7 +742,10 @@ mod tests {
         ]
         .map(String::from)
         .into();
-        let re = regex::Regex::new(&format!("^{}$", choice_regex(&choices))).unwrap();
+        let Some(ResponseFormat::Regex(re)) = ResponseFormat::choice(&choices) else {
+            panic!("no regex");
+        };
+        let re = regex::Regex::new(&format!("^{re}$")).unwrap();
         for c in &choices {
             assert!(re.is_match(c), "{c:?}");
         }
