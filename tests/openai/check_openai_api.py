@@ -534,6 +534,18 @@ def prefill(client, model, base_url, api_key, real):
         extra_body={"continue_final_message": True, "chat_template_kwargs": {"x": [1]}},
     )
     check(ok.choices[0].finish_reason in ("stop", "length"), f"{ok}")
+    # vLLM's /tokenize of a conversation counts what the chat request was prompted with.
+    counted = post(
+        base_url,
+        api_key,
+        "/tokenize",
+        {
+            "messages": [*user("Hi"), {"role": "assistant", "content": "Hello"}],
+            "continue_final_message": True,
+            "chat_template_kwargs": {"x": [1]},
+        },
+    )
+    check(counted["count"] == ok.usage.prompt_tokens == len(counted["tokens"]), f"{counted}")
     if not real:
         return None
     case = next(

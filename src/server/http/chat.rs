@@ -82,6 +82,52 @@ async fn run(
     }
 }
 
+/// The prompt side of a chat: the messages, the tools shown, and how the template renders
+/// them (shared with `/tokenize`, which counts the same tokens).
+pub(super) fn chat_prompt(
+    messages: Vec<wire::MessageIn>,
+    tools: Option<Vec<wire::ToolIn>>,
+    kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+) -> Result<PromptSpec, ApiError> {
+    let messages = messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| message(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut prompt = PromptSpec::new(Input::Messages(messages));
+    if let Some(tools) = tools {
+        prompt.tools = tools
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| tool(i, t))
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(mut kwargs) = kwargs {
+        // The engine takes enable_thinking as its own field, as gRPC does.
+        prompt.enable_thinking = match kwargs.shift_remove("enable_thinking") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::Bool(b)) => Some(b),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "chat_template_kwargs.enable_thinking",
+                    "chat_template_kwargs.enable_thinking must be true or false",
+                ))
+            }
+        };
+        if !kwargs.is_empty() {
+            prompt.template_kwargs = Some(serde_json::Value::Object(kwargs).to_string());
+        }
+    }
+    prompt.ending = plan::chat_ending(
+        add_generation_prompt,
+        continue_final_message.unwrap_or(false),
+    )
+    .map_err(|e| plan_error(e, Endpoint::Chat))?;
+    Ok(prompt)
+}
+
 /// Converts the request, returning the alternatives to show per token when logprobs are
 /// asked for.
 fn chat_spec(
@@ -89,20 +135,13 @@ fn chat_spec(
     served: &Served,
     request_id: String,
 ) -> Result<(GenerateSpec, Option<usize>), ApiError> {
-    let messages = req
-        .messages
-        .into_iter()
-        .enumerate()
-        .map(|(i, m)| message(i, m))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut prompt = PromptSpec::new(Input::Messages(messages));
-    if let Some(tools) = req.tools {
-        prompt.tools = tools
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| tool(i, t))
-            .collect::<Result<_, _>>()?;
-    }
+    let mut prompt = chat_prompt(
+        req.messages,
+        req.tools,
+        req.chat_template_kwargs,
+        req.add_generation_prompt,
+        req.continue_final_message,
+    )?;
     prompt.tool_choice = match req.tool_choice {
         None => ToolChoice::Auto,
         Some(ToolChoiceIn::Mode(m)) => match m.as_str() {
@@ -155,27 +194,6 @@ fn chat_spec(
         },
     };
     prompt.response_format = one_format(format, &req.sampling)?;
-    if let Some(mut kwargs) = req.chat_template_kwargs {
-        // The engine takes enable_thinking as its own field, as gRPC does.
-        prompt.enable_thinking = match kwargs.shift_remove("enable_thinking") {
-            None | Some(serde_json::Value::Null) => None,
-            Some(serde_json::Value::Bool(b)) => Some(b),
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    "chat_template_kwargs.enable_thinking",
-                    "chat_template_kwargs.enable_thinking must be true or false",
-                ))
-            }
-        };
-        if !kwargs.is_empty() {
-            prompt.template_kwargs = Some(serde_json::Value::Object(kwargs).to_string());
-        }
-    }
-    prompt.ending = plan::chat_ending(
-        req.add_generation_prompt,
-        req.continue_final_message.unwrap_or(false),
-    )
-    .map_err(|e| plan_error(e, Endpoint::Chat))?;
     prompt.parallel_tool_calls = req.parallel_tool_calls.unwrap_or(true);
     let top = match (req.logprobs, req.top_logprobs) {
         (Some(true), t) => Some(t.unwrap_or(0) as usize),

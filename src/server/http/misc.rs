@@ -8,7 +8,7 @@
 use super::error::ApiError;
 use super::wire;
 use super::{HttpState, JsonBody};
-use crate::engine::plan;
+use crate::engine::{plan, request};
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -66,6 +66,8 @@ pub async fn model(State(state): State<Arc<HttpState>>, Path(id): Path<String>) 
     answer(&state, "GetModelInfo", r)
 }
 
+/// llama-server's tokenize (a text) and vLLM's (a text as `prompt`, or a conversation: the
+/// tokens a chat request would be prompted with).
 pub async fn tokenize(
     State(state): State<Arc<HttpState>>,
     body: Result<JsonBody<wire::TokenizeRequest>, ApiError>,
@@ -73,37 +75,90 @@ pub async fn tokenize(
     let r = async {
         let JsonBody(req) = body?;
         let served = state.core.served()?;
-        plan::check_text_bytes("text", req.content.len(), state.core.max_text_bytes).map_err(
-            |e| super::error::plan_error(e, super::error::Endpoint::Completions).param("content"),
-        )?;
         let s2 = Arc::clone(&served);
-        let parse_special = req.parse_special.unwrap_or(true);
-        let ids = state
-            .core
-            .cpu_job(move || s2.tokenizer.encode(&req.content, parse_special))
-            .await?
-            .map_err(|e| ApiError::invalid("content", format!("cannot tokenize: {e}")))?;
+        let tokens = match (req.content, req.messages) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "messages",
+                    "give content (or prompt) or messages, not both",
+                ))
+            }
+            (None, None) => {
+                return Err(ApiError::invalid(
+                    "content",
+                    "give the text to tokenize as content (or prompt), or messages",
+                ))
+            }
+            (Some(content), None) => {
+                plan::check_text_bytes("text", content.len(), state.core.max_text_bytes).map_err(
+                    |e| {
+                        super::error::plan_error(e, super::error::Endpoint::Completions)
+                            .param("content")
+                    },
+                )?;
+                let parse_special = req.parse_special.unwrap_or(true);
+                let ids = state
+                    .core
+                    .cpu_job(move || s2.tokenizer.encode(&content, parse_special))
+                    .await?
+                    .map_err(|e| ApiError::invalid("content", format!("cannot tokenize: {e}")))?;
+                let tok = &served.tokenizer;
+                let mut tokens = Vec::with_capacity(ids.len() + 1);
+                if req.add_special.unwrap_or(false) {
+                    tokens.extend(tok.bos_id().filter(|_| tok.add_bos()));
+                }
+                tokens.extend(ids);
+                tokens
+            }
+            (None, Some(messages)) => {
+                let prompt = super::chat::chat_prompt(
+                    messages,
+                    req.tools,
+                    req.chat_template_kwargs,
+                    req.add_generation_prompt,
+                    req.continue_final_message,
+                )?;
+                let endpoint = super::error::Endpoint::Chat;
+                plan::check_text_size(&prompt, state.core.max_text_bytes)
+                    .map_err(|e| super::error::plan_error(e, endpoint))?;
+                let planned = plan::plan_prompt(&prompt)
+                    .map_err(|e| super::error::plan_error(e, endpoint))?;
+                state
+                    .core
+                    .cpu_job(move || {
+                        request::prompt_tokens(&s2.tokenizer, &s2.chat_template, &planned.prompt)
+                    })
+                    .await?
+                    .map_err(|e| super::error::plan_error(e.into(), endpoint))?
+            }
+        };
         let tok = &served.tokenizer;
-        let mut tokens = Vec::with_capacity(ids.len() + 1);
-        if req.add_special.unwrap_or(false) {
-            tokens.extend(tok.bos_id().filter(|_| tok.add_bos()));
-        }
-        tokens.extend(ids);
+        let text =
+            |id: u32| String::from_utf8_lossy(tok.token_bytes(id).unwrap_or_default()).into_owned();
+        let token_strs = req
+            .return_token_strs
+            .unwrap_or(false)
+            .then(|| tokens.iter().map(|&id| text(id)).collect());
+        let count = tokens.len();
         let tokens = if req.with_pieces.unwrap_or(false) {
             wire::Tokens::Pieces(
                 tokens
                     .into_iter()
                     .map(|id| wire::Piece {
                         id,
-                        piece: String::from_utf8_lossy(tok.token_bytes(id).unwrap_or_default())
-                            .into_owned(),
+                        piece: text(id),
                     })
                     .collect(),
             )
         } else {
             wire::Tokens::Ids(tokens)
         };
-        Ok(Json(wire::TokenizeResponse { tokens }))
+        Ok(Json(wire::TokenizeResponse {
+            tokens,
+            count,
+            max_model_len: served.limits.ctx,
+            token_strs,
+        }))
     }
     .await;
     answer(&state, "Tokenize", r)

@@ -477,9 +477,23 @@ pub struct ModelList {
 /// `POST /tokenize`, as llama-server takes it.
 #[derive(Debug, Deserialize)]
 pub struct TokenizeRequest {
-    pub content: String,
-    /// Add the model's BOS token where its tokenizer adds one.
+    /// A text (llama-server's `content`, vLLM's `prompt`).
+    #[serde(default, alias = "prompt")]
+    pub content: Option<String>,
+    /// Or a conversation (vLLM's): the tokens a chat request with these messages, tools
+    /// and template options would be prompted with.
     #[serde(default)]
+    pub messages: Option<Vec<MessageIn>>,
+    #[serde(default)]
+    pub tools: Option<Vec<ToolIn>>,
+    #[serde(default)]
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    pub continue_final_message: Option<bool>,
+    /// With a text: add the model's BOS token where its tokenizer adds one.
+    #[serde(default, alias = "add_special_tokens")]
     pub add_special: Option<bool>,
     /// Treat special-token text such as `<|im_start|>` as the token (default true).
     #[serde(default)]
@@ -487,6 +501,9 @@ pub struct TokenizeRequest {
     /// Return each token's text beside its id.
     #[serde(default)]
     pub with_pieces: Option<bool>,
+    /// Also return each token's text as a list of strings (vLLM's `token_strs`).
+    #[serde(default)]
+    pub return_token_strs: Option<bool>,
 }
 
 #[derive(Debug, Serialize)]
@@ -505,6 +522,12 @@ pub enum Tokens {
 #[derive(Debug, Serialize)]
 pub struct TokenizeResponse {
     pub tokens: Tokens,
+    /// How many tokens (vLLM's).
+    pub count: usize,
+    /// The context window of a sequence (vLLM's).
+    pub max_model_len: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_strs: Option<Vec<String>>,
 }
 
 /// `POST /detokenize`.
