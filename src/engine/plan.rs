@@ -808,11 +808,7 @@ mod tests {
             .as_array()
             .unwrap()
             .iter()
-            .map(|t| Tool {
-                name: t["function"]["name"].as_str().unwrap().into(),
-                description: t["function"]["description"].as_str().unwrap().into(),
-                parameters: t["function"]["parameters"].to_string(),
-            })
+            .map(fixture_tool)
             .collect();
         let messages: Vec<Value> = messages
             .iter()
@@ -875,11 +871,7 @@ mod tests {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|t| Tool {
-                    name: text(&t["function"]["name"]),
-                    description: text(&t["function"]["description"]),
-                    parameters: t["function"]["parameters"].to_string(),
-                })
+                .map(fixture_tool)
                 .collect();
             let plan = plan_prompt(&spec).unwrap();
             assert!(plan.tools && plan.response_format.is_none(), "{name}");
@@ -895,6 +887,15 @@ mod tests {
                 .render_json_with(&messages, tools.as_deref(), &args)
                 .unwrap();
             assert_eq!(rendered, conv["rendered"].as_str().unwrap(), "{name}");
+        }
+    }
+
+    /// A tool as the fixtures write it (OpenAI's `{"type": "function", "function": …}`).
+    fn fixture_tool(t: &Value) -> Tool {
+        Tool {
+            name: t["function"]["name"].as_str().unwrap().into(),
+            description: t["function"]["description"].as_str().unwrap().into(),
+            parameters: t["function"]["parameters"].to_string(),
         }
     }
 
@@ -981,11 +982,7 @@ mod tests {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(|t| Tool {
-                    name: t["function"]["name"].as_str().unwrap().into(),
-                    description: t["function"]["description"].as_str().unwrap().into(),
-                    parameters: t["function"]["parameters"].to_string(),
-                })
+                .map(fixture_tool)
                 .collect();
             let rendered = match plan_prompt(&spec).unwrap().prompt {
                 Prompt::Chat { messages, template } => t.render_with(&messages, &template),
