@@ -3,8 +3,9 @@
 //! Linux, the standard `process_*` metrics, rendered in the text exposition format (the
 //! HTTP front-end serves it at `/metrics`). The queue, running and KV-cache gauges are also
 //! exported under the names vLLM gives them (`vllm:num_requests_waiting`,
-//! `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`), which the Kubernetes inference
-//! gateway's endpoint picker reads by default.
+//! `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, and its earlier name
+//! `vllm:gpu_cache_usage_perc`), which the Kubernetes inference gateway's endpoint picker
+//! reads by default.
 
 use crate::engine::speculative::Method;
 use crate::engine::{KvUsage, Observer, Outcome, Protocol};
@@ -347,6 +348,12 @@ impl Metrics {
                 "KV-cache usage, 1 = full (as inferno_kv_cache_usage_ratio).",
                 self.kv_cache_usage(),
             ),
+            // vLLM's name for it before 0.10, which gateways set up then still read.
+            (
+                "vllm:gpu_cache_usage_perc",
+                "KV-cache usage, 1 = full (vLLM's earlier name of vllm:kv_cache_usage_perc).",
+                self.kv_cache_usage(),
+            ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} gauge");
@@ -682,6 +689,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("\nvllm:kv_cache_usage_perc 0.4\n"), "{text}");
+        assert!(text.contains("\nvllm:gpu_cache_usage_perc 0.4\n"), "{text}");
         assert!(text.contains("\nvllm:num_requests_waiting 0\n"), "{text}");
         assert!(text.contains("\nvllm:num_requests_running 0\n"), "{text}");
         m.set_model_name("qwen \"x\"");
