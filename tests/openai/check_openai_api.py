@@ -281,11 +281,15 @@ def vllm_structured(client, model, real):
 
 
 def unserved(client, model):
-    """What vLLM offers and this server does not compute is refused, naming the field,
-    rather than answered as if it had been done."""
+    """What vLLM offers and this server does not compute, and OpenAI's deprecated functions,
+    are refused naming the field, rather than answered as if they had been done; OpenAI's
+    reasoning_effort is taken (a template variable, as vLLM passes it)."""
+    function = {"name": "f", "parameters": {"type": "object"}}
     for extra, param in (
         ({"prompt_logprobs": 0}, "prompt_logprobs"),
         ({"use_beam_search": True}, "use_beam_search"),
+        ({"functions": [function]}, "functions"),
+        ({"functions": [function], "function_call": "auto"}, "function_call"),
     ):
         try:
             client.chat.completions.create(
@@ -298,6 +302,10 @@ def unserved(client, model):
         model=model, prompt="x", max_tokens=2, extra_body={"use_beam_search": False}
     )
     check(len(ok.choices) == 1, f"{ok}")
+    ok = client.chat.completions.create(
+        model=model, messages=user("x"), max_tokens=2, reasoning_effort="low"
+    )
+    check(ok.choices[0].finish_reason in ("stop", "length"), f"{ok}")
 
 
 def logprobs(client, model):

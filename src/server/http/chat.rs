@@ -82,6 +82,21 @@ async fn run(
     }
 }
 
+/// The template variables with OpenAI's `reasoning_effort` among them, as vLLM passes it,
+/// unless the request sets that variable in `chat_template_kwargs` itself.
+fn with_reasoning_effort(
+    mut kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    effort: Option<String>,
+) -> Option<serde_json::Map<String, serde_json::Value>> {
+    if let Some(effort) = effort {
+        kwargs
+            .get_or_insert_with(Default::default)
+            .entry("reasoning_effort")
+            .or_insert(serde_json::Value::String(effort));
+    }
+    kwargs
+}
+
 /// The prompt side of a chat: the messages, the tools shown, and how the template renders
 /// them (shared with `/tokenize`, which counts the same tokens).
 pub(super) fn chat_prompt(
@@ -135,10 +150,22 @@ fn chat_spec(
     served: &Served,
     request_id: String,
 ) -> Result<(GenerateSpec, Option<usize>), ApiError> {
+    if req.functions.as_ref().is_some_and(|f| !f.is_empty()) || req.function_call.is_some() {
+        let param = if req.function_call.is_some() {
+            "function_call"
+        } else {
+            "functions"
+        };
+        return Err(ApiError::invalid(
+            param,
+            "functions and function_call (OpenAI's deprecated forms) are not supported: give \
+             tools and tool_choice",
+        ));
+    }
     let mut prompt = chat_prompt(
         req.messages,
         req.tools,
-        req.chat_template_kwargs,
+        with_reasoning_effort(req.chat_template_kwargs, req.reasoning_effort),
         req.add_generation_prompt,
         req.continue_final_message,
     )?;
@@ -740,8 +767,32 @@ fn stream_reply(merged: Merged, shape: Shape) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use super::{logit_bias, one_format, wire, ResponseFormat};
+    use super::{logit_bias, one_format, wire, with_reasoning_effort, ResponseFormat};
     use serde_json::json;
+
+    /// OpenAI's reasoning_effort reaches the template as a variable, after the request's
+    /// own variables and not over one of the same name.
+    #[test]
+    fn reasoning_effort_is_a_template_variable() {
+        let map = |v: serde_json::Value| v.as_object().cloned();
+        assert_eq!(with_reasoning_effort(None, None), None);
+        assert_eq!(
+            with_reasoning_effort(None, Some("low".into())),
+            map(json!({"reasoning_effort": "low"}))
+        );
+        let got = with_reasoning_effort(map(json!({"b": 1, "a": 2})), Some("high".into()));
+        assert_eq!(
+            serde_json::to_string(&got).unwrap(),
+            r#"{"b":1,"a":2,"reasoning_effort":"high"}"#
+        );
+        assert_eq!(
+            with_reasoning_effort(
+                map(json!({"reasoning_effort": "medium"})),
+                Some("high".into())
+            ),
+            map(json!({"reasoning_effort": "medium"}))
+        );
+    }
 
     /// vLLM's choice list becomes a regular expression that matches each string whole and
     /// nothing else, whatever characters they hold.

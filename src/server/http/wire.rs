@@ -261,6 +261,15 @@ pub struct ChatRequest {
     /// Leave the final message open for the model to continue it (vLLM's).
     #[serde(default)]
     pub continue_final_message: Option<bool>,
+    /// OpenAI's effort for reasoning models: passed to the chat template as
+    /// `reasoning_effort`, as vLLM passes it (templates that read it, e.g. gpt-oss's).
+    #[serde(default)]
+    pub reasoning_effort: Option<String>,
+    /// OpenAI's deprecated form of `tools`; refused (with `function_call`), not ignored.
+    #[serde(default)]
+    pub functions: Option<Vec<Value>>,
+    #[serde(default)]
+    pub function_call: Option<Value>,
     /// Report a `<think>` section as `reasoning_content`; unset: when the model thinks.
     #[serde(default)]
     pub separate_reasoning: Option<bool>,
