@@ -6,7 +6,10 @@
 //! `openai` examples, run as written but for the address. On the real checkpoint
 //! (Qwen2.5-Coder-0.5B-Instruct, found as tests/real_model.rs finds it) the script runs
 //! again, and a greedy chat over HTTP must give the gRPC stream's tokens, logprob for
-//! logprob.
+//! logprob. The Responses API is driven the same way (`tests/openai/check_responses_api.py`:
+//! each greedy response against the chat completion of the same conversation, streamed
+//! through the client's own stream helper, kept turns, function calls, formats, reasoning
+//! items, logprobs and refusals), on both models.
 //!
 //! Python with `openai` and `jsonschema` is required: `scripts/test` installs them into
 //! `.venv/`; `INFERNO_PYTHON` may name another interpreter. `curl` must be on the PATH.
@@ -29,8 +32,17 @@ fn python() -> PathBuf {
 
 /// Runs the checking script against a server's HTTP address; returns its summary.
 fn check_api(python: &Path, p: &ServeProcess, extra: &[&str]) -> Value {
+    run_script(python, "check_openai_api.py", p, extra)
+}
+
+/// Runs the Responses API's checking script; returns its summary.
+fn check_responses(python: &Path, p: &ServeProcess, extra: &[&str]) -> Value {
+    run_script(python, "check_responses_api.py", p, extra)
+}
+
+fn run_script(python: &Path, script: &str, p: &ServeProcess, extra: &[&str]) -> Value {
     let out = Command::new(python)
-        .arg(repo().join("tests/openai/check_openai_api.py"))
+        .arg(repo().join("tests/openai").join(script))
         .args(["--base-url", &format!("http://{}/v1", p.http)])
         .args(extra)
         .output()
@@ -72,6 +84,9 @@ async fn the_openai_client_gets_what_it_expects_and_each_error_as_its_exception(
         v["tools"]["turn2_cached_tokens"].as_u64().unwrap() > 0,
         "{v}"
     );
+    let r = check_responses(&python, &p, &["--api-key", "t0ken"]);
+    eprintln!("responses, demo model: {r}");
+    assert_eq!(r["refusals"].as_object().unwrap().len(), 9, "{r}");
 }
 
 /// The fenced blocks of a language in the README's HTTP section that talk to the default
@@ -105,7 +120,7 @@ async fn the_readme_examples_and_the_real_checkpoint() {
 
     // The README's examples, as written but for the address.
     let curls = readme_blocks("sh", "curl http://127.0.0.1:8080");
-    assert!(curls.len() >= 2, "the README shows curl examples");
+    assert!(curls.len() >= 3, "the README shows curl examples");
     for block in &curls {
         let script = block.replace("127.0.0.1:8080", &here);
         let out = Command::new("sh")
@@ -115,12 +130,14 @@ async fn the_readme_examples_and_the_real_checkpoint() {
         assert!(out.status.success(), "{script}\n{}", shown(&out));
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(
-            text.contains("\"choices\"") || text.contains("data: [DONE]"),
+            text.contains("\"choices\"")
+                || text.contains("data: [DONE]")
+                || text.contains("\"object\":\"response\""),
             "{script}\n{text}"
         );
     }
     let pys = readme_blocks("python", "base_url=\"http://127.0.0.1:8080/v1\"");
-    assert!(!pys.is_empty(), "the README shows the openai client");
+    assert!(pys.len() >= 2, "the README shows the openai client");
     for block in &pys {
         let script = block.replace("127.0.0.1:8080", &here);
         let out = Command::new(&python)
@@ -134,6 +151,8 @@ async fn the_readme_examples_and_the_real_checkpoint() {
     let Some(_) = real else { return };
     let v = check_api(&python, &p, &["--real"]);
     eprintln!("real checkpoint: {v}");
+    let r = check_responses(&python, &p, &["--real"]);
+    eprintln!("responses, real checkpoint: {r}");
 
     // A greedy chat over HTTP gives the gRPC stream's tokens, logprob for logprob.
     let mut c = client(p.addr).await;

@@ -109,6 +109,10 @@ pub struct ServeArgs {
     /// How long a connection with no open request is kept before it is closed.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub idle_timeout: Duration,
+    /// Memory for the Responses API's kept responses (for previous_response_id and GET
+    /// /v1/responses/{id}), in bytes; the oldest are dropped to make room. 0 keeps none.
+    #[arg(long, default_value_t = 64 * 1024 * 1024)]
+    pub responses_store_bytes: usize,
 }
 
 /// File descriptors kept free for everything but client connections (listeners, the model
@@ -245,6 +249,7 @@ pub fn cmd_serve(a: ServeArgs) -> Result<()> {
         max_connections: fit_connections(a.max_connections.max(1)),
         handshake_timeout: a.handshake_timeout,
         idle_timeout: a.idle_timeout,
+        responses_store_bytes: a.responses_store_bytes,
     };
     let load = a.spec.load_options(a.run.load_options());
     // Check the backend now, so a typo (or, for gpu, a missing adapter) fails before

@@ -84,6 +84,8 @@ pub struct ServerConfig {
     pub handshake_timeout: Duration,
     /// How long a connection with no open request is kept.
     pub idle_timeout: Duration,
+    /// Memory for the Responses API's kept responses; 0 keeps none.
+    pub responses_store_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -104,6 +106,7 @@ impl Default for ServerConfig {
             max_connections: 1024,
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
+            responses_store_bytes: 64 * 1024 * 1024,
         }
     }
 }
@@ -361,6 +364,9 @@ pub async fn start(
         started: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        responses: Arc::new(http::responses::store::ResponseStore::new(
+            config.responses_store_bytes,
+        )),
     });
     // The listeners close once the drain is over (as gRPC's does).
     let (close_tx, close_rx) = watch::channel(false);

@@ -84,7 +84,7 @@ async fn run(
 
 /// The template variables with OpenAI's `reasoning_effort` among them, as vLLM passes it,
 /// unless the request sets that variable in `chat_template_kwargs` itself.
-fn with_reasoning_effort(
+pub(super) fn with_reasoning_effort(
     mut kwargs: Option<serde_json::Map<String, serde_json::Value>>,
     effort: Option<String>,
 ) -> Option<serde_json::Map<String, serde_json::Value>> {
@@ -111,14 +111,32 @@ pub(super) fn chat_prompt(
         .enumerate()
         .map(|(i, m)| message(i, m))
         .collect::<Result<Vec<_>, _>>()?;
+    let tools = tools
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| tool(i, t))
+        .collect::<Result<_, _>>()?;
+    conversation_prompt(
+        messages,
+        tools,
+        kwargs,
+        add_generation_prompt,
+        continue_final_message,
+    )
+}
+
+/// The prompt side of a conversation already in the engine's terms (chat's and the
+/// Responses API's): the template variables checked, and how the rendering ends.
+pub(super) fn conversation_prompt(
+    messages: Vec<Message>,
+    tools: Vec<Tool>,
+    kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+) -> Result<PromptSpec, ApiError> {
     let mut prompt = PromptSpec::new(Input::Messages(messages));
-    if let Some(tools) = tools {
-        prompt.tools = tools
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| tool(i, t))
-            .collect::<Result<_, _>>()?;
-    }
+    prompt.tools = tools;
     if let Some(mut kwargs) = kwargs {
         // The engine takes enable_thinking as its own field, as gRPC does.
         prompt.enable_thinking = match kwargs.shift_remove("enable_thinking") {

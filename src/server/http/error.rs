@@ -154,6 +154,7 @@ pub fn code_name(status: StatusCode) -> &'static str {
 pub enum Endpoint {
     Chat,
     Completions,
+    Responses,
 }
 
 /// The API's name of a planner field.
@@ -162,14 +163,25 @@ pub fn param_name(field: &Field, endpoint: Endpoint) -> String {
         Field::Prompt => match endpoint {
             Endpoint::Chat => "messages".into(),
             Endpoint::Completions => "prompt".into(),
+            Endpoint::Responses => "input".into(),
         },
+        // The Responses API's tools are flat, and its conversation is built from several
+        // fields (instructions, the kept response, the input), so a message's index names
+        // no one item.
+        Field::ToolName { tool } if endpoint == Endpoint::Responses => {
+            format!("tools[{tool}].name")
+        }
+        Field::ToolParameters { tool } if endpoint == Endpoint::Responses => {
+            format!("tools[{tool}].parameters")
+        }
+        Field::ToolCallArguments { .. } if endpoint == Endpoint::Responses => "input".into(),
         Field::ToolName { tool } => format!("tools[{tool}].function.name"),
         Field::ToolParameters { tool } => format!("tools[{tool}].function.parameters"),
         Field::ToolCallArguments { message, call } => {
             format!("messages[{message}].tool_calls[{call}].function.arguments")
         }
         Field::Logprobs => match endpoint {
-            Endpoint::Chat => "top_logprobs".into(),
+            Endpoint::Chat | Endpoint::Responses => "top_logprobs".into(),
             Endpoint::Completions => "logprobs".into(),
         },
         Field::Sampling("repeat_penalty") => "repetition_penalty".into(),

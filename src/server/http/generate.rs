@@ -223,6 +223,9 @@ pub struct Finished {
     pub text: String,
     /// Each token's logprobs with where its text starts in `text` (bytes).
     pub logprobs: Vec<(Logprobs, usize)>,
+    /// The generated tokens up to the one that ended the reasoning (all of them when the
+    /// reasoning never ended; 0 without reasoning).
+    pub reasoning_tokens: usize,
     pub ending: Ending,
 }
 
@@ -232,10 +235,17 @@ pub async fn collect(mut merged: Merged) -> Result<(Vec<Choice>, Vec<Finished>),
     let mut texts: Vec<(String, Vec<(Logprobs, usize)>)> =
         (0..n).map(|_| Default::default()).collect();
     let mut endings: Vec<Option<Ending>> = (0..n).map(|_| None).collect();
+    // Per choice: tokens seen, and tokens up to the last that released reasoning.
+    let mut counts = vec![(0usize, 0usize); n];
     while let Some((i, u)) = merged.next().await {
         let (text, lps) = &mut texts[i];
         match u {
             Update::Token(p) => {
+                let (seen, reasoning) = &mut counts[i];
+                *seen += 1;
+                if !p.reasoning.is_empty() {
+                    *reasoning = *seen;
+                }
                 if let Some(l) = p.token.logprobs {
                     lps.push((l, text.len()));
                 }
@@ -243,13 +253,18 @@ pub async fn collect(mut merged: Merged) -> Result<(Vec<Choice>, Vec<Finished>),
             }
             Update::End(e) => {
                 text.push_str(&e.text);
+                if !e.reasoning.is_empty() {
+                    counts[i].1 = e.done.completion_tokens;
+                }
                 endings[i] = Some(*e);
             }
             Update::Failed(e) => return Err(e),
         }
     }
     let mut done = Vec::with_capacity(n);
-    for ((text, logprobs), ending) in texts.into_iter().zip(endings) {
+    for (((text, logprobs), ending), (_, reasoning_tokens)) in
+        texts.into_iter().zip(endings).zip(counts)
+    {
         let ending = ending.ok_or_else(|| {
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -259,6 +274,7 @@ pub async fn collect(mut merged: Merged) -> Result<(Vec<Choice>, Vec<Finished>),
         done.push(Finished {
             text,
             logprobs,
+            reasoning_tokens,
             ending,
         });
     }
@@ -353,12 +369,17 @@ pub trait StreamFormat: Send + 'static {
     ) -> bool;
     /// Adds the events that follow the last choice's end (the usage chunk).
     fn finish(&mut self, merged: &Merged, out: &mut Vec<SseEvent>);
+    /// Whether the stream ends with `data: [DONE]` (the chat and completions streams do;
+    /// the Responses API's ends with its own final event).
+    fn done_marker(&self) -> bool {
+        true
+    }
 }
 
 /// An SSE response that sends `opening`, then each choice's updates as `format` reports
-/// them, then `[DONE]`. A task drives it until every choice ended or the client went away:
-/// its body dropped, the job receivers go at once, and the engine stops the jobs within a
-/// step.
+/// them, then `[DONE]` where the format ends with it. A task drives it until every choice
+/// ended or the client went away: its body dropped, the job receivers go at once, and the
+/// engine stops the jobs within a step.
 pub fn stream(
     mut merged: Merged,
     opening: Vec<SseEvent>,
@@ -389,7 +410,9 @@ pub fn stream(
                 }
             }
         }
-        let _ = tx.send(SseEvent::default().data("[DONE]")).await;
+        if format.done_marker() {
+            let _ = tx.send(SseEvent::default().data("[DONE]")).await;
+        }
     });
     sse(rx)
 }

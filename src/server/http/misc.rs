@@ -17,7 +17,7 @@ use serde_json::json;
 use std::sync::Arc;
 
 /// Counts a call and answers it.
-fn answer<T: IntoResponse>(
+pub(super) fn answer<T: IntoResponse>(
     state: &HttpState,
     method: &'static str,
     r: Result<T, ApiError>,

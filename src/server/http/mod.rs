@@ -1,5 +1,6 @@
 //! The OpenAI-compatible HTTP API beside gRPC, over the same engine ([`Core`]):
-//! `/v1/chat/completions` ([`chat`]), `/v1/completions` ([`completions`]), `/v1/models`,
+//! `/v1/chat/completions` ([`chat`]), `/v1/completions` ([`completions`]), `/v1/responses`
+//! ([`responses`], with its kept responses at `/v1/responses/{id}`), `/v1/models`,
 //! `/tokenize`, `/detokenize`, `/health`, `/metrics` and `/openapi.json` ([`misc`]), with
 //! OpenAI's error bodies ([`error`]) and wire types ([`wire`]). The handlers only convert:
 //! requests go through the engine's planner, replies through [`crate::engine::reply`].
@@ -16,6 +17,7 @@ pub mod completions;
 pub mod error;
 mod generate;
 pub mod misc;
+pub mod responses;
 pub mod wire;
 
 use super::auth::{AuthError, BearerAuth};
@@ -63,6 +65,8 @@ pub struct HttpState {
     pub draining: watch::Receiver<bool>,
     /// When the server started (Unix seconds): the model's `created`.
     pub started: u64,
+    /// The Responses API's kept responses.
+    pub responses: Arc<responses::store::ResponseStore>,
 }
 
 impl HttpState {
@@ -130,6 +134,11 @@ pub fn router(state: Arc<HttpState>) -> Router {
     let guarded = Router::new()
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .route("/v1/models", get(misc::models))
         .route("/v1/models/{id}", get(misc::model))
         .route("/tokenize", post(misc::tokenize))
@@ -258,6 +267,14 @@ parse_plain!(wire::TokenizeRequest, wire::DetokenizeRequest);
 // The generation requests' shared fields are a struct of their own, read from the same
 // body: serde's flattening would lose the path of a field that does not fit.
 impl ParseBody for wire::ChatRequest {
+    fn parse(body: &[u8]) -> Result<Self, ApiError> {
+        let mut r: Self = parse_json(body)?;
+        r.sampling = parse_json(body)?;
+        Ok(r)
+    }
+}
+
+impl ParseBody for responses::wire::ResponsesRequest {
     fn parse(body: &[u8]) -> Result<Self, ApiError> {
         let mut r: Self = parse_json(body)?;
         r.sampling = parse_json(body)?;

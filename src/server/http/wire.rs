@@ -324,14 +324,14 @@ pub struct Usage {
     pub completion_tokens_details: CompletionTokensDetails,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct TopLogprob {
     pub token: String,
     pub logprob: f32,
     pub bytes: Vec<u8>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct TokenLogprob {
     pub token: String,
     pub logprob: f32,
