@@ -181,6 +181,72 @@ async fn http_answers_as_the_grpc_stream_does_token_for_token() {
     assert_eq!(v["object"], "chat.completion");
     assert!(h.header("x-request-id").is_some());
 
+    // The Responses API: instructions and an input item are the same conversation; the
+    // message's text and logprobs are the gRPC stream's, whole and streamed.
+    let body = json!({
+        "instructions": "Be brief.",
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "Name a colour."}]}],
+        "max_output_tokens": 12, "temperature": 0, "ignore_eos": true,
+        "include": ["message.output_text.logprobs"],
+    });
+    let v = http::post_async(addr, "/v1/responses", body.clone())
+        .await
+        .json();
+    assert_eq!(v["object"], "response", "{v}");
+    assert_eq!(v["status"], "incomplete", "{v}");
+    assert_eq!(v["incomplete_details"]["reason"], "max_output_tokens");
+    let part = &v["output"][0]["content"][0];
+    assert_eq!(part["text"], g.text(), "{v}");
+    let token_logprobs = |list: &Value| -> Vec<(String, f32)> {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                (
+                    t["token"].as_str().unwrap().to_string(),
+                    t["logprob"].as_f64().unwrap() as f32,
+                )
+            })
+            .collect()
+    };
+    assert_eq!(token_logprobs(&part["logprobs"]), grpc_tokens(&g));
+    assert_eq!(v["usage"]["output_tokens"], 12);
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let h = http::post_async(addr, "/v1/responses", streamed).await;
+    assert_eq!(h.status, 200, "{}", h.text());
+    // Each event is named for its type, and the stream ends with the last one, no [DONE].
+    let text = h.text();
+    let events: Vec<Value> = h
+        .events()
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e["sequence_number"], i, "{e}");
+        let kind = e["type"].as_str().unwrap();
+        assert!(text.contains(&format!("event: {kind}\n")), "{kind}");
+    }
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "response.incomplete");
+    let without_ids = |output: &Value| -> Vec<Value> {
+        let mut items = output.as_array().unwrap().clone();
+        for item in &mut items {
+            item.as_object_mut().unwrap().remove("id");
+        }
+        items
+    };
+    assert_eq!(
+        without_ids(&last["response"]["output"]),
+        without_ids(&v["output"])
+    );
+    let deltas: Vec<(String, f32)> = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .flat_map(|e| token_logprobs(&e["logprobs"]))
+        .collect();
+    assert_eq!(deltas, grpc_tokens(&g));
+
     // n choices are one batch: choice i is the n = 1 reply with seed + i.
     let sampled = |n: u32, seed: u64| {
         json!({"prompt": "Seeds", "max_tokens": 10, "temperature": 1.5, "top_k": 0,
@@ -452,6 +518,38 @@ async fn bad_input_gets_clear_statuses_and_the_server_stays_up() {
             .unwrap_or_else(|| panic!("{gauge} missing:\n{text}"));
         assert!(line.ends_with("} 0"), "{line}");
     }
+
+    // The same for a Responses API stream.
+    let body = json!({"input": "go on", "max_output_tokens": 3000, "ignore_eos": true,
+                      "temperature": 0, "stream": true});
+    let tokens_before = server.metrics().tokens_total();
+    let (s, _) = tokio::task::spawn_blocking(move || {
+        http::open_stream(
+            addr,
+            "/v1/responses",
+            &body,
+            "event: response.output_text.delta",
+        )
+    })
+    .await
+    .unwrap();
+    drop(s);
+    metrics_until(&server, "the cancelled response's cleanup", |m| {
+        metric(m, "inferno_running_streams") == 0.0
+            && metric(m, "inferno_kv_cache_reserved_tokens") == 0.0
+    })
+    .await;
+    assert_eq!(
+        server
+            .metrics()
+            .requests_by(Some(Protocol::Http), "Generate", "CANCELLED"),
+        2
+    );
+    let generated = server.metrics().tokens_total() - tokens_before;
+    assert!(
+        (1..1000).contains(&generated),
+        "{generated} tokens after the client left"
+    );
 
     // Still serving.
     let h = http::get_async(addr, "/health").await;

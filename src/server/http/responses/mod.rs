@@ -437,6 +437,15 @@ async fn whole_reply(merged: Merged, ctx: Context) -> Result<Response, ApiError>
     Ok(Json(r).into_response())
 }
 
+/// A value as JSON, its 32-bit floats written as they are (shortest form) rather than
+/// widened to 64 bits on the way into a `Value` (-1.6611452, not -1.6611452102661133), so
+/// the events carry the same numbers as the whole response.
+fn typed(v: &impl serde::Serialize) -> Value {
+    serde_json::to_string(v)
+        .and_then(|text| serde_json::from_str(&text))
+        .unwrap_or(Value::Null)
+}
+
 /// The item being streamed.
 enum Open {
     Reasoning {
@@ -503,8 +512,8 @@ impl ResponseStream {
     fn opening(&mut self) -> Vec<SseEvent> {
         let r = self.ctx.base.clone();
         vec![
-            self.event("response.created", json!({"response": r})),
-            self.event("response.in_progress", json!({"response": r})),
+            self.event("response.created", json!({"response": typed(&r)})),
+            self.event("response.in_progress", json!({"response": typed(&r)})),
         ]
     }
 
@@ -523,12 +532,12 @@ impl ResponseStream {
         let index = self.index();
         out.push(self.event(
             "response.output_item.added",
-            json!({"output_index": index, "item": item}),
+            json!({"output_index": index, "item": typed(&item)}),
         ));
         out.push(self.event(
             "response.content_part.added",
             json!({"item_id": id, "output_index": index, "content_index": 0,
-                   "part": ReasoningText::new(String::new())}),
+                   "part": typed(&ReasoningText::new(String::new()))}),
         ));
         self.open = Some(Open::Reasoning {
             id,
@@ -564,11 +573,11 @@ impl ResponseStream {
         let part = OutputText::new(String::new(), self.ctx.logprobs.map(|_| Vec::new()));
         out.push(self.event(
             "response.output_item.added",
-            json!({"output_index": index, "item": item}),
+            json!({"output_index": index, "item": typed(&item)}),
         ));
         out.push(self.event(
             "response.content_part.added",
-            json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+            json!({"item_id": id, "output_index": index, "content_index": 0, "part": typed(&part)}),
         ));
         self.open = Some(Open::Message {
             id,
@@ -604,9 +613,9 @@ impl ResponseStream {
         let events_logprobs: Vec<Value> = fresh
             .iter()
             .map(|l| {
-                json!({"token": l.token, "logprob": l.logprob,
+                json!({"token": l.token, "logprob": typed(&l.logprob),
                        "top_logprobs": l.top_logprobs.iter()
-                           .map(|t| json!({"token": t.token, "logprob": t.logprob}))
+                           .map(|t| json!({"token": t.token, "logprob": typed(&t.logprob)}))
                            .collect::<Vec<_>>()})
             })
             .collect();
@@ -633,7 +642,7 @@ impl ResponseStream {
         }
         out.push(self.event(
             "response.output_item.added",
-            json!({"output_index": index, "item": added}),
+            json!({"output_index": index, "item": typed(&added)}),
         ));
         out.push(self.event(
             "response.function_call_arguments.delta",
@@ -650,7 +659,7 @@ impl ResponseStream {
         }
         out.push(self.event(
             "response.output_item.done",
-            json!({"output_index": index, "item": done}),
+            json!({"output_index": index, "item": typed(&done)}),
         ));
         self.output.push(done);
     }
@@ -670,7 +679,7 @@ impl ResponseStream {
                 out.push(self.event(
                     "response.content_part.done",
                     json!({"item_id": id, "output_index": index, "content_index": 0,
-                           "part": part}),
+                           "part": typed(&part)}),
                 ));
                 OutputItem::Reasoning {
                     id,
@@ -685,12 +694,12 @@ impl ResponseStream {
                 out.push(self.event(
                     "response.output_text.done",
                     json!({"item_id": id, "output_index": index, "content_index": 0,
-                           "text": text, "logprobs": logprobs.unwrap_or_default()}),
+                           "text": text, "logprobs": typed(&logprobs.unwrap_or_default())}),
                 ));
                 out.push(self.event(
                     "response.content_part.done",
                     json!({"item_id": id, "output_index": index, "content_index": 0,
-                           "part": part}),
+                           "part": typed(&part)}),
                 ));
                 OutputItem::Message {
                     id,
@@ -702,7 +711,7 @@ impl ResponseStream {
         };
         out.push(self.event(
             "response.output_item.done",
-            json!({"output_index": index, "item": item}),
+            json!({"output_index": index, "item": typed(&item)}),
         ));
         self.output.push(item);
     }
@@ -753,7 +762,7 @@ impl StreamFormat for ResponseStream {
             }
             Update::Failed(e) => {
                 let r = self.ctx.failed(&e);
-                out.push(self.event("response.failed", json!({"response": r})));
+                out.push(self.event("response.failed", json!({"response": typed(&r)})));
                 return false;
             }
         }
@@ -774,7 +783,7 @@ impl StreamFormat for ResponseStream {
         } else {
             "response.completed"
         };
-        out.push(self.event(kind, json!({"response": r})));
+        out.push(self.event(kind, json!({"response": typed(&r)})));
     }
 
     fn done_marker(&self) -> bool {
