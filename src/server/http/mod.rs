@@ -257,7 +257,9 @@ macro_rules! parse_plain {
     ($($t:ty),*) => {$(
         impl ParseBody for $t {
             fn parse(body: &[u8]) -> Result<Self, ApiError> {
-                parse_json(body)
+                let (r, ignored) = parse_json(body)?;
+                log_ignored(&ignored);
+                Ok(r)
             }
         }
     )*};
@@ -266,28 +268,54 @@ parse_plain!(wire::TokenizeRequest, wire::DetokenizeRequest);
 
 // The generation requests' shared fields are a struct of their own, read from the same
 // body: serde's flattening would lose the path of a field that does not fit.
-impl ParseBody for wire::ChatRequest {
-    fn parse(body: &[u8]) -> Result<Self, ApiError> {
-        let mut r: Self = parse_json(body)?;
-        r.sampling = parse_json(body)?;
-        Ok(r)
+macro_rules! parse_with_sampling {
+    ($($t:ty),*) => {$(
+        impl ParseBody for $t {
+            fn parse(body: &[u8]) -> Result<Self, ApiError> {
+                let (mut r, own) = parse_json::<Self>(body)?;
+                let (sampling, shared) = parse_json(body)?;
+                r.sampling = sampling;
+                log_ignored(&ignored_by_both(&own, &shared));
+                Ok(r)
+            }
+        }
+    )*};
+}
+parse_with_sampling!(
+    wire::ChatRequest,
+    wire::CompletionRequest,
+    responses::wire::ResponsesRequest
+);
+
+/// Says which fields of a request were not read, as vLLM does, so that a misspelt or
+/// unsupported field is seen in the log rather than silently ignored.
+fn log_ignored(ignored: &[String]) {
+    if !ignored.is_empty() {
+        tracing::info!(fields = ?ignored, "request fields this server does not know were ignored");
     }
 }
 
-impl ParseBody for responses::wire::ResponsesRequest {
-    fn parse(body: &[u8]) -> Result<Self, ApiError> {
-        let mut r: Self = parse_json(body)?;
-        r.sampling = parse_json(body)?;
-        Ok(r)
-    }
-}
-
-impl ParseBody for wire::CompletionRequest {
-    fn parse(body: &[u8]) -> Result<Self, ApiError> {
-        let mut r: Self = parse_json(body)?;
-        r.sampling = parse_json(body)?;
-        Ok(r)
-    }
+/// The fields neither of two structs read from one body took: each reads the other's
+/// fields whole as unknown, so a path one ignored counts when the other ignored its
+/// top-level field too.
+fn ignored_by_both(first: &[String], second: &[String]) -> Vec<String> {
+    let top = |path: &str| path.split('.').next().unwrap_or(path).to_string();
+    let mut out: Vec<String> = first
+        .iter()
+        .filter(|p| second.contains(&top(p)))
+        .chain(second.iter().filter(|p| first.contains(&top(p))))
+        .cloned()
+        .collect();
+    out.sort();
+    out.dedup();
+    // A nested path stands for its field: drop the field's own top-level entry.
+    let nested: Vec<String> = out
+        .iter()
+        .filter(|p| p.contains('.'))
+        .map(|p| top(p))
+        .collect();
+    out.retain(|p| !nested.contains(p));
+    out
 }
 
 /// A JSON request body, read within the size and time limits and deserialized with the
@@ -347,12 +375,28 @@ impl<T: ParseBody> FromRequest<Arc<HttpState>> for JsonBody<T> {
     }
 }
 
-/// Deserializes a body, naming the field that does not fit.
-fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+/// Deserializes a body, naming the field that does not fit; returns it with the paths of
+/// the fields it has no place for.
+fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<(T, Vec<String>), ApiError> {
     let mut de = serde_json::Deserializer::from_slice(body);
-    let value = serde_path_to_error::deserialize(&mut de)
+    let mut ignored = Vec::new();
+    let read = {
+        // `?` marks where the path went through an `Option`: no field of the request's.
+        let mut note = |path: serde_ignored::Path<'_>| {
+            let path = path.to_string();
+            ignored.push(
+                path.split('.')
+                    .filter(|s| *s != "?")
+                    .collect::<Vec<_>>()
+                    .join("."),
+            )
+        };
+        serde_path_to_error::deserialize(serde_ignored::Deserializer::new(&mut de, &mut note))
+    };
+    let value = read
         .map_err(|e| (e.path().to_string(), e.into_inner()))
-        .and_then(|v| de.end().map(|()| v).map_err(|e| (".".to_string(), e)));
+        .and_then(|v| de.end().map(|()| v).map_err(|e| (".".to_string(), e)))
+        .map(|v| (v, ignored));
     value.map_err(|(path, inner)| {
         if inner.is_syntax() || inner.is_eof() || path == "." {
             let what = if inner.is_syntax() || inner.is_eof() {
@@ -491,4 +535,48 @@ pub(crate) async fn serve(
         debug!("HTTP connections still open after the grace period; closing them");
     }
     conns.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unknown<T: DeserializeOwned>(body: serde_json::Value) -> Vec<String> {
+        let body = body.to_string();
+        let (_, own) = parse_json::<T>(body.as_bytes()).unwrap();
+        let (_, shared) = parse_json::<wire::Sampling>(body.as_bytes()).unwrap();
+        ignored_by_both(&own, &shared)
+    }
+
+    /// The fields neither part of a request reads are found, nested ones by their path,
+    /// and none that either part reads.
+    #[test]
+    fn fields_no_part_of_a_request_reads_are_named() {
+        let chat = serde_json::json!({
+            "messages": [{"role": "user", "content": "x", "name": "ada"}],
+            "max_tokens": 3, "temperature": 0, "tools": [], "frobnicate": {"a": 1},
+            "structured_outputs": {"regex": "a", "whitespace_pattern": "b"},
+        });
+        assert_eq!(
+            unknown::<wire::ChatRequest>(chat),
+            [
+                "frobnicate",
+                "messages.0.name",
+                "structured_outputs.whitespace_pattern"
+            ]
+        );
+        let known = serde_json::json!({"prompt": "x", "echo": true, "top_k": 2, "stream": false,
+                                       "stream_options": {"include_usage": true}});
+        assert!(unknown::<wire::CompletionRequest>(known).is_empty());
+        let responses = serde_json::json!({"input": [{"role": "user", "content": "x", "z": 1}],
+                                           "max_output_tokens": 4, "service_tier": "auto"});
+        assert_eq!(
+            unknown::<responses::wire::ResponsesRequest>(responses),
+            ["service_tier"]
+        );
+        let (_, plain) =
+            parse_json::<wire::DetokenizeRequest>(br#"{"tokens": [1], "with_pieces": true}"#)
+                .unwrap();
+        assert_eq!(plain, ["with_pieces"]);
+    }
 }

@@ -6,7 +6,8 @@
 //! and the `guided_*` fields it replaced, `chat_template_kwargs`, `add_generation_prompt`,
 //! `continue_final_message`, `separate_reasoning`) and
 //! llama-server's `/tokenize` and `/detokenize`. Fields a request may carry that are not
-//! listed here are ignored, as vLLM and llama-server ignore them.
+//! listed here are ignored, as vLLM and llama-server ignore them, and named in the log
+//! (`super::log_ignored`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
