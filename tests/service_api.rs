@@ -540,6 +540,8 @@ async fn parallel_tool_calls_false_reports_the_first_call_alone() {
         assert_eq!(r.code(), Code::Ok, "{:?}", r.status);
         let names: Vec<&str> = r.tool_calls.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, want, "parallel_tool_calls {parallel:?}");
+        // The newline between the blocks is layout, not text.
+        assert_eq!(r.text(), "", "parallel_tool_calls {parallel:?}");
         assert_eq!(r.done.as_ref().unwrap().tool_calls, r.tool_calls);
         assert_eq!(r.finish_reason(), Some(FinishReason::ToolCalls));
     }

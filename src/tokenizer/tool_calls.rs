@@ -11,7 +11,9 @@
 //! blocks passes through (held back only while it could be the start of a block); a block
 //! is reported as one [`ToolCall`] once it is closed and its JSON parses. A block whose
 //! JSON is not a call, or that is never closed, is given back as text: the caller loses
-//! nothing the model wrote.
+//! nothing the model wrote but the whitespace that only separates calls (the newline
+//! between two blocks, or after the last), which is layout, not text: OpenAI's and vLLM's
+//! replies have no content there.
 
 use serde_json::Value;
 
@@ -45,6 +47,11 @@ pub struct ToolCallParser {
     pending: String,
     in_block: bool,
     calls: usize,
+    /// Only whitespace has come since the last call.
+    after_call: bool,
+    /// That whitespace, held: dropped when a call or the end follows, given back before
+    /// anything else.
+    gap: String,
 }
 
 impl ToolCallParser {
@@ -76,15 +83,19 @@ impl ToolCallParser {
                 match parse_call(body) {
                     Some(call) => {
                         self.calls += 1;
+                        self.gap.clear();
+                        self.after_call = true;
                         out.push(Parsed::Call(call));
                     }
-                    None => push_text(&mut out, &self.pending[..block_end]),
+                    None => {
+                        self.release(&mut out, block_end);
+                        continue;
+                    }
                 }
                 self.pending.drain(..block_end);
                 self.in_block = false;
             } else if let Some(start) = self.pending.find(OPEN) {
-                push_text(&mut out, &self.pending[..start]);
-                self.pending.drain(..start);
+                self.release(&mut out, start);
                 self.in_block = true;
             } else {
                 // Hold back the longest suffix that could begin an opening tag.
@@ -92,9 +103,7 @@ impl ToolCallParser {
                     .rev()
                     .find(|&k| self.pending.ends_with(&OPEN[..k]))
                     .unwrap_or(0);
-                let cut = self.pending.len() - keep;
-                push_text(&mut out, &self.pending[..cut]);
-                self.pending.drain(..cut);
+                self.release(&mut out, self.pending.len() - keep);
                 break;
             }
         }
@@ -102,13 +111,30 @@ impl ToolCallParser {
     }
 
     /// Ends the text: whatever is still held (a possible tag start, an unclosed block) is
-    /// text.
+    /// text, but whitespace after the last call.
     pub fn finish(&mut self) -> Vec<Parsed> {
         let mut out = Vec::new();
-        push_text(&mut out, &self.pending);
-        self.pending.clear();
         self.in_block = false;
+        let len = self.pending.len();
+        self.release(&mut out, len);
+        self.gap.clear();
         out
+    }
+
+    /// Gives the first `len` bytes of what is held as text (a malformed block's too, which
+    /// leaves the block), holding them instead while they are whitespace after a call.
+    fn release(&mut self, out: &mut Vec<Parsed>, len: usize) {
+        let text = &self.pending[..len];
+        if self.after_call && !self.in_block && text.trim().is_empty() {
+            self.gap.push_str(text);
+        } else {
+            push_text(out, &self.gap);
+            self.gap.clear();
+            push_text(out, text);
+            self.after_call = false;
+        }
+        self.pending.drain(..len);
+        self.in_block = false;
     }
 }
 
@@ -185,10 +211,65 @@ mod tests {
             vec![
                 Parsed::Text("Let me check.\n".into()),
                 call("get_weather", r#"{"city":"Paris","unit":"c"}"#),
-                Parsed::Text("\n".into()),
                 call("get_time", r#"{"tz":"Europe/Paris"}"#),
             ]
         );
+    }
+
+    /// Whitespace between calls and after the last is no text; text after a call is, with
+    /// the whitespace before it, and so is a malformed block, every split alike.
+    #[test]
+    fn whitespace_that_only_separates_calls_is_dropped() {
+        let f = "<tool_call>{\"name\": \"f\"}</tool_call>";
+        let cases = [
+            (
+                format!("{f}\n \n{f}\n\n"),
+                vec![call("f", "{}"), call("f", "{}")],
+            ),
+            (
+                format!("{f}\n\nDone.\n{f}"),
+                vec![
+                    call("f", "{}"),
+                    Parsed::Text("\n\nDone.\n".into()),
+                    call("f", "{}"),
+                ],
+            ),
+            (
+                format!("{f}\n<tool_call>{{oops}}</tool_call>\n"),
+                vec![
+                    call("f", "{}"),
+                    Parsed::Text("\n<tool_call>{oops}</tool_call>\n".into()),
+                ],
+            ),
+            (
+                format!("{f}\n<tool_call>{{\"name\""),
+                vec![
+                    call("f", "{}"),
+                    Parsed::Text("\n<tool_call>{\"name\"".into()),
+                ],
+            ),
+            (
+                format!("{f}\n<tool"),
+                vec![call("f", "{}"), Parsed::Text("\n<tool".into())],
+            ),
+            (
+                format!(" \n{f}"),
+                vec![Parsed::Text(" \n".into()), call("f", "{}")],
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(feed(&[&text]), want, "{text:?}");
+            for (i, _) in text.char_indices().skip(1) {
+                assert_eq!(
+                    feed(&[&text[..i], &text[i..]]),
+                    want,
+                    "{text:?} split at {i}"
+                );
+            }
+            let chars: Vec<String> = text.chars().map(String::from).collect();
+            let pieces: Vec<&str> = chars.iter().map(String::as_str).collect();
+            assert_eq!(feed(&pieces), want, "{text:?} by characters");
+        }
     }
 
     #[test]

@@ -503,12 +503,16 @@ def parallel_tool_calls(client, model):
         c = client.chat.completions.create(**ask).choices[0]
         names = [t.function.name for t in c.message.tool_calls or []]
         check(names == want, f"parallel_tool_calls {parallel}: {names}")
+        # The newline between the blocks is no content, as OpenAI's replies have none.
+        check(c.message.content is None, f"content beside the calls: {c.message.content!r}")
         check(c.finish_reason == "tool_calls", c.finish_reason)
-        streamed = []
+        streamed, text = [], ""
         for chunk in client.chat.completions.create(**ask, stream=True):
             for ch in chunk.choices:
                 streamed += [(t.index, t.function.name) for t in ch.delta.tool_calls or []]
+                text += ch.delta.content or ""
         check(streamed == list(enumerate(want)), f"streamed {streamed}")
+        check(text == "", f"streamed content beside the calls: {text!r}")
         seen[str(parallel)] = names
     return seen
 
