@@ -7,10 +7,11 @@
 //! `tests/openapi/schemathesis.toml` gives and explains), 405 for methods a path does not
 //! take, 401 for the guarded operations without the bearer token or with a wrong one; and
 //! a stateful phase that follows the description's links (a tokenize's ids into a
-//! detokenize, the listed model into its lookup, a created response into its retrieval and
-//! its deletion) and those Schemathesis infers. The server's log must show no warning, error
-//! or panic but the demo model's notice. The seed is fixed, so a run is repeatable; rerun by
-//! hand with another `--seed` and more `--max-examples` to search further.
+//! detokenize, the listed model into its lookup, a created response into its retrieval,
+//! its input items and its deletion) and those Schemathesis infers. The server's log must
+//! show no warning, error or panic but the demo model's notice. The seed is fixed, so a run
+//! is repeatable; rerun by hand with another `--seed` and more `--max-examples` to search
+//! further.
 //!
 //! Python with `schemathesis` is required: `scripts/test` installs it into `.venv/`;
 //! `INFERNO_PYTHON` may name another interpreter.
@@ -103,8 +104,8 @@ async fn schemathesis_finds_nothing_against_the_served_description() {
     let shown = shown(&out);
     assert!(out.status.success(), "{shown}");
     // It ran every operation and found nothing. Loading the description from its URL, it
-    // leaves that URL's own operation out (from a file it tests all thirteen). The four
-    // links described and the three it infers were followed.
+    // leaves that URL's own operation out (from a file it tests all fourteen). The five
+    // links described and the five it infers were followed.
     let stdout = String::from_utf8_lossy(&out.stdout);
     let operations = paths
         .values()
@@ -115,7 +116,7 @@ async fn schemathesis_finds_nothing_against_the_served_description() {
         "{shown}"
     );
     assert!(stdout.contains("No issues found"), "{shown}");
-    assert!(stdout.contains("API Links:    7 covered"), "{shown}");
+    assert!(stdout.contains("API Links:    10 covered"), "{shown}");
     assert!(
         p.child.try_wait().unwrap().is_none(),
         "the server went down under the fuzzing"

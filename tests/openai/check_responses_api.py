@@ -4,10 +4,10 @@
 events out of order or items whose identity changes. Each greedy response is checked
 against the chat completion of the same conversation (the Responses API's input items,
 instructions, tools and kept turns must become the same prompt), streamed against whole,
-and the kept responses (previous_response_id, retrieve, delete, store false), function
-calls and their outputs sent back, text.format (a JSON schema, and the client's pydantic
-parse), reasoning items, logprobs, and each refusal as the client's exception, naming the
-field.
+and the kept responses (previous_response_id, retrieve, input items paged by the client's
+own cursor pages, delete, store false), function calls and their outputs sent back,
+text.format (a JSON schema, and the client's pydantic parse), reasoning items, logprobs,
+and each refusal as the client's exception, naming the field.
 
 Run by tests/openai_client.rs, which starts the server:
 
@@ -206,6 +206,10 @@ def kept_turns(client, model, real):
     if real:
         check("Ada" in second.output_text, f"a real model remembers: {second.output_text!r}")
 
+    listed = list(client.responses.input_items.list(second.id))
+    check([(i.type, i.role, i.content[0].text) for i in listed]
+          == [("message", "user", "What is my name?")], f"input items {listed}")
+
     got = client.responses.retrieve(first.id)
     check(got.id == first.id and got.output_text == first.output_text, "retrieved")
     check(got.model_dump() == first.model_dump(), "retrieved as it was returned")
@@ -289,6 +293,17 @@ def function_calls(client, model, real):
               f"turn 2 {back.output_text!r} vs chat {answer.content!r}")
     if real:
         check(back.output_text.strip(), "a real model answers with the result")
+
+    # Its input items, as sent (the call keeps its id), a page of one at a time.
+    listed = list(client.responses.input_items.list(back.id, order="asc"))
+    check([i.type for i in listed] == ["message", "function_call", "function_call_output"],
+          f"input items {listed}")
+    check(listed[1].id == call.id and listed[1].call_id == call.call_id, f"{listed[1]}")
+    check(listed[2].call_id == call.call_id and listed[2].output == result, f"{listed[2]}")
+    paged = [i.id for i in client.responses.input_items.list(back.id, order="asc", limit=1)]
+    check(paged == [i.id for i in listed], f"paged {paged}")
+    newest_first = [i.id for i in client.responses.input_items.list(back.id)]
+    check(newest_first == paged[::-1], f"default order {newest_first}")
 
     with client.responses.stream(
         model=model, input=question, tools=TOOLS,

@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP API beside gRPC, over the same engine ([`Core`]):
 //! `/v1/chat/completions` ([`chat`]), `/v1/completions` ([`completions`]), `/v1/responses`
-//! ([`responses`], with its kept responses at `/v1/responses/{id}`), `/v1/models`,
+//! ([`responses`], with its kept responses at `/v1/responses/{id}` and their input items),
+//! `/v1/models`,
 //! `/tokenize`, `/detokenize`, `/health`, `/metrics` and `/openapi.json` ([`misc`]), with
 //! OpenAI's error bodies ([`error`]) and wire types ([`wire`]). The handlers only convert:
 //! requests go through the engine's planner, replies through [`crate::engine::reply`].
@@ -138,6 +139,10 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .route(
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
         )
         .route("/v1/models", get(misc::models))
         .route("/v1/models/{id}", get(misc::model))

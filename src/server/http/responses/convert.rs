@@ -184,6 +184,55 @@ pub fn input_messages(input: Value) -> Result<Vec<Message>, ApiError> {
     Ok(messages)
 }
 
+/// `input` as `GET /v1/responses/{id}/input_items` lists it: each item as given (already
+/// checked by [`input_messages`]), with its `type`, an `id` where it had none, a `status`,
+/// and a message's text content as a part (`input_text`; an assistant's `output_text`).
+pub fn listed_items(input: &Value, key: &str) -> Vec<Value> {
+    let items = match input {
+        Value::String(s) => vec![serde_json::json!({"role": "user", "content": s})],
+        Value::Array(items) => items.clone(),
+        _ => Vec::new(),
+    };
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut item)| {
+            if let Value::Object(obj) = &mut item {
+                let kind = obj
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("message")
+                    .to_string();
+                let prefix = match kind.as_str() {
+                    "function_call" => "fc",
+                    "function_call_output" => "fco",
+                    "reasoning" => "rs",
+                    _ => "msg",
+                };
+                if obj.get("id").is_none_or(Value::is_null) {
+                    obj.insert("id".into(), format!("{prefix}_{key}_in{i}").into());
+                }
+                if kind == "message" {
+                    if let Some(Value::String(text)) = obj.get("content") {
+                        let assistant = obj.get("role").and_then(Value::as_str) == Some("assistant");
+                        let part = if assistant {
+                            serde_json::json!({"type": "output_text", "text": text, "annotations": []})
+                        } else {
+                            serde_json::json!({"type": "input_text", "text": text})
+                        };
+                        obj.insert("content".into(), Value::Array(vec![part]));
+                    }
+                }
+                obj.insert("type".into(), kind.into());
+                if obj.get("status").is_none_or(Value::is_null) {
+                    obj.insert("status".into(), "completed".into());
+                }
+            }
+            item
+        })
+        .collect()
+}
+
 /// The assistant turn a response's output makes in a later response's conversation: its
 /// messages' text and its calls (its reasoning is not shown again).
 pub fn answer_messages(output: &[OutputItem]) -> Vec<Message> {

@@ -3,8 +3,9 @@
 //! the answer becomes output items (a thinking model's reasoning, the message, each function
 //! call), whole or as the API's typed events (`response.created` ... `response.completed`,
 //! numbered by `sequence_number`). Responses are kept in memory ([`store`]) unless
-//! `store: false`, so `previous_response_id` continues a conversation and
-//! `GET`/`DELETE /v1/responses/{id}` find one.
+//! `store: false`, so `previous_response_id` continues a conversation,
+//! `GET`/`DELETE /v1/responses/{id}` find one, and `GET /v1/responses/{id}/input_items`
+//! pages through its request's input items.
 //!
 //! Served: text input, function tools, `tool_choice`, `parallel_tool_calls`, `text.format`
 //! (text, JSON object, JSON schema), `reasoning.effort` (a template variable, as on chat),
@@ -28,11 +29,13 @@ use super::{HttpState, JsonBody, RequestId};
 use crate::engine::plan::{self, Message, ToolCall};
 use crate::engine::reply::Ending;
 use crate::engine::{FinishReason, Served};
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use store::ResponseStore;
@@ -95,6 +98,87 @@ pub async fn delete(State(state): State<Arc<HttpState>>, Path(id): Path<String>)
 
 /// A response that is not kept: 404 where it is the resource asked for, 400 where a
 /// request names it (as OpenAI answers both).
+/// The query of `GET /v1/responses/{id}/input_items`.
+#[derive(Debug, Default, Deserialize)]
+pub struct ListQuery {
+    /// Items a page, 1 to 100 (20 by default).
+    #[serde(default)]
+    pub limit: Option<u32>,
+    /// `asc`, or `desc` (the default: the last item first).
+    #[serde(default)]
+    pub order: Option<String>,
+    /// The page starts after this item (its id), in the order asked for.
+    #[serde(default)]
+    pub after: Option<String>,
+    /// The page ends before this item.
+    #[serde(default)]
+    pub before: Option<String>,
+}
+
+/// `GET /v1/responses/{id}/input_items`: a kept response's input items, a page at a time.
+pub async fn input_items(
+    State(state): State<Arc<HttpState>>,
+    Path(id): Path<String>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Response {
+    let r = query
+        .map_err(|e| ApiError::invalid("query", format!("the query does not fit: {e}")))
+        .and_then(|Query(q)| {
+            let kept = state
+                .responses
+                .get(&id)
+                .ok_or_else(|| not_kept(&id, "response_id", StatusCode::NOT_FOUND))?;
+            page(&kept.input, &q).map(Json)
+        });
+    super::misc::answer(&state, "ListInputItems", r)
+}
+
+/// One page of a list of items, as OpenAI's cursor pages are: `first_id`, `last_id` and
+/// `has_more` say where it is.
+fn page(items: &[Value], q: &ListQuery) -> Result<Value, ApiError> {
+    let limit = q.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(ApiError::invalid("limit", "limit must be 1 to 100"));
+    }
+    let mut ordered: Vec<&Value> = items.iter().collect();
+    match q.order.as_deref() {
+        None | Some("desc") => ordered.reverse(),
+        Some("asc") => {}
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "order",
+                format!("order {other:?} is unknown (asc or desc)"),
+            ))
+        }
+    }
+    let position = |param: &'static str, cursor: &str| {
+        ordered
+            .iter()
+            .position(|item| item.get("id").and_then(Value::as_str) == Some(cursor))
+            .ok_or_else(|| {
+                ApiError::invalid(param, format!("no input item {cursor:?} in this response"))
+            })
+    };
+    let start = match &q.after {
+        Some(a) => position("after", a)? + 1,
+        None => 0,
+    };
+    let end = match &q.before {
+        Some(b) => position("before", b)?,
+        None => ordered.len(),
+    };
+    let window = ordered.get(start..end.max(start)).unwrap_or_default();
+    let shown = &window[..window.len().min(limit as usize)];
+    let id_of = |item: Option<&&Value>| item.and_then(|i| i.get("id")).cloned();
+    Ok(json!({
+        "object": "list",
+        "data": shown,
+        "first_id": id_of(shown.first()),
+        "last_id": id_of(shown.last()),
+        "has_more": window.len() > shown.len(),
+    }))
+}
+
 fn not_kept(id: &str, param: &str, status: StatusCode) -> ApiError {
     ApiError::new(
         status,
@@ -122,6 +206,8 @@ struct Context {
     store: Option<(Arc<ResponseStore>, Vec<Message>)>,
     /// The random part of the response's id, shared by its items' ids.
     key: String,
+    /// The request's input items as listed later (when the response is kept).
+    input: Vec<Value>,
 }
 
 impl Context {
@@ -160,7 +246,7 @@ impl Context {
         if let Some((store, before)) = &self.store {
             let mut history = before.clone();
             history.extend(convert::answer_messages(&r.output));
-            if !store.put(r.clone(), history) {
+            if !store.put(r.clone(), history, self.input.clone()) {
                 tracing::warn!(id = %r.id, "a response is larger than the whole response store; not kept");
                 r.store = false;
             }
@@ -198,6 +284,13 @@ async fn run(
     generate::check_queue(state)?;
     let stream = req.sampling.stream.unwrap_or(false);
 
+    let key = format!("{}{}", plan::new_request_id(), plan::new_request_id());
+    let keep = req.store.unwrap_or(true) && state.responses.enabled();
+    let listed = if keep {
+        convert::listed_items(&req.input, &key)
+    } else {
+        Vec::new()
+    };
     // The conversation: what the previous response kept, then this request's input.
     let mut history = match req.previous_response_id.as_deref() {
         None => Vec::new(),
@@ -255,8 +348,6 @@ async fn run(
     let (choices, receivers) = generate::enqueue(state, &queued_id, &[prepared], 1)?;
     let merged = Merged::new(choices, receivers);
 
-    let key = format!("{}{}", plan::new_request_id(), plan::new_request_id());
-    let keep = req.store.unwrap_or(true) && state.responses.enabled();
     let base = ResponseObject {
         id: format!("resp_{key}"),
         object: "response",
@@ -293,6 +384,7 @@ async fn run(
         served,
         store: keep.then(|| (Arc::clone(&state.responses), history)),
         key,
+        input: listed,
     };
     if stream {
         let mut s = ResponseStream::new(ctx);
@@ -788,5 +880,72 @@ impl StreamFormat for ResponseStream {
 
     fn done_marker(&self) -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{page, ListQuery};
+    use serde_json::{json, Value};
+
+    fn ids(page: &Value) -> Vec<&str> {
+        page["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap())
+            .collect()
+    }
+
+    /// Pages run in either order from either cursor, and say whether more follow.
+    #[test]
+    fn input_items_come_a_page_at_a_time() {
+        let items: Vec<Value> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|id| json!({"id": id}))
+            .collect();
+        let q =
+            |limit: Option<u32>, order: Option<&str>, after: Option<&str>, before: Option<&str>| {
+                ListQuery {
+                    limit,
+                    order: order.map(String::from),
+                    after: after.map(String::from),
+                    before: before.map(String::from),
+                }
+            };
+        let all = page(&items, &q(None, None, None, None)).unwrap();
+        assert_eq!(ids(&all), ["e", "d", "c", "b", "a"]);
+        assert_eq!(all["has_more"], false);
+        assert_eq!(
+            (all["first_id"].as_str(), all["last_id"].as_str()),
+            (Some("e"), Some("a"))
+        );
+        let first = page(&items, &q(Some(2), Some("asc"), None, None)).unwrap();
+        assert_eq!(ids(&first), ["a", "b"]);
+        assert_eq!(first["has_more"], true);
+        let next = page(&items, &q(Some(2), Some("asc"), Some("b"), None)).unwrap();
+        assert_eq!(ids(&next), ["c", "d"]);
+        let last = page(&items, &q(Some(2), Some("asc"), Some("d"), None)).unwrap();
+        assert_eq!(ids(&last), ["e"]);
+        assert_eq!(last["has_more"], false);
+        let between = page(&items, &q(None, Some("desc"), Some("e"), Some("b"))).unwrap();
+        assert_eq!(ids(&between), ["d", "c"]);
+        let none = page(&items, &q(None, Some("asc"), Some("e"), None)).unwrap();
+        assert_eq!(ids(&none), Vec::<&str>::new());
+        assert_eq!(none["first_id"], Value::Null);
+        let crossed = page(&items, &q(None, Some("asc"), Some("d"), Some("b"))).unwrap();
+        assert_eq!(ids(&crossed), Vec::<&str>::new());
+        for (bad, param) in [
+            (q(Some(0), None, None, None), "limit"),
+            (q(Some(101), None, None, None), "limit"),
+            (q(None, Some("up"), None, None), "order"),
+            (q(None, None, Some("z"), None), "after"),
+            (q(None, None, None, Some("z")), "before"),
+        ] {
+            assert_eq!(
+                page(&items, &bad).unwrap_err().param.as_deref(),
+                Some(param)
+            );
+        }
     }
 }

@@ -2,10 +2,12 @@
 //! within a byte budget (`--responses-store-bytes`), the oldest dropped first when a new one
 //! needs room. Each keeps its conversation as the engine takes it (the earlier turns, the
 //! request's input and the answer; not the instructions, which OpenAI does not carry over),
-//! so a response that continues it needs no walk up a chain whose links may be gone.
+//! so a response that continues it needs no walk up a chain whose links may be gone, and
+//! its request's input items as listed by `GET /v1/responses/{id}/input_items`.
 
 use super::wire::ResponseObject;
 use crate::engine::plan::Message;
+use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -14,6 +16,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 pub struct Stored {
     pub response: Arc<ResponseObject>,
     pub history: Arc<Vec<Message>>,
+    /// The request's input items, each with an id, in the order given.
+    pub input: Arc<Vec<Value>>,
 }
 
 #[derive(Default)]
@@ -29,9 +33,11 @@ pub struct ResponseStore {
     kept: Mutex<Kept>,
 }
 
-/// What a response and its conversation take, about: their texts and the response's JSON.
-fn size(response: &ResponseObject, history: &[Message]) -> usize {
-    let json = serde_json::to_vec(response).map_or(0, |v| v.len());
+/// What a response and its conversation take, about: their texts and the JSON of the
+/// response and its input items.
+fn size(response: &ResponseObject, history: &[Message], input: &[Value]) -> usize {
+    let json = serde_json::to_vec(response).map_or(0, |v| v.len())
+        + serde_json::to_vec(input).map_or(0, |v| v.len());
     let texts: usize = history
         .iter()
         .map(|m| {
@@ -68,8 +74,8 @@ impl ResponseStore {
 
     /// Keeps a response, dropping the oldest ones until it fits; `false` when it alone is
     /// over the budget (then nothing is dropped).
-    pub fn put(&self, response: ResponseObject, history: Vec<Message>) -> bool {
-        let bytes = size(&response, &history);
+    pub fn put(&self, response: ResponseObject, history: Vec<Message>, input: Vec<Value>) -> bool {
+        let bytes = size(&response, &history, &input);
         if bytes > self.budget {
             return false;
         }
@@ -77,6 +83,7 @@ impl ResponseStore {
         let stored = Stored {
             response: Arc::new(response),
             history: Arc::new(history),
+            input: Arc::new(input),
         };
         let mut kept = self.lock();
         if let Some((_, old)) = kept.by_id.remove(&id) {
@@ -163,22 +170,30 @@ mod tests {
     /// kept and drops nothing; a removed one frees its bytes.
     #[test]
     fn the_oldest_responses_make_room_within_the_budget() {
-        let one = size(&response("a", 1000), &[Message::new("user", "hi")]);
+        let one = size(&response("a", 1000), &[Message::new("user", "hi")], &[]);
         let store = ResponseStore::new(3 * one + one / 2);
         for id in ["a", "b", "c"] {
-            assert!(store.put(response(id, 1000), vec![Message::new("user", "hi")]));
+            assert!(store.put(
+                response(id, 1000),
+                vec![Message::new("user", "hi")],
+                Vec::new()
+            ));
         }
         assert_eq!(store.usage(), (3, 3 * one));
-        assert!(store.put(response("d", 1000), vec![Message::new("user", "hi")]));
+        assert!(store.put(
+            response("d", 1000),
+            vec![Message::new("user", "hi")],
+            Vec::new()
+        ));
         assert!(store.get("a").is_none());
         assert!(store.get("b").is_some() && store.get("d").is_some());
-        assert!(!store.put(response("huge", 4 * one), Vec::new()));
+        assert!(!store.put(response("huge", 4 * one), Vec::new(), Vec::new()));
         assert_eq!(store.usage(), (3, 3 * one));
         assert!(store.remove("c"));
         assert!(!store.remove("c"));
         assert_eq!(store.usage(), (2, 2 * one));
         let history = &store.get("d").unwrap().history;
         assert_eq!(history[0].content, "hi");
-        assert!(!ResponseStore::new(0).put(response("a", 0), Vec::new()));
+        assert!(!ResponseStore::new(0).put(response("a", 0), Vec::new(), Vec::new()));
     }
 }
