@@ -36,19 +36,13 @@ impl ResponseFormat {
         if options.is_empty() {
             return None;
         }
+        // llguidance parses regular expressions with regex-syntax, whose escaping this is.
         let mut re = String::from("(?:");
         for (i, option) in options.iter().enumerate() {
             if i > 0 {
                 re.push('|');
             }
-            for c in option.chars() {
-                // The characters the regex syntax gives a meaning (regex-syntax's
-                // `is_meta_character`); every other one stands for itself.
-                if "\\.+*?()|[]{}^$#&-~".contains(c) {
-                    re.push('\\');
-                }
-                re.push(c);
-            }
+            regex_syntax::escape_into(option, &mut re);
         }
         re.push(')');
         Some(Self::Regex(re))
