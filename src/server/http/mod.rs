@@ -312,14 +312,8 @@ fn ignored_by_both(first: &[String], second: &[String]) -> Vec<String> {
         .cloned()
         .collect();
     out.sort();
+    // A field both structs lack is named by both.
     out.dedup();
-    // A nested path stands for its field: drop the field's own top-level entry.
-    let nested: Vec<String> = out
-        .iter()
-        .filter(|p| p.contains('.'))
-        .map(|p| top(p))
-        .collect();
-    out.retain(|p| !nested.contains(p));
     out
 }
 
