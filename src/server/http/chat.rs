@@ -334,8 +334,9 @@ pub(super) fn one_format(
     Ok(formats.pop().map(|(_, f)| f))
 }
 
-/// vLLM's JSON schema constraint: the schema as an object, or as its JSON text.
-fn json_schema(
+/// A JSON schema constraint (vLLM's, and the Responses API's `text.format`): the schema as
+/// an object, or as its JSON text.
+pub(super) fn json_schema(
     param: &'static str,
     v: Option<&serde_json::Value>,
 ) -> Result<Option<ResponseFormat>, ApiError> {

@@ -217,14 +217,41 @@ impl Merged {
     }
 }
 
+/// Counts a reply's reasoning tokens as it comes (OpenAI's `reasoning_tokens`): the
+/// generated tokens up to the one that released the last of the reasoning, or all of them
+/// when the reasoning was only released at the end (it never closed); 0 without reasoning.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReasoningTokens {
+    seen: usize,
+    reasoning: usize,
+}
+
+impl ReasoningTokens {
+    pub fn token(&mut self, p: &TokenPiece) {
+        self.seen += 1;
+        if !p.reasoning.is_empty() {
+            self.reasoning = self.seen;
+        }
+    }
+
+    pub fn end(&mut self, e: &Ending) {
+        if !e.reasoning.is_empty() {
+            self.reasoning = e.done.completion_tokens;
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.reasoning
+    }
+}
+
 /// A finished choice, read whole.
 pub struct Finished {
     /// The answer text (reasoning and tool calls apart, as the request asked).
     pub text: String,
     /// Each token's logprobs with where its text starts in `text` (bytes).
     pub logprobs: Vec<(Logprobs, usize)>,
-    /// The generated tokens up to the one that ended the reasoning (all of them when the
-    /// reasoning never ended; 0 without reasoning).
+    /// See [`ReasoningTokens`].
     pub reasoning_tokens: usize,
     pub ending: Ending,
 }
@@ -235,17 +262,12 @@ pub async fn collect(mut merged: Merged) -> Result<(Vec<Choice>, Vec<Finished>),
     let mut texts: Vec<(String, Vec<(Logprobs, usize)>)> =
         (0..n).map(|_| Default::default()).collect();
     let mut endings: Vec<Option<Ending>> = (0..n).map(|_| None).collect();
-    // Per choice: tokens seen, and tokens up to the last that released reasoning.
-    let mut counts = vec![(0usize, 0usize); n];
+    let mut counts = vec![ReasoningTokens::default(); n];
     while let Some((i, u)) = merged.next().await {
         let (text, lps) = &mut texts[i];
         match u {
             Update::Token(p) => {
-                let (seen, reasoning) = &mut counts[i];
-                *seen += 1;
-                if !p.reasoning.is_empty() {
-                    *reasoning = *seen;
-                }
+                counts[i].token(&p);
                 if let Some(l) = p.token.logprobs {
                     lps.push((l, text.len()));
                 }
@@ -253,18 +275,14 @@ pub async fn collect(mut merged: Merged) -> Result<(Vec<Choice>, Vec<Finished>),
             }
             Update::End(e) => {
                 text.push_str(&e.text);
-                if !e.reasoning.is_empty() {
-                    counts[i].1 = e.done.completion_tokens;
-                }
+                counts[i].end(&e);
                 endings[i] = Some(*e);
             }
             Update::Failed(e) => return Err(e),
         }
     }
     let mut done = Vec::with_capacity(n);
-    for (((text, logprobs), ending), (_, reasoning_tokens)) in
-        texts.into_iter().zip(endings).zip(counts)
-    {
+    for (((text, logprobs), ending), counted) in texts.into_iter().zip(endings).zip(counts) {
         let ending = ending.ok_or_else(|| {
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -274,7 +292,7 @@ pub async fn collect(mut merged: Merged) -> Result<(Vec<Choice>, Vec<Finished>),
         done.push(Finished {
             text,
             logprobs,
-            reasoning_tokens,
+            reasoning_tokens: counted.count(),
             ending,
         });
     }

@@ -7,6 +7,7 @@
 use super::wire::OutputItem;
 use crate::engine::plan::{Message, Tool, ToolCall, ToolChoice};
 use crate::sampling::constraint::ResponseFormat;
+use crate::server::http::chat::json_schema;
 use crate::server::http::error::ApiError;
 use serde_json::{Map, Value};
 
@@ -343,14 +344,14 @@ pub fn text_format(v: &Value) -> Result<Option<ResponseFormat>, ApiError> {
     match kind.as_str() {
         "text" => Ok(None),
         "json_object" => Ok(Some(ResponseFormat::JsonObject)),
-        "json_schema" => match obj.get("schema") {
-            Some(s @ Value::Object(_)) => Ok(Some(ResponseFormat::JsonSchema(s.to_string()))),
-            Some(Value::String(s)) => Ok(Some(ResponseFormat::JsonSchema(s.clone()))),
-            _ => Err(ApiError::invalid(
-                "text.format.schema",
-                "text.format json_schema needs a schema (an object)",
-            )),
-        },
+        "json_schema" => json_schema("text.format.schema", obj.get("schema"))?
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "text.format.schema",
+                    "text.format json_schema needs a schema (an object)",
+                )
+            })
+            .map(Some),
         other => Err(ApiError::invalid(
             "text.format.type",
             format!("text.format type {other:?} is unknown (text, json_object, json_schema)"),

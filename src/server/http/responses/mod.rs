@@ -23,7 +23,7 @@ use super::chat::{
     common_spec, conversation_prompt, now, one_format, token_logprob, with_reasoning_effort,
 };
 use super::error::{ApiError, Endpoint};
-use super::generate::{self, Merged, StreamFormat, Update};
+use super::generate::{self, Merged, ReasoningTokens, StreamFormat, Update};
 use super::wire::TokenLogprob;
 use super::{HttpState, JsonBody, RequestId};
 use crate::engine::plan::{self, Message, ToolCall};
@@ -202,11 +202,17 @@ struct Context {
     /// Logprobs asked for: how many alternatives per token.
     logprobs: Option<usize>,
     served: Arc<Served>,
-    /// Where the finished response is kept (when it is), with the conversation before it.
-    store: Option<(Arc<ResponseStore>, Vec<Message>)>,
+    /// What keeping the finished response takes, when it is kept.
+    keep: Option<Keep>,
     /// The random part of the response's id, shared by its items' ids.
     key: String,
-    /// The request's input items as listed later (when the response is kept).
+}
+
+/// Where a finished response is kept, with the conversation before its answer and its
+/// request's input items as `input_items` lists them.
+struct Keep {
+    store: Arc<ResponseStore>,
+    history: Vec<Message>,
     input: Vec<Value>,
 }
 
@@ -214,7 +220,7 @@ impl Context {
     /// The finished response: its output and usage, `incomplete` when the output limit or
     /// time limit cut it; kept when asked for.
     fn finish(
-        &self,
+        &mut self,
         output: Vec<OutputItem>,
         usage: super::wire::Usage,
         reasoning_tokens: usize,
@@ -243,10 +249,14 @@ impl Context {
             r.status = "completed";
             r.completed_at = Some(now());
         }
-        if let Some((store, before)) = &self.store {
-            let mut history = before.clone();
+        if let Some(Keep {
+            store,
+            mut history,
+            input,
+        }) = self.keep.take()
+        {
             history.extend(convert::answer_messages(&r.output));
-            if !store.put(r.clone(), history, self.input.clone()) {
+            if !store.put(r.clone(), history, input) {
                 tracing::warn!(id = %r.id, "a response is larger than the whole response store; not kept");
                 r.store = false;
             }
@@ -286,11 +296,7 @@ async fn run(
 
     let key = format!("{}{}", plan::new_request_id(), plan::new_request_id());
     let keep = req.store.unwrap_or(true) && state.responses.enabled();
-    let listed = if keep {
-        convert::listed_items(&req.input, &key)
-    } else {
-        Vec::new()
-    };
+    let listed = keep.then(|| convert::listed_items(&req.input, &key));
     // The conversation: what the previous response kept, then this request's input.
     let mut history = match req.previous_response_id.as_deref() {
         None => Vec::new(),
@@ -382,9 +388,12 @@ async fn run(
         base,
         logprobs,
         served,
-        store: keep.then(|| (Arc::clone(&state.responses), history)),
+        keep: listed.map(|input| Keep {
+            store: Arc::clone(&state.responses),
+            history,
+            input,
+        }),
         key,
-        input: listed,
     };
     if stream {
         let mut s = ResponseStream::new(ctx);
@@ -485,14 +494,19 @@ fn output_items(
         });
     }
     for (i, c) in calls.into_iter().enumerate() {
-        items.push(call_item(key, i, c, "completed"));
+        items.push(call_item(call_id(key, i), c, "completed"));
     }
     items
 }
 
-fn call_item(key: &str, i: usize, c: ToolCall, status: &'static str) -> OutputItem {
+/// The id of a response's `i`th function call item.
+fn call_id(key: &str, i: usize) -> String {
+    format!("fc_{key}_{i}")
+}
+
+fn call_item(id: String, c: ToolCall, status: &'static str) -> OutputItem {
     OutputItem::FunctionCall {
-        id: format!("fc_{key}_{i}"),
+        id,
         call_id: c.id,
         name: c.name,
         arguments: c.arguments,
@@ -500,7 +514,7 @@ fn call_item(key: &str, i: usize, c: ToolCall, status: &'static str) -> OutputIt
     }
 }
 
-async fn whole_reply(merged: Merged, ctx: Context) -> Result<Response, ApiError> {
+async fn whole_reply(merged: Merged, mut ctx: Context) -> Result<Response, ApiError> {
     let (choices, finished) = generate::collect(merged).await?;
     let Some(f) = finished.into_iter().next() else {
         return Err(ApiError::new(
@@ -562,8 +576,7 @@ struct ResponseStream {
     held_logprobs: Vec<TokenLogprob>,
     calls: usize,
     messages: usize,
-    tokens: usize,
-    reasoning_tokens: usize,
+    reasoning_tokens: ReasoningTokens,
     ending: Option<Ending>,
     /// The status the next closed text or reasoning item gets: `incomplete` for the one
     /// open when the output limit came.
@@ -581,8 +594,7 @@ impl ResponseStream {
             held_logprobs: Vec::new(),
             calls: 0,
             messages: 0,
-            tokens: 0,
-            reasoning_tokens: 0,
+            reasoning_tokens: ReasoningTokens::default(),
             ending: None,
             closing_status: "completed",
         }
@@ -720,35 +732,27 @@ impl ResponseStream {
     fn call(&mut self, c: ToolCall, out: &mut Vec<SseEvent>) {
         self.close(out);
         let index = self.index();
-        let arguments = c.arguments.clone();
-        let name = c.name.clone();
-        let item = call_item(&self.ctx.key, self.calls, c, "in_progress");
+        let id = call_id(&self.ctx.key, self.calls);
         self.calls += 1;
-        let OutputItem::FunctionCall { id, .. } = &item else {
-            return;
+        let added = ToolCall {
+            arguments: String::new(),
+            ..c.clone()
         };
-        let id = id.clone();
-        let mut added = item.clone();
-        if let OutputItem::FunctionCall { arguments, .. } = &mut added {
-            arguments.clear();
-        }
         out.push(self.event(
             "response.output_item.added",
-            json!({"output_index": index, "item": typed(&added)}),
+            json!({"output_index": index,
+                   "item": typed(&call_item(id.clone(), added, "in_progress"))}),
         ));
         out.push(self.event(
             "response.function_call_arguments.delta",
-            json!({"item_id": id, "output_index": index, "delta": arguments}),
+            json!({"item_id": id, "output_index": index, "delta": c.arguments}),
         ));
         out.push(self.event(
             "response.function_call_arguments.done",
-            json!({"item_id": id, "output_index": index, "name": name,
-                   "arguments": arguments}),
+            json!({"item_id": id, "output_index": index, "name": c.name,
+                   "arguments": c.arguments}),
         ));
-        let mut done = item;
-        if let OutputItem::FunctionCall { status, .. } = &mut done {
-            *status = "completed";
-        }
+        let done = call_item(id, c, "completed");
         out.push(self.event(
             "response.output_item.done",
             json!({"output_index": index, "item": typed(&done)}),
@@ -813,10 +817,7 @@ impl StreamFormat for ResponseStream {
     fn update(&mut self, _m: &Merged, _i: usize, u: Update, out: &mut Vec<SseEvent>) -> bool {
         match u {
             Update::Token(p) => {
-                self.tokens += 1;
-                if !p.reasoning.is_empty() {
-                    self.reasoning_tokens = self.tokens;
-                }
+                self.reasoning_tokens.token(&p);
                 if let Some(l) = self.ctx.logprob(p.token.logprobs.as_ref()) {
                     self.held_logprobs.push(l);
                 }
@@ -827,10 +828,7 @@ impl StreamFormat for ResponseStream {
                 }
             }
             Update::End(mut e) => {
-                if !e.reasoning.is_empty() {
-                    // Reasoning released only at the end was never closed: all of it.
-                    self.reasoning_tokens = e.done.completion_tokens;
-                }
+                self.reasoning_tokens.end(&e);
                 self.reasoning(std::mem::take(&mut e.reasoning), out);
                 self.text(std::mem::take(&mut e.text), out);
                 for c in std::mem::take(&mut e.calls) {
@@ -867,9 +865,12 @@ impl StreamFormat for ResponseStream {
         };
         let usage = generate::usage(&m.choices, &[&e]);
         let output = std::mem::take(&mut self.output);
-        let r = self
-            .ctx
-            .finish(output, usage, self.reasoning_tokens, e.finish_reason);
+        let r = self.ctx.finish(
+            output,
+            usage,
+            self.reasoning_tokens.count(),
+            e.finish_reason,
+        );
         let kind = if r.status == "incomplete" {
             "response.incomplete"
         } else {
