@@ -5,7 +5,7 @@ events out of order or items whose identity changes. Each greedy response is che
 against the chat completion of the same conversation (the Responses API's input items,
 instructions, tools and kept turns must become the same prompt), streamed against whole,
 and the kept responses (previous_response_id, retrieve, input items paged by the client's
-own cursor pages, delete, store false), function calls and their outputs sent back,
+own cursor pages, delete, store false), input token counts (equal to the responses' usage), function calls and their outputs sent back,
 text.format (a JSON schema, and the client's pydantic parse), reasoning items, logprobs,
 and each refusal as the client's exception, naming the field.
 
@@ -203,6 +203,16 @@ def kept_turns(client, model, real):
     check(second.output_text == chat.choices[0].message.content,
           f"turn 2 {second.output_text!r} vs chat {chat.choices[0].message.content!r}")
     check(second.usage.input_tokens == chat.usage.prompt_tokens, "turn 2's prompt")
+    # Counted without generating: the same prompts, to the token.
+    counted = client.responses.input_tokens.count(
+        model=model, instructions="Be terse.", input="My name is Ada. Say hello.")
+    check(counted.object == "response.input_tokens", f"{counted}")
+    check(counted.input_tokens == first.usage.input_tokens,
+          f"turn 1 counted {counted.input_tokens} vs {first.usage.input_tokens}")
+    counted = client.responses.input_tokens.count(
+        model=model, previous_response_id=first.id, input="What is my name?")
+    check(counted.input_tokens == second.usage.input_tokens,
+          f"turn 2 counted {counted.input_tokens} vs {second.usage.input_tokens}")
     if real:
         check("Ada" in second.output_text, f"a real model remembers: {second.output_text!r}")
 
@@ -223,6 +233,12 @@ def kept_turns(client, model, real):
         client.responses.create(model=model, previous_response_id=first.id, input="x",
                                 max_output_tokens=2)
         check(False, "a deleted response continues nothing")
+    except openai.BadRequestError as e:
+        check(e.body.get("param") == "previous_response_id", f"{e.body}")
+    try:
+        client.responses.input_tokens.count(model=model, previous_response_id=first.id,
+                                            input="x")
+        check(False, "a deleted response is counted as nothing")
     except openai.BadRequestError as e:
         check(e.body.get("param") == "previous_response_id", f"{e.body}")
     # The second turn was kept with its whole conversation: a third continues it.
@@ -293,6 +309,18 @@ def function_calls(client, model, real):
               f"turn 2 {back.output_text!r} vs chat {answer.content!r}")
     if real:
         check(back.output_text.strip(), "a real model answers with the result")
+
+    # The call's turn counted: the tools and both items are in the prompt.
+    turn = [{"role": "user", "content": question}, call.model_dump(exclude_none=True),
+            {"type": "function_call_output", "call_id": call.call_id, "output": result}]
+    counted = client.responses.input_tokens.count(model=model, tools=TOOLS, input=turn)
+    check(counted.input_tokens == back.usage.input_tokens,
+          f"the call's turn counted {counted.input_tokens} vs {back.usage.input_tokens}")
+    bare = client.responses.input_tokens.count(model=model, input=turn)
+    # The demo model's ChatML template leaves tool definitions out; a real one's has them.
+    check(bare.input_tokens < counted.input_tokens if real
+          else bare.input_tokens == counted.input_tokens,
+          f"the tools are counted: {bare.input_tokens} without, {counted.input_tokens} with")
 
     # Its input items, as sent (the call keeps its id), a page of one at a time.
     listed = list(client.responses.input_items.list(back.id, order="asc"))

@@ -136,6 +136,7 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .route("/v1/chat/completions", post(chat::handle))
         .route("/v1/completions", post(completions::handle))
         .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
         .route(
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),

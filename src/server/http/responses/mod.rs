@@ -5,7 +5,8 @@
 //! numbered by `sequence_number`). Responses are kept in memory ([`store`]) unless
 //! `store: false`, so `previous_response_id` continues a conversation,
 //! `GET`/`DELETE /v1/responses/{id}` find one, and `GET /v1/responses/{id}/input_items`
-//! pages through its request's input items.
+//! pages through its request's input items. `POST /v1/responses/input_tokens` counts the
+//! tokens of the prompt a request would be answered from.
 //!
 //! Served: text input, function tools, `tool_choice`, `parallel_tool_calls`, `text.format`
 //! (text, JSON object, JSON schema), `reasoning.effort` (a template variable, as on chat),
@@ -22,12 +23,13 @@ pub mod wire;
 use super::chat::{
     common_spec, conversation_prompt, now, one_format, token_logprob, with_reasoning_effort,
 };
-use super::error::{ApiError, Endpoint};
+use super::error::{plan_error, ApiError, Endpoint};
 use super::generate::{self, Merged, ReasoningTokens, StreamFormat, Update};
 use super::wire::TokenLogprob;
 use super::{HttpState, JsonBody, RequestId};
-use crate::engine::plan::{self, Message, ToolCall};
+use crate::engine::plan::{self, Message, PromptSpec, ToolCall};
 use crate::engine::reply::Ending;
+use crate::engine::request;
 use crate::engine::{FinishReason, Served};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -70,6 +72,38 @@ pub async fn create(
         Err(e) => Err(e),
     };
     r.unwrap_or_else(|e| generate::refused(&state, e))
+}
+
+/// `POST /v1/responses/input_tokens`: how many tokens the model would be prompted with for
+/// the same body on `POST /v1/responses` (its `usage.input_tokens`), nothing generated.
+pub async fn input_tokens(
+    State(state): State<Arc<HttpState>>,
+    body: Result<JsonBody<ResponsesRequest>, ApiError>,
+) -> Response {
+    let r = async {
+        let JsonBody(mut req) = body?;
+        let served = state.core.served()?;
+        state.check_model(&served, req.sampling.model.as_deref())?;
+        refuse_unserved(&req)?;
+        let prompt = conversation(&state, &mut req)?.prompt;
+        let endpoint = Endpoint::Responses;
+        plan::check_text_size(&prompt, state.core.max_text_bytes)
+            .map_err(|e| plan_error(e, endpoint))?;
+        let planned = plan::plan_prompt(&prompt).map_err(|e| plan_error(e, endpoint))?;
+        let tokens = state
+            .core
+            .cpu_job(move || {
+                request::prompt_tokens(&served.tokenizer, &served.chat_template, &planned.prompt)
+            })
+            .await?
+            .map_err(|e| plan_error(e.into(), endpoint))?;
+        Ok(Json(wire::InputTokens {
+            object: "response.input_tokens",
+            input_tokens: tokens.len(),
+        }))
+    }
+    .await;
+    super::misc::answer(&state, "CountInputTokens", r)
 }
 
 /// `GET /v1/responses/{id}`: a kept response.
@@ -286,7 +320,7 @@ impl Context {
 async fn run(
     state: &Arc<HttpState>,
     request_id: String,
-    req: ResponsesRequest,
+    mut req: ResponsesRequest,
 ) -> Result<Response, ApiError> {
     let served = state.serving()?;
     let model = state.check_model(&served, req.sampling.model.as_deref())?;
@@ -297,42 +331,13 @@ async fn run(
     let key = format!("{}{}", plan::new_request_id(), plan::new_request_id());
     let keep = req.store.unwrap_or(true) && state.responses.enabled();
     let listed = keep.then(|| convert::listed_items(&req.input, &key));
-    // The conversation: what the previous response kept, then this request's input.
-    let mut history = match req.previous_response_id.as_deref() {
-        None => Vec::new(),
-        Some(id) => {
-            let kept = state
-                .responses
-                .get(id)
-                .ok_or_else(|| not_kept(id, "previous_response_id", StatusCode::BAD_REQUEST))?;
-            kept.history.as_ref().clone()
-        }
-    };
-    history.extend(convert::input_messages(req.input)?);
-    let mut messages = Vec::with_capacity(history.len() + 1);
-    if let Some(i) = req.instructions.as_ref().filter(|i| !i.is_empty()) {
-        messages.push(Message::new("system", i.clone()));
-    }
-    messages.extend(history.iter().cloned());
-
-    let tools_echo = req.tools.unwrap_or_default();
-    let tools = convert::tools(&tools_echo)?;
-    let tool_choice_echo = req.tool_choice.unwrap_or_else(|| json!("auto"));
-    let format_echo = req
-        .text
-        .and_then(|t| t.format)
-        .unwrap_or_else(|| json!({"type": "text"}));
-    let effort = req.reasoning.as_ref().and_then(|r| r.effort.clone());
-    let mut prompt = conversation_prompt(
-        messages,
-        tools,
-        with_reasoning_effort(req.chat_template_kwargs, effort),
-        None,
-        None,
-    )?;
-    prompt.tool_choice = convert::tool_choice(&tool_choice_echo)?;
-    prompt.response_format = one_format(convert::text_format(&format_echo)?, &req.sampling)?;
-    prompt.parallel_tool_calls = req.parallel_tool_calls.unwrap_or(true);
+    let Conversation {
+        history,
+        prompt,
+        tools: tools_echo,
+        tool_choice: tool_choice_echo,
+        format: format_echo,
+    } = conversation(state, &mut req)?;
 
     let logprobs = req
         .include
@@ -402,6 +407,68 @@ async fn run(
     } else {
         whole_reply(merged, ctx).await
     }
+}
+
+/// What a request asks the model to answer, as the engine takes it, beside the fields the
+/// response echoes.
+struct Conversation {
+    /// The kept conversation this request continues, then its own input, as messages (what
+    /// a kept response keeps before its answer).
+    history: Vec<Message>,
+    /// `instructions` as a system message, then `history`, with the tools, tool choice,
+    /// output format and template variables.
+    prompt: PromptSpec,
+    tools: Vec<Value>,
+    tool_choice: Value,
+    format: Value,
+}
+
+/// The conversation of `req` (taking its input, tools and template variables): the one
+/// `POST /v1/responses` answers and `POST /v1/responses/input_tokens` counts.
+fn conversation(state: &HttpState, req: &mut ResponsesRequest) -> Result<Conversation, ApiError> {
+    let mut history = match req.previous_response_id.as_deref() {
+        None => Vec::new(),
+        Some(id) => {
+            let kept = state
+                .responses
+                .get(id)
+                .ok_or_else(|| not_kept(id, "previous_response_id", StatusCode::BAD_REQUEST))?;
+            kept.history.as_ref().clone()
+        }
+    };
+    history.extend(convert::input_messages(req.input.take())?);
+    let mut messages = Vec::with_capacity(history.len() + 1);
+    if let Some(i) = req.instructions.as_ref().filter(|i| !i.is_empty()) {
+        messages.push(Message::new("system", i.clone()));
+    }
+    messages.extend(history.iter().cloned());
+
+    let tools_echo = req.tools.take().unwrap_or_default();
+    let tools = convert::tools(&tools_echo)?;
+    let tool_choice_echo = req.tool_choice.take().unwrap_or_else(|| json!("auto"));
+    let format_echo = req
+        .text
+        .take()
+        .and_then(|t| t.format)
+        .unwrap_or_else(|| json!({"type": "text"}));
+    let effort = req.reasoning.as_ref().and_then(|r| r.effort.clone());
+    let mut prompt = conversation_prompt(
+        messages,
+        tools,
+        with_reasoning_effort(req.chat_template_kwargs.take(), effort),
+        None,
+        None,
+    )?;
+    prompt.tool_choice = convert::tool_choice(&tool_choice_echo)?;
+    prompt.response_format = one_format(convert::text_format(&format_echo)?, &req.sampling)?;
+    prompt.parallel_tool_calls = req.parallel_tool_calls.unwrap_or(true);
+    Ok(Conversation {
+        history,
+        prompt,
+        tools: tools_echo,
+        tool_choice: tool_choice_echo,
+        format: format_echo,
+    })
 }
 
 /// Whether the output limit (or the time limit) ended the reply.

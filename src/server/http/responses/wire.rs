@@ -231,3 +231,10 @@ pub struct Deleted {
     pub object: &'static str,
     pub deleted: bool,
 }
+
+/// `POST /v1/responses/input_tokens`'s answer.
+#[derive(Debug, Serialize)]
+pub struct InputTokens {
+    pub object: &'static str,
+    pub input_tokens: usize,
+}
