@@ -86,7 +86,7 @@ async fn the_openai_client_gets_what_it_expects_and_each_error_as_its_exception(
     );
     let r = check_responses(&python, &p, &["--api-key", "t0ken"]);
     eprintln!("responses, demo model: {r}");
-    assert_eq!(r["refusals"].as_object().unwrap().len(), 9, "{r}");
+    assert_eq!(r["refusals"].as_object().unwrap().len(), 10, "{r}");
 }
 
 /// The fenced blocks of a language in the README's HTTP section that talk to the default

@@ -444,6 +444,8 @@ def refusals(client, model):
         (dict(input="x", tool_choice={"type": "file_search"}, tools=TOOLS), "tool_choice"),
         (dict(input=[{"type": "item_reference", "id": "msg_1"}]), "input[0].type"),
         (dict(input="x", temperature=-1), "temperature"),
+        (dict(input=[]), "input"),
+        (dict(input=[{"type": "reasoning", "summary": []}]), "input"),
     ]
     seen = {}
     for kw, param in cases:
@@ -453,6 +455,14 @@ def refusals(client, model):
         except openai.BadRequestError as e:
             check(e.body.get("param") == param, f"{kw}: {e.body}")
             seen[param] = e.body.get("message")
+        if "background" in kw or "temperature" in kw:
+            continue  # fields of generating, which counting does not take
+        # Counting refuses the same conversation the same way.
+        try:
+            client.responses.input_tokens.count(model=model, **kw)
+            check(False, f"{kw} is refused when counted")
+        except openai.BadRequestError as e:
+            check(e.body.get("param") == param, f"counted {kw}: {e.body}")
     try:
         client.responses.retrieve("resp_nope")
         check(False, "an unknown response is not found")

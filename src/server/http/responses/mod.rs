@@ -437,6 +437,12 @@ fn conversation(state: &HttpState, req: &mut ResponsesRequest) -> Result<Convers
         }
     };
     history.extend(convert::input_messages(req.input.take())?);
+    if history.is_empty() {
+        return Err(ApiError::invalid(
+            "input",
+            "input holds no message: give a text, or at least one message or function call item",
+        ));
+    }
     let mut messages = Vec::with_capacity(history.len() + 1);
     if let Some(i) = req.instructions.as_ref().filter(|i| !i.is_empty()) {
         messages.push(Message::new("system", i.clone()));
