@@ -104,8 +104,12 @@ async fn schemathesis_finds_nothing_against_the_served_description() {
     let shown = shown(&out);
     assert!(out.status.success(), "{shown}");
     // It ran every operation and found nothing. Loading the description from its URL, it
-    // leaves that URL's own operation out (from a file it tests all fourteen). The five
-    // links described and the five it infers were followed.
+    // leaves that URL's own operation out. Links: the five described and four it infers.
+    // Where a response has both JSON and an event stream (`POST /v1/responses`),
+    // schemathesis 4.32.5 infers its resources from the stream's schema, one event each;
+    // while that schema wrongly said "a string", it took the response for a bare created
+    // id and inferred five links from it (10 covered), and its stream went unchecked.
+    // Described as the events they are, the id is not in them, and 2 links are covered.
     let stdout = String::from_utf8_lossy(&out.stdout);
     let operations = paths
         .values()
@@ -116,7 +120,10 @@ async fn schemathesis_finds_nothing_against_the_served_description() {
         "{shown}"
     );
     assert!(stdout.contains("No issues found"), "{shown}");
-    assert!(stdout.contains("API Links:    10 covered"), "{shown}");
+    assert!(
+        stdout.contains("API Links:    2 covered / 9 selected / 9 total"),
+        "{shown}"
+    );
     assert!(
         p.child.try_wait().unwrap().is_none(),
         "the server went down under the fuzzing"

@@ -5,7 +5,8 @@ events out of order or items whose identity changes. Each greedy response is che
 against the chat completion of the same conversation (the Responses API's input items,
 instructions, tools and kept turns must become the same prompt), streamed against whole,
 and the kept responses (previous_response_id, retrieve, input items paged by the client's
-own cursor pages, delete, store false), input token counts (equal to the responses' usage), function calls and their outputs sent back,
+own cursor pages, delete, store false), input token counts (equal to the responses' usage),
+truncation "auto" (the oldest turns dropped), function calls and their outputs sent back,
 text.format (a JSON schema, and the client's pydantic parse), reasoning items, logprobs,
 and each refusal as the client's exception, naming the field.
 
@@ -429,6 +430,57 @@ def logprobs(client, model):
     return len(got)
 
 
+def truncation(client, model):
+    """truncation "auto" drops the fewest oldest turns (a user message and what follows it)
+    that let the prompt and max_output_tokens fit the context, keeping the instructions: the
+    response is the one asked for with only the turns kept, and the count agrees; without it
+    the same conversation is refused."""
+    ctx = client.models.retrieve(model).to_dict()["max_model_len"]
+    max_out = 8
+    instructions = "Answer in one word."
+
+    def count(items, **kw):
+        return client.responses.input_tokens.count(
+            model=model, instructions=instructions, input=items, **kw).input_tokens
+
+    question = [{"role": "user", "content": "Which turn came last?"}]
+    turns = []
+    # Half as much again as the context holds, so that several turns have to go.
+    while count([m for t in turns for m in t] + question) + max_out <= ctx * 3 // 2:
+        i = len(turns)
+        filler = " ".join(f"item{i}x{j}" for j in range(60))
+        turns.append([{"role": "user", "content": f"Turn {i}: {filler}"},
+                      {"role": "assistant", "content": f"Noted {i}."}])
+        check(len(json.dumps(turns)) < 48_000, f"the context ({ctx}) holds {len(turns)} turns")
+    everything = [m for t in turns for m in t] + question
+    # The fewest turns dropped that fit, found by asking without truncation.
+    for dropped in range(1, len(turns) + 1):
+        kept = [m for t in turns[dropped:] for m in t] + question
+        kept_tokens = count(kept)
+        if kept_tokens + max_out <= ctx:
+            break
+    check(1 < dropped < len(turns), f"dropped {dropped} of {len(turns)} turns")
+
+    r = client.responses.create(model=model, instructions=instructions, input=everything,
+                                truncation="auto", max_output_tokens=max_out, temperature=0)
+    check(r.truncation == "auto", "truncation echoed")
+    check(r.usage.input_tokens == kept_tokens,
+          f"prompt {r.usage.input_tokens} vs the {kept_tokens} of the turns kept")
+    alone = client.responses.create(model=model, instructions=instructions, input=kept,
+                                    max_output_tokens=max_out, temperature=0)
+    check(r.output_text == alone.output_text,
+          f"truncated {r.output_text!r} vs the kept turns alone {alone.output_text!r}")
+    counted = count(everything, truncation="auto", extra_body={"max_output_tokens": max_out})
+    check(counted == kept_tokens, f"counted {counted} vs {kept_tokens}")
+    try:
+        client.responses.create(model=model, instructions=instructions, input=everything,
+                                max_output_tokens=max_out)
+        check(False, "without truncation the conversation is refused")
+    except openai.BadRequestError as e:
+        check("context" in str(e), f"{e}")
+    return {"ctx": ctx, "turns": len(turns), "dropped": dropped, "input_tokens": kept_tokens}
+
+
 def refusals(client, model):
     """What is not served is refused as the client's BadRequestError naming the field."""
     cases = [
@@ -438,7 +490,7 @@ def refusals(client, model):
             {"type": "input_image", "image_url": "https://example.com/a.png"}]}]),
          "input[0].content[0].type"),
         (dict(input="x", previous_response_id="resp_nope"), "previous_response_id"),
-        (dict(input="x", truncation="auto"), "truncation"),
+        (dict(input="x", truncation="middle"), "truncation"),
         (dict(input="x", text={"format": {"type": "json_schema", "name": "x"}}),
          "text.format.schema"),
         (dict(input="x", tool_choice={"type": "file_search"}, tools=TOOLS), "tool_choice"),
@@ -491,6 +543,7 @@ def main():
     out["text_format"] = text_format(client, model, a.real)
     out["reasoning"] = reasoning_item(client, model)
     out["logprobs"] = logprobs(client, model)
+    out["truncation"] = truncation(client, model)
     out["refusals"] = refusals(client, model)
     print(json.dumps(out))
 

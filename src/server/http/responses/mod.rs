@@ -11,10 +11,10 @@
 //! Served: text input, function tools, `tool_choice`, `parallel_tool_calls`, `text.format`
 //! (text, JSON object, JSON schema), `reasoning.effort` (a template variable, as on chat),
 //! `max_output_tokens`, `temperature`, `top_p`, logprobs (`include:
-//! ["message.output_text.logprobs"]` with `top_logprobs`), and the sampling extensions the
-//! other endpoints take. Refused with a 400 naming the field: built-in tools, non-text
-//! input parts, `background`, `conversation`, stored `prompt` templates, `truncation:
-//! "auto"`, `item_reference` items.
+//! ["message.output_text.logprobs"]` with `top_logprobs`), `truncation: "auto"` (the oldest
+//! turns dropped until the conversation fits), and the sampling extensions the other
+//! endpoints take. Refused with a 400 naming the field: built-in tools, non-text input
+//! parts, `background`, `conversation`, stored `prompt` templates, `item_reference` items.
 
 mod convert;
 pub mod store;
@@ -85,21 +85,16 @@ pub async fn input_tokens(
         let served = state.core.served()?;
         state.check_model(&served, req.sampling.model.as_deref())?;
         refuse_unserved(&req)?;
-        let prompt = conversation(&state, &mut req)?.prompt;
-        let endpoint = Endpoint::Responses;
-        plan::check_text_size(&prompt, state.core.max_text_bytes)
-            .map_err(|e| plan_error(e, endpoint))?;
-        let planned = plan::plan_prompt(&prompt).map_err(|e| plan_error(e, endpoint))?;
-        let tokens = state
-            .core
-            .cpu_job(move || {
-                request::prompt_tokens(&served.tokenizer, &served.chat_template, &planned.prompt)
-            })
-            .await?
-            .map_err(|e| plan_error(e.into(), endpoint))?;
+        let mut prompt = conversation(&state, &mut req)?.prompt;
+        let output = req.max_output_tokens.or(req.sampling.max_tokens);
+        let input_tokens = if auto_truncation(&req)? {
+            drop_oldest_turns(&state, &served, &mut prompt, output).await?
+        } else {
+            count_tokens(&state, &served, prompt).await?
+        };
         Ok(Json(wire::InputTokens {
             object: "response.input_tokens",
-            input_tokens: tokens.len(),
+            input_tokens,
         }))
     }
     .await;
@@ -339,6 +334,13 @@ async fn run(
         format: format_echo,
     } = conversation(state, &mut req)?;
 
+    let auto_truncate = auto_truncation(&req)?;
+    let mut prompt = prompt;
+    if auto_truncate {
+        let output = req.max_output_tokens.or(req.sampling.max_tokens);
+        drop_oldest_turns(state, &served, &mut prompt, output).await?;
+    }
+
     let logprobs = req
         .include
         .as_ref()
@@ -383,7 +385,7 @@ async fn run(
         tools: tools_echo,
         top_p,
         top_logprobs: req.top_logprobs.unwrap_or(0),
-        truncation: "disabled",
+        truncation: if auto_truncate { "auto" } else { "disabled" },
         background: false,
         usage: None,
         user: req.user,
@@ -477,6 +479,99 @@ fn conversation(state: &HttpState, req: &mut ResponsesRequest) -> Result<Convers
     })
 }
 
+/// Whether `req` asks for `truncation: "auto"` (else `"disabled"`, the default).
+fn auto_truncation(req: &ResponsesRequest) -> Result<bool, ApiError> {
+    match req.truncation.as_deref() {
+        None | Some("disabled") => Ok(false),
+        Some("auto") => Ok(true),
+        Some(other) => Err(ApiError::invalid(
+            "truncation",
+            format!("truncation {other:?} is unknown (\"auto\" or \"disabled\")"),
+        )),
+    }
+}
+
+/// How many tokens `prompt` renders and encodes to, as the engine would prompt the model.
+async fn count_tokens(
+    state: &HttpState,
+    served: &Arc<Served>,
+    prompt: PromptSpec,
+) -> Result<usize, ApiError> {
+    let endpoint = Endpoint::Responses;
+    plan::check_text_size(&prompt, state.core.max_text_bytes)
+        .map_err(|e| plan_error(e, endpoint))?;
+    let planned = plan::plan_prompt(&prompt).map_err(|e| plan_error(e, endpoint))?;
+    let served = Arc::clone(served);
+    let tokens = state
+        .core
+        .cpu_job(move || {
+            request::prompt_tokens(&served.tokenizer, &served.chat_template, &planned.prompt)
+        })
+        .await?
+        .map_err(|e| plan_error(e.into(), endpoint))?;
+    Ok(tokens.len())
+}
+
+/// `truncation: "auto"`: when the prompt and the output limit (`output`, else one token)
+/// do not fit the context, the fewest oldest turns of the conversation after its system
+/// messages are dropped that make them fit. A turn is a user message and everything up to
+/// the next one, so no call or call output is kept without the request it answered. When
+/// even the last turn alone does not fit, only it is kept, and the engine refuses it as it
+/// refuses any prompt too long. Returns the prompt's tokens.
+async fn drop_oldest_turns(
+    state: &HttpState,
+    served: &Arc<Served>,
+    prompt: &mut PromptSpec,
+    output: Option<u32>,
+) -> Result<usize, ApiError> {
+    let room = served.limits.ctx.min(served.limits.kv_budget);
+    let fits = |n: usize| n + output.map_or(1, |o| o as usize) <= room;
+    let whole = count_tokens(state, served, prompt.clone()).await?;
+    let plan::Input::Messages(messages) = &prompt.input else {
+        return Ok(whole);
+    };
+    if fits(whole) {
+        return Ok(whole);
+    }
+    let lead = messages.iter().take_while(|m| m.role == "system").count();
+    // Where each later turn starts: dropping up to `starts[k]` keeps turns k.. of them.
+    let starts: Vec<usize> = (lead + 1..messages.len())
+        .filter(|&i| messages[i].role == "user")
+        .collect();
+    let without = |k: usize| {
+        let mut p = prompt.clone();
+        let mut kept = messages[..lead].to_vec();
+        kept.extend_from_slice(&messages[starts[k]..]);
+        p.input = plan::Input::Messages(kept);
+        p
+    };
+    // The fewest turns dropped that fit: tokens only fall as more are dropped.
+    let (mut lo, mut hi) = (0, starts.len());
+    let mut best = None;
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        let p = without(mid);
+        let n = count_tokens(state, served, p.clone()).await?;
+        if fits(n) {
+            best = Some((p, n));
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    let (p, n) = match best {
+        Some(b) => b,
+        None if starts.is_empty() => return Ok(whole),
+        None => {
+            let p = without(starts.len() - 1);
+            let n = count_tokens(state, served, p.clone()).await?;
+            (p, n)
+        }
+    };
+    *prompt = p;
+    Ok(n)
+}
+
 /// Whether the output limit (or the time limit) ended the reply.
 fn cut_short(reason: Option<FinishReason>) -> bool {
     matches!(reason, Some(FinishReason::Length | FinishReason::TimeLimit))
@@ -502,13 +597,6 @@ fn refuse_unserved(req: &ResponsesRequest) -> Result<(), ApiError> {
         return refuse(
             "prompt",
             "stored prompt templates are not supported: send the input itself",
-        );
-    }
-    if req.truncation.as_deref() == Some("auto") {
-        return refuse(
-            "truncation",
-            "truncation \"auto\" is not supported: a conversation longer than the context is \
-             refused (truncation \"disabled\")",
         );
     }
     if req.sampling.n.is_some_and(|n| n != 1) {

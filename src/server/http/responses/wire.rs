@@ -56,7 +56,7 @@ pub struct ResponsesRequest {
     #[serde(default)]
     pub prompt: Option<Value>,
     /// `disabled` (the default): a conversation too long for the context is refused.
-    /// `auto` (dropping the oldest items) is not served.
+    /// `auto`: its oldest turns are dropped until it fits (the instructions stay).
     #[serde(default)]
     pub truncation: Option<String>,
     #[serde(default)]
