@@ -1,8 +1,8 @@
 //! The HTTP API against its own OpenAPI description (`GET /openapi.json`), fuzzed by
 //! Schemathesis, a tool nobody here wrote: thousands of requests generated from the schema,
 //! valid ones and ones that break it (wrong types, out-of-range numbers, missing fields,
-//! unknown methods), each answer checked with every check Schemathesis has (`--checks all`):
-//! no 5xx, only documented statuses and content types, bodies that fit the schema, invalid
+//! unknown methods), each answer checked with every check Schemathesis has (`--checks all`)
+//! but one that does not apply (below): no 5xx, only documented statuses and content types, bodies that fit the schema, invalid
 //! requests refused with a 4xx, valid ones accepted (with the exceptions that
 //! `tests/openapi/schemathesis.toml` gives and explains), 405 for methods a path does not
 //! take, 401 for the guarded operations without the bearer token or with a wrong one; and
@@ -88,6 +88,12 @@ async fn schemathesis_finds_nothing_against_the_served_description() {
         .args([
             "--checks",
             "all",
+            // The one resource a POST here creates is a kept response, and one made with
+            // store: false (or larger than the whole store) is not kept: fetching it right
+            // after is a 404, as OpenAI answers it. So the check that what a POST created
+            // can be fetched (ST302) does not apply.
+            "--exclude-checks",
+            "ensure_resource_availability",
             "--max-examples",
             "100",
             "--seed",
@@ -104,12 +110,11 @@ async fn schemathesis_finds_nothing_against_the_served_description() {
     let shown = shown(&out);
     assert!(out.status.success(), "{shown}");
     // It ran every operation and found nothing. Loading the description from its URL, it
-    // leaves that URL's own operation out. Links: the five described and four it infers.
-    // Where a response has both JSON and an event stream (`POST /v1/responses`),
-    // schemathesis 4.32.5 infers its resources from the stream's schema, one event each;
-    // while that schema wrongly said "a string", it took the response for a bare created
-    // id and inferred five links from it (10 covered), and its stream went unchecked.
-    // Described as the events they are, the id is not in them, and 2 links are covered.
+    // leaves that URL's own operation out. The five links described and the five it
+    // infers were followed. (Where a response has both JSON and an event stream, as
+    // `POST /v1/responses` has, schemathesis 4.32.5 reads the stream's schema for the
+    // resource a response creates: the events' schema is a named component so that it
+    // still finds the created response, and its links are followed.)
     let stdout = String::from_utf8_lossy(&out.stdout);
     let operations = paths
         .values()
@@ -120,10 +125,7 @@ async fn schemathesis_finds_nothing_against_the_served_description() {
         "{shown}"
     );
     assert!(stdout.contains("No issues found"), "{shown}");
-    assert!(
-        stdout.contains("API Links:    2 covered / 9 selected / 9 total"),
-        "{shown}"
-    );
+    assert!(stdout.contains("API Links:    10 covered"), "{shown}");
     assert!(
         p.child.try_wait().unwrap().is_none(),
         "the server went down under the fuzzing"
