@@ -6,8 +6,9 @@
 
 use super::error::{plan_error, ApiError, Endpoint};
 use super::HttpState;
-use crate::engine::plan::{self, GenerateSpec, Prepared};
+use crate::engine::plan::{self, GenerateSpec, Prepared, PromptSpec};
 use crate::engine::reply::{Ending, Reply, TokenPiece};
+use crate::engine::request;
 use crate::engine::{
     Event, FinishReason, Job, Logprobs, Protocol, Served, SubmitError, TokenLogprob,
 };
@@ -84,6 +85,28 @@ pub async fn prepare(
     core.cpu_job(move || plan::prepare(spec, &served, default_max))
         .await?
         .map_err(|e| plan_error(e, endpoint))
+}
+
+/// The tokens the model would be prompted with for `prompt`, as [`prepare`] would find them
+/// (the text-size limit, the planner, then rendering and encoding on the CPU-job pool),
+/// without building a request: what `/tokenize` and the Responses API's token count answer.
+pub async fn prompt_tokens(
+    state: &HttpState,
+    served: &Arc<Served>,
+    prompt: &PromptSpec,
+    endpoint: Endpoint,
+) -> Result<Vec<u32>, ApiError> {
+    plan::check_text_size(prompt, state.core.max_text_bytes)
+        .map_err(|e| plan_error(e, endpoint))?;
+    let planned = plan::plan_prompt(prompt).map_err(|e| plan_error(e, endpoint))?;
+    let served = Arc::clone(served);
+    state
+        .core
+        .cpu_job(move || {
+            request::prompt_tokens(&served.tokenizer, &served.chat_template, &planned.prompt)
+        })
+        .await?
+        .map_err(|e| plan_error(e.into(), endpoint))
 }
 
 /// One choice being generated.

@@ -8,7 +8,7 @@
 use super::error::ApiError;
 use super::wire;
 use super::{HttpState, JsonBody};
-use crate::engine::{plan, request};
+use crate::engine::plan;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -119,17 +119,7 @@ pub async fn tokenize(
                     req.continue_final_message,
                 )?;
                 let endpoint = super::error::Endpoint::Chat;
-                plan::check_text_size(&prompt, state.core.max_text_bytes)
-                    .map_err(|e| super::error::plan_error(e, endpoint))?;
-                let planned = plan::plan_prompt(&prompt)
-                    .map_err(|e| super::error::plan_error(e, endpoint))?;
-                state
-                    .core
-                    .cpu_job(move || {
-                        request::prompt_tokens(&s2.tokenizer, &s2.chat_template, &planned.prompt)
-                    })
-                    .await?
-                    .map_err(|e| super::error::plan_error(e.into(), endpoint))?
+                super::generate::prompt_tokens(&state, &served, &prompt, endpoint).await?
             }
         };
         let tok = &served.tokenizer;

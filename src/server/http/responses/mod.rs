@@ -23,13 +23,12 @@ pub mod wire;
 use super::chat::{
     common_spec, conversation_prompt, now, one_format, token_logprob, with_reasoning_effort,
 };
-use super::error::{plan_error, ApiError, Endpoint};
+use super::error::{ApiError, Endpoint};
 use super::generate::{self, Merged, ReasoningTokens, StreamFormat, Update};
 use super::wire::TokenLogprob;
 use super::{HttpState, JsonBody, RequestId};
 use crate::engine::plan::{self, Message, PromptSpec, ToolCall};
 use crate::engine::reply::Ending;
-use crate::engine::request;
 use crate::engine::{FinishReason, Served};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
@@ -90,7 +89,7 @@ pub async fn input_tokens(
         let input_tokens = if auto_truncation(&req)? {
             drop_oldest_turns(&state, &served, &mut prompt, output).await?
         } else {
-            count_tokens(&state, &served, prompt).await?
+            count_tokens(&state, &served, &prompt).await?
         };
         Ok(Json(wire::InputTokens {
             object: "response.input_tokens",
@@ -328,14 +327,13 @@ async fn run(
     let listed = keep.then(|| convert::listed_items(&req.input, &key));
     let Conversation {
         history,
-        prompt,
+        mut prompt,
         tools: tools_echo,
         tool_choice: tool_choice_echo,
         format: format_echo,
     } = conversation(state, &mut req)?;
 
     let auto_truncate = auto_truncation(&req)?;
-    let mut prompt = prompt;
     if auto_truncate {
         let output = req.max_output_tokens.or(req.sampling.max_tokens);
         drop_oldest_turns(state, &served, &mut prompt, output).await?;
@@ -495,20 +493,9 @@ fn auto_truncation(req: &ResponsesRequest) -> Result<bool, ApiError> {
 async fn count_tokens(
     state: &HttpState,
     served: &Arc<Served>,
-    prompt: PromptSpec,
+    prompt: &PromptSpec,
 ) -> Result<usize, ApiError> {
-    let endpoint = Endpoint::Responses;
-    plan::check_text_size(&prompt, state.core.max_text_bytes)
-        .map_err(|e| plan_error(e, endpoint))?;
-    let planned = plan::plan_prompt(&prompt).map_err(|e| plan_error(e, endpoint))?;
-    let served = Arc::clone(served);
-    let tokens = state
-        .core
-        .cpu_job(move || {
-            request::prompt_tokens(&served.tokenizer, &served.chat_template, &planned.prompt)
-        })
-        .await?
-        .map_err(|e| plan_error(e.into(), endpoint))?;
+    let tokens = generate::prompt_tokens(state, served, prompt, Endpoint::Responses).await?;
     Ok(tokens.len())
 }
 
@@ -526,7 +513,7 @@ async fn drop_oldest_turns(
 ) -> Result<usize, ApiError> {
     let room = served.limits.ctx.min(served.limits.kv_budget);
     let fits = |n: usize| n + output.map_or(1, |o| o as usize) <= room;
-    let whole = count_tokens(state, served, prompt.clone()).await?;
+    let whole = count_tokens(state, served, prompt).await?;
     let plan::Input::Messages(messages) = &prompt.input else {
         return Ok(whole);
     };
@@ -551,7 +538,7 @@ async fn drop_oldest_turns(
     while lo < hi {
         let mid = (lo + hi) / 2;
         let p = without(mid);
-        let n = count_tokens(state, served, p.clone()).await?;
+        let n = count_tokens(state, served, &p).await?;
         if fits(n) {
             best = Some((p, n));
             hi = mid;
@@ -564,7 +551,7 @@ async fn drop_oldest_turns(
         None if starts.is_empty() => return Ok(whole),
         None => {
             let p = without(starts.len() - 1);
-            let n = count_tokens(state, served, p.clone()).await?;
+            let n = count_tokens(state, served, &p).await?;
             (p, n)
         }
     };
