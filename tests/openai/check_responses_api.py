@@ -29,35 +29,10 @@ from openai import OpenAI
 from openai.types.responses import Response, ResponseFunctionToolCall
 from pydantic import BaseModel, Field
 
-TOOLS = [
-    {
-        "type": "function",
-        "name": "get_time",
-        "description": "The current time in a time zone.",
-        "parameters": {
-            "type": "object",
-            "properties": {"tz": {"type": "string", "enum": ["UTC", "CET", "JST"]}},
-            "required": ["tz"],
-            "additionalProperties": False,
-        },
-    },
-    {
-        "type": "function",
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 12}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-]
+# The chat checks' tools (run beside this script), and the same in the Responses API's shape.
+from check_openai_api import TOOLS as CHAT_TOOLS, check
 
-# The same tools in the chat API's shape.
-CHAT_TOOLS = [
-    {"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in TOOLS
-]
+TOOLS = [{"type": "function", **t["function"]} for t in CHAT_TOOLS]
 
 SCHEMA = {
     "type": "object",
@@ -73,11 +48,6 @@ SCHEMA = {
 class Person(BaseModel):
     name: str = Field(max_length=20)
     age: int = Field(ge=0, le=150)
-
-
-def check(cond, what):
-    if not cond:
-        raise AssertionError(what)
 
 
 def chat_text(client, model, messages, max_tokens, **kw):
