@@ -294,6 +294,45 @@ async fn metrics_until(server: &RunningServer, what: &str, cond: impl Fn(&str) -
     panic!("{what} never happened:\n{}", server.metrics_text());
 }
 
+/// Opens a stream on `path`, reads until `marker` (a token's event), and leaves: the
+/// generation must stop within 1,000 tokens, be counted as the `cancelled`th cancelled HTTP
+/// generation, and free its sequence, KV and queue place.
+async fn leave_stream(
+    server: &RunningServer,
+    path: &'static str,
+    body: Value,
+    marker: &'static str,
+    cancelled: u64,
+) {
+    let addr = http_addr(server);
+    let tokens_before = server.metrics().tokens_total();
+    let (s, _) = tokio::task::spawn_blocking(move || http::open_stream(addr, path, &body, marker))
+        .await
+        .unwrap();
+    drop(s);
+    metrics_until(
+        server,
+        &format!("{path}'s cancelled stream's cleanup"),
+        |m| {
+            metric(m, "inferno_running_streams") == 0.0
+                && metric(m, "inferno_kv_cache_reserved_tokens") == 0.0
+                && metric(m, "inferno_queue_depth") == 0.0
+        },
+    )
+    .await;
+    let m = server.metrics();
+    assert_eq!(
+        m.requests_by(Some(Protocol::Http), "Generate", "CANCELLED"),
+        cancelled,
+        "{path}"
+    );
+    let generated = m.tokens_total() - tokens_before;
+    assert!(
+        (1..1000).contains(&generated),
+        "{path}: {generated} tokens after the client left"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_clear_statuses_and_the_server_stays_up() {
     let mut cfg = http_config();
@@ -473,39 +512,19 @@ async fn bad_input_gets_clear_statuses_and_the_server_stays_up() {
     r.await.unwrap();
 
     // A client that leaves after the first chunk: its generation stops, its KV is freed.
+    // A token's chunk, not the opening one: that carries the role with an empty content and
+    // goes out before the first token, so leaving on it could cancel the request while it
+    // still waits for its prefill.
     let body = json!({"messages": [{"role": "user", "content": "go on"}], "max_tokens": 3000,
                       "ignore_eos": true, "temperature": 0, "stream": true});
-    let tokens_before = server.metrics().tokens_total();
-    let (s, _) = tokio::task::spawn_blocking(move || {
-        // A token's chunk, not the opening one: that carries the role with an empty content
-        // and goes out before the first token, so leaving on it could cancel the request
-        // while it still waits for its prefill.
-        http::open_stream(
-            addr,
-            "/v1/chat/completions",
-            &body,
-            "\"delta\":{\"content\":\"",
-        )
-    })
-    .await
-    .unwrap();
-    drop(s);
-    metrics_until(&server, "the cancelled stream's cleanup", |m| {
-        metric(m, "inferno_running_streams") == 0.0
-            && metric(m, "inferno_kv_cache_reserved_tokens") == 0.0
-            && metric(m, "inferno_queue_depth") == 0.0
-    })
+    leave_stream(
+        &server,
+        "/v1/chat/completions",
+        body,
+        "\"delta\":{\"content\":\"",
+        1,
+    )
     .await;
-    let m = server.metrics();
-    assert_eq!(
-        m.requests_by(Some(Protocol::Http), "Generate", "CANCELLED"),
-        1
-    );
-    let generated = m.tokens_total() - tokens_before;
-    assert!(
-        (1..1000).contains(&generated),
-        "{generated} tokens after the client left"
-    );
     let text = server.metrics_text();
     for gauge in [
         "vllm:num_requests_running",
@@ -522,34 +541,14 @@ async fn bad_input_gets_clear_statuses_and_the_server_stays_up() {
     // The same for a Responses API stream.
     let body = json!({"input": "go on", "max_output_tokens": 3000, "ignore_eos": true,
                       "temperature": 0, "stream": true});
-    let tokens_before = server.metrics().tokens_total();
-    let (s, _) = tokio::task::spawn_blocking(move || {
-        http::open_stream(
-            addr,
-            "/v1/responses",
-            &body,
-            "event: response.output_text.delta",
-        )
-    })
-    .await
-    .unwrap();
-    drop(s);
-    metrics_until(&server, "the cancelled response's cleanup", |m| {
-        metric(m, "inferno_running_streams") == 0.0
-            && metric(m, "inferno_kv_cache_reserved_tokens") == 0.0
-    })
+    leave_stream(
+        &server,
+        "/v1/responses",
+        body,
+        "event: response.output_text.delta",
+        2,
+    )
     .await;
-    assert_eq!(
-        server
-            .metrics()
-            .requests_by(Some(Protocol::Http), "Generate", "CANCELLED"),
-        2
-    );
-    let generated = server.metrics().tokens_total() - tokens_before;
-    assert!(
-        (1..1000).contains(&generated),
-        "{generated} tokens after the client left"
-    );
 
     // Still serving.
     let h = http::get_async(addr, "/health").await;
