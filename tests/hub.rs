@@ -2,15 +2,15 @@
 //! (`hub_support`, set through `HF_ENDPOINT`) serving the test checkpoints of
 //! `tests/fixtures/models` and llama.cpp's split of one: pulling, quantization choice, the
 //! cache laid out as Python's `huggingface_hub` reads it (and reusing what it downloaded),
-//! `list` and `rm`, offline mode, a gated repository, a download resumed after the
-//! connection drops, a corrupted body refused by its sha256, two pulls of one file at once,
-//! a split model equal to the unsplit file, and `serve` pulling while health says
-//! NOT_SERVING.
+//! `list` and `rm`, offline mode, gated and private repositories (their token sent to the
+//! Hub and never to the storage host), a download resumed after the connection drops, a
+//! corrupted body refused by its sha256, two pulls of one file at once, a split model equal
+//! to the unsplit file, and `serve` pulling while health says NOT_SERVING.
 
 mod hub_support;
 mod service_support;
 
-use hub_support::{sha256, Fault, RepoSpec, StandIn};
+use hub_support::{sha256, Fault, RepoSpec, StandIn, Storage};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -18,6 +18,9 @@ use std::process::{Command, Output, Stdio};
 const TINY: &str = "inferno-test/tiny-GGUF";
 const SPLIT: &str = "inferno-test/split-GGUF";
 const GATED: &str = "inferno-test/gated-GGUF";
+/// A private split model, also reachable by the name it had before a rename.
+const PRIVATE: &str = "inferno-test/private-GGUF";
+const PRIVATE_OLD: &str = "inferno-test/private-old-name-GGUF";
 const C1: &str = "1f0c5e9d2b7a4c3e8d6f1a2b3c4d5e6f7a8b9c0d";
 const C2: &str = "2a0c5e9d2b7a4c3e8d6f1a2b3c4d5e6f7a8b9c0d";
 const C3: &str = "3b0c5e9d2b7a4c3e8d6f1a2b3c4d5e6f7a8b9c0d";
@@ -43,8 +46,9 @@ fn split_part(n: u32) -> Vec<u8> {
     fixture(&format!("split/tiny-untied.q8_0-{n:05}-of-00003.gguf"))
 }
 
-fn repos() -> Vec<RepoSpec> {
-    let split = (1..=3)
+/// llama.cpp's split of a model in three parts, and the whole model in F16.
+fn split_files() -> Vec<(String, Vec<u8>)> {
+    (1..=3)
         .map(|n| {
             (
                 format!("Q8_0/tiny-untied-Q8_0-{n:05}-of-00003.gguf"),
@@ -55,7 +59,10 @@ fn repos() -> Vec<RepoSpec> {
             "tiny-untied-F16.gguf".to_string(),
             fixture("tiny-untied.f16.gguf"),
         )])
-        .collect();
+        .collect()
+}
+
+fn repos() -> Vec<RepoSpec> {
     vec![
         RepoSpec {
             id: TINY.into(),
@@ -67,12 +74,16 @@ fn repos() -> Vec<RepoSpec> {
                 ("tiny-F32.gguf".into(), f32()),
             ],
             token: None,
+            private: false,
+            renamed_from: None,
         },
         RepoSpec {
             id: SPLIT.into(),
             commit: C2.into(),
-            files: split,
+            files: split_files(),
             token: None,
+            private: false,
+            renamed_from: None,
         },
         RepoSpec {
             id: "inferno-test/broken-split-GGUF".into(),
@@ -82,26 +93,60 @@ fn repos() -> Vec<RepoSpec> {
                 ("m-Q8_0-00003-of-00003.gguf".into(), split_part(3)),
             ],
             token: None,
+            private: false,
+            renamed_from: None,
         },
         RepoSpec {
             id: GATED.into(),
             commit: C3.into(),
             files: vec![("gated-Q8_0.gguf".into(), q8())],
             token: Some(TOKEN.into()),
+            private: false,
+            renamed_from: None,
+        },
+        RepoSpec {
+            id: PRIVATE.into(),
+            commit: C2.into(),
+            files: split_files(),
+            token: Some(TOKEN.into()),
+            private: true,
+            renamed_from: Some(PRIVATE_OLD.into()),
         },
     ]
 }
 
-/// A stand-in Hub and an empty `HF_HOME` for one test.
+/// A stand-in Hub and an empty `HF_HOME` for one test. Whatever the test, the storage host
+/// must never have seen a token: checked when it ends.
 struct Env {
     hub: StandIn,
     home: tempfile::TempDir,
 }
 
+impl Drop for Env {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let leaked: Vec<_> = self
+                .hub
+                .seen()
+                .into_iter()
+                .filter(|s| s.host == "cdn" && s.auth.is_some())
+                .collect();
+            assert!(
+                leaked.is_empty(),
+                "the storage host got a token: {leaked:#?}"
+            );
+        }
+    }
+}
+
 impl Env {
     fn new() -> Env {
+        Env::with_storage(Storage::OtherHost)
+    }
+
+    fn with_storage(storage: Storage) -> Env {
         Env {
-            hub: StandIn::start(repos()),
+            hub: StandIn::start_with(repos(), storage),
             home: tempfile::tempdir().unwrap(),
         }
     }
@@ -383,6 +428,10 @@ fn a_gated_repository_says_how_to_pass_a_token() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("the token given has no access"), "{err}");
+    assert!(
+        !err.contains("hf_wrong"),
+        "the error shows the token: {err}"
+    );
 
     let token_file = env.home.path().join("token.txt");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
@@ -416,6 +465,109 @@ fn a_public_repository_is_downloaded_without_the_token() {
     assert!(
         seen.iter().all(|s| s.host != "cdn" || s.auth.is_none()),
         "{seen:?}"
+    );
+}
+
+/// Private and gated pulls with `HF_TOKEN` set, the storage host on the Hub's own address
+/// but another port (where a same-host rule still sends the token): the Hub gets the token
+/// on every request and the storage host on none, whatever the pull: a body resumed after a
+/// dropped connection, a split model's parts, a renamed repository's relative redirect, a
+/// mirror's endpoint with a path. The pulls log at `trace` without showing the token, and
+/// the cache keeps none.
+#[test]
+fn the_token_goes_to_the_hub_and_never_to_the_storage_host() {
+    let env = Env::with_storage(Storage::OtherPort);
+    let pull = |reference: &str, endpoint: &str| {
+        let out = env
+            .command(&["pull", reference])
+            .env("HF_TOKEN", TOKEN)
+            .env("HF_ENDPOINT", endpoint)
+            .env("RUST_LOG", "trace")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "pull {reference}: {err}");
+        // The HTTP client's own lines are there, the header named, its value not.
+        assert!(err.contains("Authorization"), "{err}");
+        assert!(!err.contains(TOKEN), "the log shows the token: {err}");
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    };
+
+    // A gated file whose body drops once: resumed from where it stopped.
+    env.hub.set_fault(
+        &q8(),
+        Fault {
+            cut_requests: 1,
+            cut_after: 100_000,
+            ..Fault::default()
+        },
+    );
+    assert_eq!(std::fs::read(pull(GATED, &env.hub.endpoint)).unwrap(), q8());
+    let starts: Vec<u64> = env
+        .hub
+        .bodies(&q8())
+        .iter()
+        .map(|b| b.range_start())
+        .collect();
+    assert_eq!(starts, [0, 100_000]);
+
+    // A private split model by its old name: the Hub's relative redirect to the new one
+    // keeps the token, and every part comes down.
+    let first = pull(&format!("{PRIVATE_OLD}:Q8_0"), &env.hub.endpoint);
+    for n in 1..=3 {
+        let part = first.with_file_name(format!("tiny-untied-Q8_0-{n:05}-of-00003.gguf"));
+        assert_eq!(std::fs::read(part).unwrap(), split_part(n));
+    }
+    let seen = env.hub.seen();
+    for name in [PRIVATE_OLD, PRIVATE] {
+        assert!(
+            seen.iter()
+                .any(|s| s.path.contains(&format!("/{name}/resolve/"))),
+            "{seen:#?}"
+        );
+    }
+
+    // Through a mirror whose endpoint has a path.
+    let mirror = format!("{}/mirror", env.hub.endpoint);
+    let f16 = pull(&format!("{PRIVATE}:F16"), &mirror);
+    assert_eq!(std::fs::read(f16).unwrap(), fixture("tiny-untied.f16.gguf"));
+    let seen = env.hub.seen();
+    assert!(seen.iter().any(|s| s.requested.starts_with("/mirror/")));
+
+    let bearer = format!("Bearer {TOKEN}");
+    let (hub, cdn): (Vec<_>, Vec<_>) = seen.iter().partition(|s| s.host == "hub");
+    assert!(cdn.len() >= 6, "{cdn:#?}");
+    assert!(cdn.iter().all(|s| s.auth.is_none()), "{cdn:#?}");
+    assert!(
+        hub.iter().all(|s| s.auth.as_deref() == Some(&bearer[..])),
+        "{hub:#?}"
+    );
+
+    // Nothing in the cache holds it.
+    let mut dirs = vec![env.cache()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                dirs.push(path);
+            } else if meta.is_file() {
+                let bytes = std::fs::read(&path).unwrap();
+                assert!(
+                    !bytes.windows(TOKEN.len()).any(|w| w == TOKEN.as_bytes()),
+                    "{} holds the token",
+                    path.display()
+                );
+            }
+        }
+    }
+
+    // Without the token, a private repository is not there, as the Hub says.
+    let err = env.fails(&["pull", PRIVATE]);
+    assert!(
+        err.contains(&format!("the repository {PRIVATE} was not found"))
+            && err.contains("HF_TOKEN"),
+        "{err}"
     );
 }
 
@@ -458,10 +610,11 @@ fn an_interrupted_download_resumes_where_it_stopped() {
         },
     );
     env.fails(&["pull", &format!("{TINY}:F16")]);
+    // Kept where huggingface_hub keeps a download it has not finished.
     let part = env
         .repo_dir(TINY)
         .join("blobs")
-        .join(format!("{}.part", sha256(&f16())));
+        .join(format!("{}.incomplete", sha256(&f16())));
     let kept = std::fs::metadata(&part).unwrap().len();
     assert!(kept >= 50_000 && kept < f16().len() as u64, "{kept}");
     env.hub.set_fault(&f16(), Fault::default());

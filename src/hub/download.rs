@@ -1,22 +1,22 @@
-//! Talking to the Hub: the model-info API for a repository's files (with each LFS file's
-//! sha256 and size) and downloads through the `hf-hub` crate, which resumes an interrupted
-//! file from its `.part`, retries, sends the token to the Hub's host only (not to the storage
-//! host it redirects to) and writes the cache's blobs, snapshots and refs. Around it this
-//! module adds what the crate lacks: the cross-process lock `huggingface_hub` uses, reuse of
-//! a blob already cached under another commit, the sha256 check of every downloaded file,
-//! progress as log lines when stderr is not a terminal, and errors that say what to do.
+//! Getting a repository's files from the Hub: the model-info API for its file list (with
+//! each LFS file's sha256 and size), and each file's download into the cache that
+//! `huggingface_hub` shares: its cross-process lock, reuse of a blob already cached under
+//! another commit, a `.incomplete` file resumed after a dropped connection, the sha256 check
+//! of every download, progress as log lines when stderr is not a terminal, and errors that
+//! say what to do. The requests go through [`super::http`], which keeps the token on the
+//! Hub's own origin.
 
 use std::fs;
-use std::io::{IsTerminal, Read};
+use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use hf_hub::api::sync::{Api, ApiBuilder, ApiError};
-use hf_hub::{Cache, Repo, RepoType};
 use serde::Deserialize;
-use serde_json::Value;
 use tracing::{info, warn};
+use url::Url;
 
 use super::cache::RepoCache;
+use super::http::{Client, Follow, SendError};
 use super::{HubError, HubOptions};
 
 /// A file of a repository as the model-info API lists it.
@@ -33,8 +33,6 @@ pub struct RepoFile {
 pub struct Listing {
     pub commit: String,
     pub files: Vec<RepoFile>,
-    /// The repository is private or gated: its files are only served with a token.
-    pub needs_token: bool,
 }
 
 #[derive(Deserialize)]
@@ -42,11 +40,6 @@ struct InfoJson {
     sha: Option<String>,
     #[serde(default)]
     siblings: Vec<SiblingJson>,
-    #[serde(default)]
-    private: bool,
-    /// `false`, or the kind of gating (`"auto"`, `"manual"`).
-    #[serde(default)]
-    gated: Value,
 }
 
 #[derive(Deserialize)]
@@ -62,49 +55,31 @@ struct LfsJson {
     size: Option<u64>,
 }
 
-/// The `hf-hub` client for these options (its own progress bar off: ours reports), sending
-/// the token only `with_token`.
-///
-/// hf-hub sends its headers, the token among them, on the one-byte size probe it makes at
-/// the host the Hub redirects a file to; huggingface_hub drops the token there. So files of
-/// a public repository are downloaded without it, and only a private or gated repository's
-/// downloads carry it.
-pub(super) fn api(opts: &HubOptions, with_token: bool) -> Result<Api, HubError> {
-    ApiBuilder::from_cache(Cache::new(opts.cache.clone()))
-        .with_endpoint(opts.endpoint.clone())
-        .with_token(opts.token.clone().filter(|_| with_token))
-        .with_progress(false)
-        // A dropped connection resumes from the bytes already written.
-        .with_retries(3)
-        .with_user_agent("inferno", env!("CARGO_PKG_VERSION"))
-        .build()
-        .map_err(|e| HubError::Download {
-            what: "the Hub client".into(),
-            error: e.to_string(),
-        })
-}
-
-fn repo_at(repo: &str, revision: &str) -> Repo {
-    Repo::with_revision(repo.to_string(), RepoType::Model, revision.to_string())
-}
-
 /// The files of `repo` at `revision`, from `GET /api/models/REPO/revision/REV?blobs=true`.
 pub(super) fn listing(
-    api: &Api,
+    client: &Client,
     opts: &HubOptions,
     repo: &str,
     revision: &str,
 ) -> Result<Listing, HubError> {
-    let response = api
-        .repo(repo_at(repo, revision))
-        .info_request()
-        .query("blobs", "true")
-        .call()
-        .map_err(|e| http_error(e, opts, repo, &format!("revision {revision} of {repo}")))?;
-    let text = response.into_string().map_err(|e| HubError::Network {
-        endpoint: opts.endpoint.clone(),
-        error: e.to_string(),
-    })?;
+    let what = format!("revision {revision} of {repo}");
+    let mut url = client.hub_url(
+        ["api", "models"]
+            .into_iter()
+            .chain(repo.split('/'))
+            .chain(["revision", revision]),
+    );
+    url.query_pairs_mut().append_pair("blobs", "true");
+    let reply = client
+        .send("GET", url, &[], Follow::All)
+        .map_err(|e| e.into_hub_error(client, opts, repo, &what))?;
+    let text = reply
+        .response
+        .into_string()
+        .map_err(|e| HubError::Network {
+            endpoint: opts.endpoint.clone(),
+            error: e.to_string(),
+        })?;
     let info: InfoJson = serde_json::from_str(&text).map_err(|e| HubError::Download {
         what: format!("the file list of {repo}"),
         error: format!("the Hub's answer is not the model-info JSON expected: {e}"),
@@ -122,73 +97,13 @@ pub(super) fn listing(
             path: s.rfilename,
         })
         .collect();
-    let needs_token = info.private || !matches!(info.gated, Value::Null | Value::Bool(false));
-    Ok(Listing {
-        commit,
-        files,
-        needs_token,
-    })
-}
-
-/// An HTTP failure, said as the Hub means it (`X-Error-Code`, as `huggingface_hub` reads).
-fn http_error(e: ureq::Error, opts: &HubOptions, repo: &str, what: &str) -> HubError {
-    match e {
-        ureq::Error::Status(status, response) => {
-            let code = response.header("X-Error-Code").unwrap_or("").to_string();
-            let message = response
-                .header("X-Error-Message")
-                .map(str::to_string)
-                .unwrap_or_else(|| response.status_text().to_string());
-            status_error(status, &code, &message, opts, repo, what)
-        }
-        ureq::Error::Transport(t) => HubError::Network {
-            endpoint: opts.endpoint.clone(),
-            error: t.to_string(),
-        },
-    }
-}
-
-fn status_error(
-    status: u16,
-    code: &str,
-    message: &str,
-    opts: &HubOptions,
-    repo: &str,
-    what: &str,
-) -> HubError {
-    match (status, code) {
-        (_, "GatedRepo") | (403, _) => HubError::Gated {
-            repo: repo.to_string(),
-            endpoint: opts.endpoint.clone(),
-            with_token: opts.token.is_some(),
-            message: message.to_string(),
-        },
-        (_, "RepoNotFound") | (401, _) => HubError::NotFound {
-            what: format!("the repository {repo}"),
-            endpoint: opts.endpoint.clone(),
-            hint: if opts.token.is_some() {
-                " (or the token given cannot see it)".into()
-            } else {
-                " (a private repository needs a token: set HF_TOKEN or pass --hf-token-file)".into()
-            },
-        },
-        (404, _) => HubError::NotFound {
-            what: what.to_string(),
-            endpoint: opts.endpoint.clone(),
-            hint: String::new(),
-        },
-        _ => HubError::Http {
-            what: what.to_string(),
-            status,
-            message: message.to_string(),
-        },
-    }
+    Ok(Listing { commit, files })
 }
 
 /// Makes `file` of `commit` present and checked in the cache, downloading it when needed;
 /// returns its path in the snapshot and the bytes downloaded.
 pub(super) fn ensure_file(
-    api: &Api,
+    client: &Client,
     opts: &HubOptions,
     repo: &str,
     commit: &str,
@@ -226,118 +141,311 @@ pub(super) fn ensure_file(
         return Ok((pointer, 0));
     }
     let blob = rc.blob(&sha);
-    if cached(&blob) {
-        // Cached under another commit (or by Python): link it.
-        rc.link(commit, &file.path, &sha).map_err(io(&pointer))?;
-        return Ok((pointer, 0));
-    }
-    finish_complete_part(&rc, &sha, file)?;
-    if cached(&blob) {
-        rc.link(commit, &file.path, &sha).map_err(io(&pointer))?;
-        return Ok((pointer, 0));
-    }
-    let commit_ref = rc.dir().join("refs").join(commit);
-    let had_commit_ref = commit_ref.exists();
-    let progress = Progress::new(&file.path);
-    let api_repo = api.repo(repo_at(repo, commit));
-    let got = match api_repo.download_with_progress(&file.path, progress) {
-        Err(ApiError::InvalidResume) => {
-            // A `.part` longer than the file: start it over.
-            let _ = fs::remove_file(part_path(&blob));
-            api_repo.download_with_progress(&file.path, Progress::new(&file.path))
+    if !cached(&blob) {
+        let part = incomplete_path(&blob);
+        if let Some(dir) = part.parent() {
+            fs::create_dir_all(dir).map_err(io(dir))?;
         }
-        other => other,
-    };
-    // hf-hub records the commit as a ref of its own name; huggingface_hub writes none. Its
-    // own lock file beside the blob is not part of the cache's layout either (ours, in
-    // .locks/, is held, so nobody else holds that one).
-    if !had_commit_ref {
-        let _ = fs::remove_file(&commit_ref);
+        let downloaded = Fetch {
+            client,
+            opts,
+            repo,
+            commit,
+            file,
+            sha: &sha,
+            part: &part,
+        }
+        .run()?;
+        check_sha256(file, &sha, &part)?;
+        fs::rename(&part, &blob).map_err(io(&part))?;
+        rc.link(commit, &file.path, &sha).map_err(io(&pointer))?;
+        return Ok((pointer, downloaded));
     }
-    let _ = fs::remove_file(blob.with_extension("lock"));
-    let got = got.map_err(|e| api_error(e, opts, repo, &file.path))?;
-    let downloaded = fs::metadata(&got).map(|m| m.len()).unwrap_or(0);
-    verify(&rc, commit, file, &sha, &got)?;
-    Ok((pointer, downloaded))
+    // Cached under another commit (or by Python): link it.
+    rc.link(commit, &file.path, &sha).map_err(io(&pointer))?;
+    Ok((pointer, 0))
 }
 
-/// A `.part` file already holding every byte (a download stopped just before its rename) is
-/// checked and kept, or removed; the crate would ask the server for the bytes past its end.
-fn finish_complete_part(rc: &RepoCache, sha: &str, file: &RepoFile) -> Result<(), HubError> {
-    let part = part_path(&rc.blob(sha));
-    let (Ok(meta), Some(size)) = (fs::metadata(&part), file.size) else {
-        return Ok(());
-    };
-    if meta.len() < size {
-        return Ok(());
-    }
-    let io = |error| HubError::Io {
-        path: part.clone(),
-        error,
-    };
-    if meta.len() == size && sha256_file(&part).map_err(io)? == sha {
-        fs::rename(&part, rc.blob(sha)).map_err(io)?;
-    } else {
-        fs::remove_file(&part).map_err(io)?;
-    }
-    Ok(())
+/// Where a blob is written while it downloads: `huggingface_hub`'s name, so either side
+/// resumes what the other left.
+fn incomplete_path(blob: &Path) -> PathBuf {
+    blob.with_extension("incomplete")
 }
 
-/// Where `hf-hub` writes a blob while it downloads it.
-fn part_path(blob: &Path) -> PathBuf {
-    blob.with_extension("part")
-}
-
-/// Checks a downloaded file against the sha256 the Hub lists; a file that does not match is
-/// removed (blob and snapshot entry) before the error is returned, so nothing uses it.
-fn verify(
-    rc: &RepoCache,
-    commit: &str,
-    file: &RepoFile,
-    sha: &str,
-    pointer: &Path,
-) -> Result<(), HubError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |error| HubError::Io { path, error }
-    };
-    let blob = fs::canonicalize(pointer).map_err(io(pointer))?;
+/// Checks a downloaded file against the sha256 the Hub lists; one that does not match is
+/// removed before the error is returned, so nothing uses it and the next pull starts over.
+fn check_sha256(file: &RepoFile, sha: &str, path: &Path) -> Result<(), HubError> {
     info!(file = %file.path, "checking the sha256");
-    let actual = sha256_file(&blob).map_err(io(&blob))?;
+    let actual = sha256_file(path).map_err(|error| HubError::Io {
+        path: path.to_path_buf(),
+        error,
+    })?;
     if actual != sha {
-        let _ = fs::remove_file(pointer);
-        let _ = fs::remove_file(&blob);
+        let _ = fs::remove_file(path);
         return Err(HubError::Checksum {
             file: file.path.clone(),
             expected: sha.to_string(),
             actual,
         });
     }
-    // The crate names the blob by the ETag the download answered with; the cache names it
-    // by the sha256, so a later pull (or Python) finds it.
-    if fs::canonicalize(rc.blob(sha)).ok().as_ref() != Some(&blob) {
-        fs::rename(&blob, rc.blob(sha)).map_err(io(&blob))?;
-        rc.link(commit, &file.path, sha).map_err(io(pointer))?;
-    }
     Ok(())
 }
 
-fn api_error(e: ApiError, opts: &HubOptions, repo: &str, file: &str) -> HubError {
-    match e {
-        ApiError::RequestError(e) => http_error(*e, opts, repo, &format!("{file} in {repo}")),
-        ApiError::TooManyRetries(e) => match *e {
-            ApiError::RequestError(e) => http_error(*e, opts, repo, &format!("{file} in {repo}")),
-            e => HubError::Download {
-                what: file.to_string(),
-                error: format!("gave up after retries: {e}"),
-            },
-        },
-        e => HubError::Download {
-            what: file.to_string(),
-            error: e.to_string(),
-        },
+/// Tries of one file's body: the first and this many more, each resuming where the last
+/// stopped (as `huggingface_hub` retries).
+const RETRIES: u32 = 3;
+
+/// One file's download into its `.incomplete` file: where the Hub says the body is, then
+/// the body from the first byte not yet written, retried after a dropped connection.
+struct Fetch<'a> {
+    client: &'a Client,
+    opts: &'a HubOptions,
+    repo: &'a str,
+    commit: &'a str,
+    file: &'a RepoFile,
+    sha: &'a str,
+    part: &'a Path,
+}
+
+/// Why a try of a body failed.
+enum Failed {
+    /// Worth another try: a dropped or stalled connection, a short body, a server error.
+    /// `relocate` asks the Hub again where the body is (a signed storage URL can expire).
+    Retry { error: String, relocate: bool },
+    /// Another try would fail the same way.
+    Final(HubError),
+}
+
+impl Fetch<'_> {
+    /// The bytes downloaded.
+    fn run(&self) -> Result<u64, HubError> {
+        let mut progress = Progress::new(&self.file.path);
+        let mut body: Option<(Url, Option<u64>)> = None;
+        let mut downloaded = 0;
+        let mut tries = 0;
+        loop {
+            let (url, size) = match &body {
+                Some(b) => b.clone(),
+                None => body.insert(self.locate()?).clone(),
+            };
+            let size = self.file.size.or(size);
+            match self.body(&url, size, &mut progress, &mut downloaded) {
+                Ok(()) => {
+                    progress.finish();
+                    return Ok(downloaded);
+                }
+                Err(Failed::Final(e)) => return Err(e),
+                Err(Failed::Retry { error, relocate }) if tries < RETRIES => {
+                    tries += 1;
+                    warn!(file = %self.file.path, %error, "the download failed; trying again");
+                    if relocate {
+                        body = None;
+                    }
+                    std::thread::sleep(Duration::from_millis(300 << tries));
+                }
+                Err(Failed::Retry { error, .. }) => {
+                    return Err(HubError::Download {
+                        what: self.file.path.clone(),
+                        error: format!(
+                            "gave up after {} tries ({error}); what arrived is kept for the \
+                             next pull to resume",
+                            RETRIES + 1
+                        ),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Asks the Hub where the body is (`HEAD resolve/COMMIT/FILE`, as `huggingface_hub`
+    /// asks): the storage URL its redirect names, or the Hub itself for a file it serves;
+    /// and the size it gives. Checks that it is the commit and the object listed.
+    fn locate(&self) -> Result<(Url, Option<u64>), HubError> {
+        let what = format!("{} in {}", self.file.path, self.repo);
+        let url = self.client.hub_url(
+            self.repo
+                .split('/')
+                .chain(["resolve", self.commit])
+                .chain(self.file.path.split('/')),
+        );
+        let reply = self
+            .client
+            .send("HEAD", url, &[IDENTITY], Follow::SameOrigin)
+            .map_err(|e| e.into_hub_error(self.client, self.opts, self.repo, &what))?;
+        let differs = |what_differs: &str, listed: &str, served: &str| HubError::Download {
+            what: what.clone(),
+            error: format!(
+                "the Hub lists {what_differs} {listed} but serves {served}; pull again, or \
+                 name the commit with @REVISION"
+            ),
+        };
+        if let Some(served) = reply.header("X-Repo-Commit") {
+            if served != self.commit {
+                return Err(differs("commit", self.commit, served));
+            }
+        }
+        // An LFS file's ETag is its sha256 (`X-Linked-Etag` on a redirect).
+        let etag = reply
+            .header("X-Linked-Etag")
+            .or_else(|| reply.header("ETag"))
+            .map(|e| {
+                e.trim_start_matches("W/")
+                    .trim_matches('"')
+                    .to_ascii_lowercase()
+            });
+        if let Some(etag) = etag.filter(|e| is_sha256(e)) {
+            if etag != self.sha {
+                return Err(differs("the object", self.sha, &etag));
+            }
+        }
+        let size = reply
+            .header("X-Linked-Size")
+            .or_else(|| reply.header("Content-Length"))
+            .and_then(|s| s.parse().ok());
+        let at = if reply.is_redirect() {
+            reply.location().ok_or_else(|| HubError::Download {
+                what: what.clone(),
+                error: "the Hub's redirect names no usable Location".into(),
+            })?
+        } else {
+            reply.url
+        };
+        Ok((at, size))
+    }
+
+    /// One try: the body from the first missing byte, appended to the `.incomplete` file.
+    fn body(
+        &self,
+        url: &Url,
+        size: Option<u64>,
+        progress: &mut Progress,
+        downloaded: &mut u64,
+    ) -> Result<(), Failed> {
+        let io = |error| {
+            Failed::Final(HubError::Io {
+                path: self.part.to_path_buf(),
+                error,
+            })
+        };
+        let mut out = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.part)
+            .map_err(io)?;
+        let mut have = out.metadata().map_err(io)?.len();
+        if size.is_some_and(|s| have > s) {
+            // Longer than the file: not a start of it.
+            out.set_len(0).map_err(io)?;
+            have = 0;
+        }
+        if size == Some(have) {
+            // Every byte arrived before a rename that did not happen.
+            return Ok(());
+        }
+        let range = format!("bytes={have}-");
+        let reply = match self.client.send(
+            "GET",
+            url.clone(),
+            &[("Range", range.as_str()), IDENTITY],
+            Follow::All,
+        ) {
+            Ok(r) => r,
+            Err(SendError::Status(416, _)) if have > 0 => {
+                // The server has no such range: what is kept is not a start of the file.
+                out.set_len(0).map_err(io)?;
+                return Err(Failed::Retry {
+                    error: "the server refused to resume; starting over".into(),
+                    relocate: false,
+                });
+            }
+            Err(e) => return Err(self.failed(e)),
+        };
+        match reply.response.status() {
+            206 => {
+                let start = reply
+                    .header("Content-Range")
+                    .and_then(|r| r.strip_prefix("bytes "))
+                    .and_then(|r| r.split('-').next())
+                    .and_then(|n| n.parse::<u64>().ok());
+                if start != Some(have) {
+                    out.set_len(0).map_err(io)?;
+                    return Err(Failed::Retry {
+                        error: format!("asked for {range}, got another range; starting over"),
+                        relocate: false,
+                    });
+                }
+            }
+            // The whole file: what was kept goes.
+            200 => {
+                out.set_len(0).map_err(io)?;
+                have = 0;
+            }
+            status => {
+                return Err(Failed::Retry {
+                    error: format!("unexpected HTTP {status} for the file's body"),
+                    relocate: true,
+                })
+            }
+        }
+        progress.start(size, have);
+        let mut reader = reply.response.into_reader();
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(Failed::Retry {
+                        error: e.to_string(),
+                        relocate: false,
+                    })
+                }
+            };
+            out.write_all(&buf[..n]).map_err(io)?;
+            have += n as u64;
+            *downloaded += n as u64;
+            progress.advance(n as u64);
+        }
+        match size {
+            Some(s) if have < s => Err(Failed::Retry {
+                error: format!("the connection closed after {have} of {s} bytes"),
+                relocate: false,
+            }),
+            _ => Ok(()),
+        }
     }
 }
+
+impl Fetch<'_> {
+    /// Whether a request that failed is worth another try.
+    fn failed(&self, e: SendError) -> Failed {
+        match e {
+            SendError::Transport(error) => Failed::Retry {
+                error,
+                relocate: false,
+            },
+            // The storage host refuses, or a server fails: the Hub may name another place.
+            SendError::Status(status, reply)
+                if !self.client.is_hub(&reply.url) || status >= 500 =>
+            {
+                Failed::Retry {
+                    error: format!(
+                        "HTTP {status} from {}",
+                        reply.url.host_str().unwrap_or("the server")
+                    ),
+                    relocate: true,
+                }
+            }
+            e => {
+                Failed::Final(e.into_hub_error(self.client, self.opts, self.repo, &self.file.path))
+            }
+        }
+    }
+}
+
+/// Downloads ask for the bytes as stored: a compressed body would not resume by offset.
+const IDENTITY: (&str, &str) = ("Accept-Encoding", "identity");
 
 fn is_sha256(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
@@ -367,7 +475,7 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
 struct Progress {
     file: String,
     bar: Option<indicatif::ProgressBar>,
-    total: u64,
+    total: Option<u64>,
     done: u64,
     logged_tenths: u64,
 }
@@ -377,21 +485,19 @@ impl Progress {
         Progress {
             file: file.to_string(),
             bar: None,
-            total: 0,
+            total: None,
             done: 0,
             logged_tenths: 0,
         }
     }
-}
 
-impl hf_hub::api::Progress for Progress {
-    // Called at the start of every attempt; a resumed one then reports the bytes it has.
-    fn init(&mut self, size: usize, _filename: &str) {
-        self.total = size as u64;
-        self.done = 0;
+    /// A try begins with `done` bytes of `total` already there.
+    fn start(&mut self, total: Option<u64>, done: u64) {
+        self.total = total;
+        self.done = done;
         if std::io::stderr().is_terminal() {
             let bar = self.bar.get_or_insert_with(|| {
-                let bar = indicatif::ProgressBar::new(size as u64);
+                let bar = indicatif::ProgressBar::new(total.unwrap_or(0));
                 if let Ok(style) = indicatif::ProgressStyle::with_template(
                     "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} ({eta})",
                 ) {
@@ -400,22 +506,25 @@ impl hf_hub::api::Progress for Progress {
                 bar.set_message(self.file.clone());
                 bar
             });
-            bar.set_length(size as u64);
-            bar.set_position(0);
+            if let Some(t) = total {
+                bar.set_length(t);
+            }
+            bar.set_position(done);
         } else if self.logged_tenths == 0 {
             info!(
                 file = %self.file,
-                mib = format!("{:.1}", size as f64 / 1048576.0),
+                mib = format!("{:.1}", total.unwrap_or(0) as f64 / 1048576.0),
+                resumed_at = done,
                 "downloading"
             );
         }
     }
 
-    fn update(&mut self, size: usize) {
-        self.done += size as u64;
+    fn advance(&mut self, n: u64) {
+        self.done += n;
         if let Some(bar) = &self.bar {
             bar.set_position(self.done);
-        } else if let Some(tenths) = (self.done * 10).checked_div(self.total) {
+        } else if let Some(tenths) = self.total.and_then(|t| (self.done * 10).checked_div(t)) {
             if tenths > self.logged_tenths {
                 self.logged_tenths = tenths;
                 info!(file = %self.file, percent = tenths * 10, "downloading");
@@ -426,14 +535,6 @@ impl hf_hub::api::Progress for Progress {
     fn finish(&mut self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
-        }
-        if self.done < self.total {
-            warn!(
-                file = %self.file,
-                received = self.done,
-                expected = self.total,
-                "the download ended short of the file's size"
-            );
         }
     }
 }
@@ -452,43 +553,5 @@ mod tests {
             sha256_file(&p).unwrap(),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
-    }
-
-    #[test]
-    fn the_hubs_status_codes_say_what_to_do() {
-        let opts = HubOptions {
-            endpoint: "https://hub.example".into(),
-            cache: PathBuf::from("/nonexistent"),
-            token: None,
-            offline: false,
-        };
-        let e = status_error(401, "GatedRepo", "Access restricted", &opts, "u/r", "x");
-        let text = e.to_string();
-        assert!(
-            text.contains("u/r is gated")
-                && text.contains("HF_TOKEN")
-                && text.contains("--hf-token-file"),
-            "{text}"
-        );
-        let e = status_error(401, "RepoNotFound", "", &opts, "u/r", "x").to_string();
-        assert!(
-            e.contains("no repository u/r") || e.contains("the repository u/r"),
-            "{e}"
-        );
-        let e = status_error(
-            404,
-            "RevisionNotFound",
-            "",
-            &opts,
-            "u/r",
-            "revision v9 of u/r",
-        );
-        assert!(e.to_string().contains("revision v9 of u/r"), "{e}");
-        let with = HubOptions {
-            token: Some("t".into()),
-            ..opts
-        };
-        let e = status_error(403, "", "no access", &with, "u/r", "x").to_string();
-        assert!(e.contains("the token given"), "{e}");
     }
 }

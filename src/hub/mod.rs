@@ -11,6 +11,7 @@
 
 pub mod cache;
 pub mod download;
+mod http;
 pub mod quant;
 pub mod reference;
 
@@ -33,7 +34,7 @@ pub struct HubOptions {
     /// The cache directory ([`hub_cache_dir`]).
     pub cache: PathBuf,
     /// The access token for gated and private repositories.
-    pub token: Option<String>,
+    pub token: Option<Token>,
     /// Use the cache only (`HF_HUB_OFFLINE`).
     pub offline: bool,
 }
@@ -66,7 +67,8 @@ impl HubOptions {
             },
         }
         .map(|t| t.trim().to_string())
-        .filter(|t| !t.is_empty());
+        .filter(|t| !t.is_empty())
+        .map(Token);
         let offline = var("HF_HUB_OFFLINE").is_some_and(|v| {
             matches!(
                 v.trim().to_ascii_uppercase().as_str(),
@@ -79,6 +81,27 @@ impl HubOptions {
             token,
             offline,
         })
+    }
+}
+
+/// A Hub access token. It shows as `***` when printed, so no log line or error carries
+/// it; only the Hub's client reads it ([`Token::expose`]).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl Token {
+    pub fn new(token: impl Into<String>) -> Self {
+        Token(token.into())
+    }
+
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(***)")
     }
 }
 
@@ -198,8 +221,8 @@ pub fn pull(r: &ModelRef, opts: &HubOptions) -> Result<Pulled, HubError> {
     if opts.offline {
         return cached(r, opts, "(HF_HUB_OFFLINE is set, so nothing is downloaded)");
     }
-    let listing = match download::listing(&download::api(opts, true)?, opts, &r.repo, r.revision())
-    {
+    let client = http::Client::new(opts)?;
+    let listing = match download::listing(&client, opts, &r.repo, r.revision()) {
         Ok(l) => l,
         Err(e @ HubError::Network { .. }) => {
             // As huggingface_hub does: what the cache has for this revision still runs.
@@ -241,7 +264,6 @@ pub fn pull(r: &ModelRef, opts: &HubOptions) -> Result<Pulled, HubError> {
         commit = %listing.commit,
         "pulling"
     );
-    let api = download::api(opts, listing.needs_token)?;
     let mut parts = Vec::with_capacity(model.parts.len());
     let mut downloaded = 0;
     for part in &model.parts {
@@ -250,7 +272,7 @@ pub fn pull(r: &ModelRef, opts: &HubOptions) -> Result<Pulled, HubError> {
             .iter()
             .find(|f| &f.path == part)
             .ok_or_else(|| HubError::Select(format!("{} lacks {part}", r.repo)))?;
-        let (path, n) = download::ensure_file(&api, opts, &r.repo, &listing.commit, file)?;
+        let (path, n) = download::ensure_file(&client, opts, &r.repo, &listing.commit, file)?;
         downloaded += n;
         parts.push(path);
     }

@@ -4,13 +4,17 @@
 //! - `GET /api/models/USER/REPO[/revision/REV]?blobs=true`: the model-info JSON, with the
 //!   commit (`sha`) and each file (`siblings`: `rfilename`, `size`, and for LFS files
 //!   `lfs.sha256`, `lfs.size`);
-//! - `GET|HEAD /USER/REPO/resolve/REV/FILE`: for an LFS file a `302 Found` to another host (the
-//!   storage host, addressed as `localhost` while the Hub is `127.0.0.1`) with `X-Repo-Commit`,
-//!   `X-Linked-Etag` (the quoted sha256), `X-Linked-Size` and `ETag`; a small non-LFS file
-//!   (`README.md`) is answered directly;
+//! - `GET|HEAD /USER/REPO/resolve/REV/FILE`: for an LFS file a `302 Found` to another origin
+//!   (the storage host: `localhost` while the Hub is `127.0.0.1`, or [`Storage::OtherPort`]
+//!   the same address on another port) with `X-Repo-Commit`, `X-Linked-Etag` (the quoted
+//!   sha256), `X-Linked-Size` and `ETag`; a small non-LFS file (`README.md`) is answered
+//!   directly;
+//! - a renamed repository: its old name answers a relative `307` to the new one, on the Hub;
+//! - the same under `/mirror/`, for an `HF_ENDPOINT` with a path;
 //! - errors as the Hub sends them: `401` + `X-Error-Code: RepoNotFound` for an unknown
-//!   repository, `404` + `RevisionNotFound`, `401` + `GatedRepo` for a gated repository
-//!   without a token, `403` with a token that has no access;
+//!   repository (and for a private one without its token), `404` + `RevisionNotFound`,
+//!   `401` + `GatedRepo` for a gated repository's file without a token, `403` with a token
+//!   that has no access;
 //! - the storage host: `GET /blob/SHA256` with `Range: bytes=A-[B]` (`206`,
 //!   `Content-Range`), and faults the tests switch on: a body cut off after some bytes (the
 //!   connection dropped), a corrupted body, a body held back until released.
@@ -35,8 +39,21 @@ pub struct RepoSpec {
     pub commit: String,
     /// Path in the repository and contents; `.gguf` files are LFS files.
     pub files: Vec<(String, Vec<u8>)>,
-    /// A gated repository: files need this bearer token.
+    /// A gated repository (or a private one): files need this bearer token.
     pub token: Option<String>,
+    /// Private: the repository itself (its file list too) is hidden without the token.
+    pub private: bool,
+    /// An earlier name, redirected to this one.
+    pub renamed_from: Option<String>,
+}
+
+/// Where the storage host that serves file bodies is, beside the Hub on `127.0.0.1`.
+#[derive(Clone, Copy)]
+pub enum Storage {
+    /// `localhost`: another host name.
+    OtherHost,
+    /// `127.0.0.1` on another port: the same host name, another origin.
+    OtherPort,
 }
 
 /// One request the stand-in answered.
@@ -46,6 +63,8 @@ pub struct Seen {
     pub host: &'static str,
     pub method: String,
     pub path: String,
+    /// The path as requested (a mirror's prefix included).
+    pub requested: String,
     pub range: Option<String>,
     pub auth: Option<String>,
 }
@@ -129,7 +148,7 @@ fn is_lfs(path: &str) -> bool {
 }
 
 impl StandIn {
-    pub fn start(repos: Vec<RepoSpec>) -> StandIn {
+    pub fn start_with(repos: Vec<RepoSpec>, storage: Storage) -> StandIn {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -156,15 +175,25 @@ impl StandIn {
         let (hub, cdn) = (bind(), bind());
         let (hub_addr, cdn_addr): (SocketAddr, SocketAddr) =
             (hub.local_addr().unwrap(), cdn.local_addr().unwrap());
-        state.0.lock().unwrap().cdn = format!("http://localhost:{}", cdn_addr.port());
-        let hub_app = Router::new()
-            .route("/api/models/{user}/{repo}", get(info))
-            .route("/api/models/{user}/{repo}/revision/{*rev}", get(info))
-            .route(
-                "/{user}/{repo}/resolve/{rev}/{*file}",
-                get(resolve).head(resolve),
-            )
-            .with_state(state.clone());
+        let cdn_host = match storage {
+            Storage::OtherHost => "localhost",
+            Storage::OtherPort => "127.0.0.1",
+        };
+        state.0.lock().unwrap().cdn = format!("http://{cdn_host}:{}", cdn_addr.port());
+        let mut hub_app = Router::new();
+        for prefix in ["", "/mirror"] {
+            hub_app = hub_app
+                .route(&format!("{prefix}/api/models/{{user}}/{{repo}}"), get(info))
+                .route(
+                    &format!("{prefix}/api/models/{{user}}/{{repo}}/revision/{{*rev}}"),
+                    get(info),
+                )
+                .route(
+                    &format!("{prefix}/{{user}}/{{repo}}/resolve/{{rev}}/{{*file}}"),
+                    get(resolve).head(resolve),
+                );
+        }
+        let hub_app = hub_app.with_state(state.clone());
         let cdn_app = Router::new()
             .route("/blob/{sha}", get(blob))
             .with_state(state.clone());
@@ -216,7 +245,14 @@ impl StandIn {
     }
 }
 
-fn record(s: &St, host: &'static str, method: &Method, path: String, headers: &HeaderMap) {
+fn record(
+    s: &St,
+    host: &'static str,
+    method: &Method,
+    path: String,
+    uri: &Uri,
+    headers: &HeaderMap,
+) {
     let h = |k: &str| {
         headers
             .get(k)
@@ -227,6 +263,7 @@ fn record(s: &St, host: &'static str, method: &Method, path: String, headers: &H
         host,
         method: method.to_string(),
         path,
+        requested: uri.path().to_string(),
         range: h("range"),
         auth: h("authorization"),
     });
@@ -242,20 +279,54 @@ fn error(status: StatusCode, code: &str, message: &str) -> Response {
         .unwrap()
 }
 
-fn find_repo(s: &Shared, user: &str, repo: &str, rev: &str) -> Result<RepoSpec, Box<Response>> {
+/// The repository `user/repo` names, as the Hub finds it: a renamed one's old name is a
+/// relative redirect to the same path under the new name (`uri`'s path, with the new name
+/// in place of the old), and a private one is not found without its token.
+fn find_repo(
+    s: &Shared,
+    user: &str,
+    repo: &str,
+    rev: &str,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<RepoSpec, Box<Response>> {
     let id = format!("{user}/{repo}");
+    let not_found = || {
+        Box::new(error(
+            StatusCode::UNAUTHORIZED,
+            "RepoNotFound",
+            "Repository not found",
+        ))
+    };
+    if let Some(r) = s
+        .repos
+        .iter()
+        .find(|r| r.renamed_from.as_deref() == Some(&id))
+    {
+        let to = uri
+            .path()
+            .replacen(&format!("/{id}/"), &format!("/{}/", r.id), 1);
+        let to = match uri.query() {
+            Some(q) => format!("{to}?{q}"),
+            None => to,
+        };
+        return Err(Box::new(
+            Response::builder()
+                .status(StatusCode::TEMPORARY_REDIRECT)
+                .header("Location", to)
+                .body(Body::empty())
+                .unwrap(),
+        ));
+    }
     let r = s
         .repos
         .iter()
         .find(|r| r.id == id)
         .cloned()
-        .ok_or_else(|| {
-            error(
-                StatusCode::UNAUTHORIZED,
-                "RepoNotFound",
-                "Repository not found",
-            )
-        })?;
+        .ok_or_else(not_found)?;
+    if r.private && bearer(headers) != r.token.as_deref() {
+        return Err(not_found());
+    }
     if rev != "main" && rev != r.commit {
         return Err(Box::new(error(
             StatusCode::NOT_FOUND,
@@ -264,6 +335,14 @@ fn find_repo(s: &Shared, user: &str, repo: &str, rev: &str) -> Result<RepoSpec, 
         )));
     }
     Ok(r)
+}
+
+/// The token an `Authorization: Bearer` header carries.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
 }
 
 async fn info(
@@ -275,8 +354,16 @@ async fn info(
 ) -> Response {
     let rev = p.get("rev").cloned().unwrap_or_else(|| "main".into());
     let path = format!("/api/models/{}/{}/revision/{rev}", p["user"], p["repo"]);
-    record(&s, "hub", &method, path, &headers);
-    let r = match find_repo(&s.0.lock().unwrap(), &p["user"], &p["repo"], &rev) {
+    record(&s, "hub", &method, path, &uri, &headers);
+    let found = find_repo(
+        &s.0.lock().unwrap(),
+        &p["user"],
+        &p["repo"],
+        &rev,
+        &uri,
+        &headers,
+    );
+    let r = match found {
         Ok(r) => r,
         Err(e) => return *e,
     };
@@ -307,8 +394,8 @@ async fn info(
         "id": r.id,
         "modelId": r.id,
         "sha": r.commit,
-        "private": false,
-        "gated": if r.token.is_some() { serde_json::json!("manual") } else { false.into() },
+        "private": r.private,
+        "gated": if r.token.is_some() && !r.private { serde_json::json!("manual") } else { false.into() },
         "disabled": false,
         "tags": ["gguf"],
         "siblings": siblings,
@@ -323,21 +410,21 @@ async fn resolve(
     State(s): State<St>,
     method: Method,
     Path(p): Path<HashMap<String, String>>,
+    uri: Uri,
     headers: HeaderMap,
 ) -> Response {
     let (rev, file) = (&p["rev"], &p["file"]);
     let path = format!("/{}/{}/resolve/{rev}/{file}", p["user"], p["repo"]);
-    record(&s, "hub", &method, path, &headers);
+    record(&s, "hub", &method, path, &uri, &headers);
     let (r, cdn) = {
         let shared = s.0.lock().unwrap();
-        match find_repo(&shared, &p["user"], &p["repo"], rev) {
+        match find_repo(&shared, &p["user"], &p["repo"], rev, &uri, &headers) {
             Ok(r) => (r, shared.cdn.clone()),
             Err(e) => return *e,
         }
     };
     if let Some(token) = &r.token {
-        let auth = headers.get("authorization").and_then(|v| v.to_str().ok());
-        match auth {
+        match bearer(&headers) {
             None => {
                 return error(
                     StatusCode::UNAUTHORIZED,
@@ -349,7 +436,7 @@ async fn resolve(
                     ),
                 )
             }
-            Some(a) if a != format!("Bearer {token}") => {
+            Some(t) if t != token => {
                 return error(
                     StatusCode::FORBIDDEN,
                     "GatedRepo",
@@ -412,9 +499,10 @@ async fn blob(
     State(s): State<St>,
     method: Method,
     Path(sha): Path<String>,
+    uri: Uri,
     headers: HeaderMap,
 ) -> Response {
-    record(&s, "cdn", &method, format!("/blob/{sha}"), &headers);
+    record(&s, "cdn", &method, format!("/blob/{sha}"), &uri, &headers);
     let range = headers
         .get("range")
         .and_then(|v| v.to_str().ok())
