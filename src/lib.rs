@@ -4,13 +4,13 @@
 pub mod backend;
 pub mod cli;
 pub mod engine;
-pub mod gguf;
+pub use inferno_gguf as gguf;
 pub mod hub;
 pub mod model;
 pub mod sampling;
 pub mod server;
-pub mod tensor;
+pub use inferno_tensor as tensor;
 pub mod tokenizer;
 
 #[cfg(test)]
-pub(crate) mod test_rng;
+pub(crate) use inferno_tensor::test_rng;

@@ -64,7 +64,7 @@ impl Storage {
     /// Releases once more every range of this storage released so far
     /// ([`TensorBytes::release_resident`]); see `GgufFile::release_again`. Returns how many
     /// ranges were released again (none for owned storage).
-    pub(crate) fn release_again(&self) -> usize {
+    pub fn release_again(&self) -> usize {
         match self {
             #[cfg(unix)]
             Storage::Mmap(map) => {
@@ -98,14 +98,15 @@ pub struct TensorBytes {
 }
 
 impl TensorBytes {
-    /// The `len` bytes of `storage` from `start`. The caller has checked that the range lies
-    /// within the storage (a GGUF reader, against the file's tensor table).
-    pub(crate) fn new(storage: Arc<Storage>, start: usize, len: usize) -> Self {
-        TensorBytes {
+    /// The `len` bytes of `storage` from `start` (a tensor of a GGUF file); `None` when the
+    /// range does not lie within the storage, so every view stays inside its mapping.
+    pub fn within(storage: Arc<Storage>, start: usize, len: usize) -> Option<Self> {
+        let end = start.checked_add(len)?;
+        (end <= storage.len()).then_some(TensorBytes {
             storage,
             start,
             len,
-        }
+        })
     }
 
     pub fn as_slice(&self) -> &[u8] {

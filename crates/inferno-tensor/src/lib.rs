@@ -10,6 +10,8 @@ pub mod legacy;
 pub mod matrix;
 pub mod mixture;
 pub mod q8_0;
+#[doc(hidden)]
+pub mod test_rng;
 
 pub use bytes::TensorBytes;
 pub use dtype::GgmlType;

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::tensor::GgmlType;
+use inferno_tensor::GgmlType;
 
 /// Everything that can go wrong with a GGUF file. Byte offsets are from the start of the file;
 /// messages name the key or tensor involved so a user can tell what is broken without a hex

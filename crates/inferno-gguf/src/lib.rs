@@ -23,9 +23,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use crate::tensor::bytes::{MappedFile, Storage, TensorBytes};
-pub use crate::tensor::GgmlType;
 pub use error::GgufError;
+pub use inferno_tensor::bytes::{MappedFile, Storage, TensorBytes};
+pub use inferno_tensor::GgmlType;
 pub use value::Value;
 pub use writer::GgufWriter;
 
@@ -257,12 +257,16 @@ impl GgufFile {
             .ok_or_else(|| GgufError::MissingTensor(name.to_owned()))?;
         let (info, part) = (&self.tensors[i], &self.parts[self.tensor_part[i]]);
         // Parsing checked that data_offset + offset + n_bytes lies within the part's
-        // storage, so these fit in usize and index in bounds.
-        Ok(TensorBytes::new(
+        // storage, so this view is always made.
+        TensorBytes::within(
             Arc::clone(&part.storage),
             (part.data_offset + info.offset) as usize,
             info.n_bytes as usize,
-        ))
+        )
+        .ok_or_else(|| GgufError::InvalidTensor {
+            tensor: name.to_owned(),
+            reason: "its bytes lie outside the file".into(),
+        })
     }
 
     /// Start of the tensor data section, from the start of the (first) file.

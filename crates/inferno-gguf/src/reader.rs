@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::error::GgufError;
 use super::value::{min_encoded_size, type_id, Value};
 use super::{TensorInfo, DEFAULT_ALIGNMENT, MAGIC, MAX_ARRAY_DEPTH, MAX_DIMS};
-use crate::tensor::GgmlType;
+use inferno_tensor::GgmlType;
 
 /// Everything in a GGUF file except the tensor bytes themselves.
 pub(crate) struct Parsed {

@@ -8,7 +8,7 @@ use super::error::GgufError;
 use super::reader::tensor_size;
 use super::value::{type_id, Value};
 use super::{DEFAULT_ALIGNMENT, MAGIC, MAX_ARRAY_DEPTH};
-use crate::tensor::GgmlType;
+use inferno_tensor::GgmlType;
 
 const ALIGNMENT_KEY: &str = "general.alignment";
 
