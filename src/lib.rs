@@ -5,12 +5,12 @@ pub mod backend;
 pub mod cli;
 pub mod engine;
 pub use inferno_gguf as gguf;
-pub mod hub;
+pub use inferno_hub as hub;
 pub mod model;
-pub mod sampling;
+pub use inferno_sampling as sampling;
 pub mod server;
 pub use inferno_tensor as tensor;
-pub mod tokenizer;
+pub use inferno_tokenizer as tokenizer;
 
 #[cfg(test)]
 pub(crate) use inferno_tensor::test_rng;

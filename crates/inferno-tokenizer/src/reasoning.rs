@@ -257,7 +257,7 @@ impl ReplyParser {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::tool_calls::ToolCall;
+    use crate::tool_calls::ToolCall;
 
     /// Feeds the pieces and returns the whole reasoning and answer.
     fn feed(mut p: ReasoningParser, pieces: &[&str]) -> (String, String) {
@@ -378,9 +378,12 @@ mod tests {
     /// token, decoded as the engine streams it, splits as its text does.
     #[test]
     fn qwen3_think_tokens_streamed_one_by_one() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizer");
-        let gguf = crate::gguf::GgufFile::open(format!("{dir}/qwen3-vocab.gguf")).unwrap();
-        let tok = crate::tokenizer::Tokenizer::from_gguf(&gguf).unwrap();
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/tokenizer"
+        );
+        let gguf = inferno_gguf::GgufFile::open(format!("{dir}/qwen3-vocab.gguf")).unwrap();
+        let tok = crate::Tokenizer::from_gguf(&gguf).unwrap();
         let reply = "<think>\nZürich is in CET.\n</think>\n\nIt is 13:00 in Zürich.";
         let ids = tok.encode(reply, true).unwrap();
         let open = tok.token_id("<think>").unwrap();
@@ -478,7 +481,7 @@ mod tests {
             "{\"name\": \"f\", \"arguments\": {\"a\": 1}}",
             "{\"name\": 3}",
         ];
-        let mut rng = crate::test_rng::TestRng::new(0x9e37_79b9_7f4a_7c15);
+        let mut rng = inferno_tensor::test_rng::TestRng::new(0x9e37_79b9_7f4a_7c15);
         let mut next = |n: usize| rng.below(n);
         let parse = |mode: usize, pieces: &[&str]| {
             let reasoning = match mode % 3 {

@@ -14,7 +14,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::tokenizer::{TokenType, Tokenizer};
+use inferno_tokenizer::{TokenType, Tokenizer};
 
 /// What the generated text must be.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -494,7 +494,7 @@ fn apply_mask(mask: &SimpleVob, logits: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::test_vocab::{VocabBuilder, CONTROL};
+    use inferno_tokenizer::test_vocab::{VocabBuilder, CONTROL};
     use rand::{Rng, SeedableRng};
 
     /// Byte tokens, a few multi-byte ones, `<|im_end|>` (end of generation), and logits

@@ -8,7 +8,7 @@
 const MAX_MAPPED: usize = 0x143;
 
 /// Byte value → stand-in character.
-#[cfg(test)]
+#[cfg(any(test, feature = "test-vocab"))]
 const BYTE_TO_CHAR: [char; 256] = build_byte_to_char();
 
 /// Stand-in code point → byte value, `u16::MAX` where the code point is not a stand-in.
@@ -54,7 +54,7 @@ const fn build_char_to_byte() -> [u16; MAX_MAPPED + 1] {
 }
 
 /// The stand-in character for a raw byte.
-#[cfg(test)]
+#[cfg(any(test, feature = "test-vocab"))]
 pub(crate) fn byte_to_char(b: u8) -> char {
     BYTE_TO_CHAR[b as usize]
 }

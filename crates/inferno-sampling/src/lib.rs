@@ -779,7 +779,7 @@ mod tests {
 
     #[test]
     fn tokens_are_those_of_listing_every_candidate() {
-        let mut rng = crate::test_rng::TestRng::new(5);
+        let mut rng = inferno_tensor::test_rng::TestRng::new(5);
         let vocab = 3000;
         for case in 0..48 {
             let params = SamplingParams {

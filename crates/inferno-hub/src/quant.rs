@@ -8,7 +8,7 @@
 //! quantization matches a model whose file name carries it as a word (case-insensitive); one
 //! that matches no model, or several, is an error that lists what the repository offers.
 
-use crate::gguf::split::parse_part_name;
+use inferno_gguf::split::parse_part_name;
 
 /// One runnable model of a repository: a GGUF file, or the parts of a split one.
 #[derive(Clone, Debug, PartialEq, Eq)]

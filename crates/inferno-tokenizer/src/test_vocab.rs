@@ -1,17 +1,17 @@
 //! Small synthetic byte-level vocabularies for unit tests.
 
-use crate::gguf::{GgufFile, GgufWriter, Value};
+use inferno_gguf::{GgufFile, GgufWriter, Value};
 
 use super::byte_level::byte_to_char;
 use super::Tokenizer;
 
 /// GGUF token types.
-pub(crate) const NORMAL: i32 = 1;
-pub(crate) const CONTROL: i32 = 3;
-pub(crate) const USER_DEFINED: i32 = 4;
+pub const NORMAL: i32 = 1;
+pub const CONTROL: i32 = 3;
+pub const USER_DEFINED: i32 = 4;
 
 /// Builds an in-memory GGUF holding `kv`.
-pub(crate) fn gguf_from_kv(kv: Vec<(&str, Value)>) -> GgufFile {
+pub fn gguf_from_kv(kv: Vec<(&str, Value)>) -> GgufFile {
     let mut w = GgufWriter::new();
     for (k, v) in kv {
         w.add(k, v);
@@ -20,13 +20,13 @@ pub(crate) fn gguf_from_kv(kv: Vec<(&str, Value)>) -> GgufFile {
 }
 
 /// The byte-level vocabulary string for raw bytes.
-pub(crate) fn byte_token(bytes: &[u8]) -> String {
+pub fn byte_token(bytes: &[u8]) -> String {
     bytes.iter().map(|&b| byte_to_char(b)).collect()
 }
 
 /// A vocabulary under construction: the 256 single-byte tokens come first,
 /// so the id of byte `b` is `b`.
-pub(crate) struct VocabBuilder {
+pub struct VocabBuilder {
     pub tokens: Vec<String>,
     pub types: Vec<i32>,
     pub merges: Vec<String>,
@@ -36,7 +36,7 @@ pub(crate) struct VocabBuilder {
 }
 
 impl VocabBuilder {
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Self {
             tokens: (0..=255u8).map(|b| byte_token(&[b])).collect(),
             types: vec![NORMAL; 256],
@@ -48,14 +48,14 @@ impl VocabBuilder {
     }
 
     /// Adds a token with the given type and returns its id.
-    pub(crate) fn token(&mut self, text: &str, ty: i32) -> u32 {
+    pub fn token(&mut self, text: &str, ty: i32) -> u32 {
         self.tokens.push(text.to_owned());
         self.types.push(ty);
         (self.tokens.len() - 1) as u32
     }
 
     /// Adds a normal token standing for raw `bytes` (no merge) and returns its id.
-    pub(crate) fn bytes_token(&mut self, bytes: &[u8]) -> u32 {
+    pub fn bytes_token(&mut self, bytes: &[u8]) -> u32 {
         let text = byte_token(bytes);
         if let Some(i) = self.tokens.iter().position(|t| *t == text) {
             return i as u32;
@@ -64,12 +64,12 @@ impl VocabBuilder {
     }
 
     /// Adds the merge `a b` and its result token; returns the result's id.
-    pub(crate) fn merge(&mut self, a: &str, b: &str) -> u32 {
+    pub fn merge(&mut self, a: &str, b: &str) -> u32 {
         self.merges.push(format!("{a} {b}"));
         self.token(&format!("{a}{b}"), NORMAL)
     }
 
-    pub(crate) fn gguf(&self) -> GgufFile {
+    pub fn gguf(&self) -> GgufFile {
         let strings = |v: &[String]| Value::Array(v.iter().cloned().map(Value::String).collect());
         let mut kv: Vec<(&str, Value)> = vec![
             ("tokenizer.ggml.model", Value::String(self.model.into())),
@@ -87,7 +87,7 @@ impl VocabBuilder {
         gguf_from_kv(kv)
     }
 
-    pub(crate) fn build(&self) -> Tokenizer {
+    pub fn build(&self) -> Tokenizer {
         Tokenizer::from_gguf(&self.gguf()).expect("test tokenizer builds")
     }
 }

@@ -23,7 +23,7 @@ use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{AddedToken, AddedVocabulary, Model, OffsetReferential, OffsetType, PreTokenizer};
 
-use crate::gguf::{GgufFile, Value};
+use inferno_gguf::{GgufFile, Value};
 
 pub use chat::{ChatEnding, ChatMessage, ChatTemplate, TemplateArgs};
 pub use stream::StreamDecoder;
@@ -729,8 +729,9 @@ fn required_array<'a>(
         .ok_or_else(|| invalid(key, "expected an array"))
 }
 
-#[cfg(test)]
-pub(crate) mod test_vocab;
+#[cfg(any(test, feature = "test-vocab"))]
+#[doc(hidden)]
+pub mod test_vocab;
 
 #[cfg(test)]
 mod tests;

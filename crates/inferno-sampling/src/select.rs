@@ -194,7 +194,7 @@ fn first_where(logits: &[f32], hit: impl Fn(f32) -> bool) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_rng::TestRng;
+    use inferno_tensor::test_rng::TestRng;
 
     /// Every token listed, sorted, the first `k` kept: what [`top_k`] must equal.
     fn top_k_by_sorting(logits: &[f32], k: usize) -> Vec<(u32, f32)> {

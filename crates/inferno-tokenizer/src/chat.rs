@@ -13,7 +13,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde::{Deserialize, Serialize};
 
 use super::TokenizerError;
-use crate::gguf::GgufFile;
+use inferno_gguf::GgufFile;
 
 /// Name under which the template is registered in its environment.
 const TEMPLATE_NAME: &str = "chat_template";
@@ -953,8 +953,8 @@ mod tests {
 
     #[test]
     fn from_gguf_reads_template_and_special_token_text() {
-        use crate::gguf::Value as G;
-        use crate::tokenizer::test_vocab::gguf_from_kv;
+        use crate::test_vocab::gguf_from_kv;
+        use inferno_gguf::Value as G;
         let tokens = G::Array(vec![G::String("<s>".into()), G::String("</s>".into())]);
         let gguf = gguf_from_kv(vec![
             ("tokenizer.ggml.tokens", tokens.clone()),
@@ -978,8 +978,8 @@ mod tests {
 
     #[test]
     fn a_template_that_does_not_compile_fails_only_its_renders() {
-        use crate::gguf::Value as G;
-        use crate::tokenizer::test_vocab::gguf_from_kv;
+        use crate::test_vocab::gguf_from_kv;
+        use inferno_gguf::Value as G;
         let gguf = gguf_from_kv(vec![(
             "tokenizer.chat_template",
             G::String("{% for m in messages %}{{ m.content }".into()),
