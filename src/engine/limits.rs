@@ -7,7 +7,7 @@ use super::speculative::Speculation;
 use std::time::Duration;
 
 /// The default step-time target while streams decode (`--target-itl-ms`): see
-/// BENCHMARKS.md, "Serving under load", for the measurements behind it.
+/// docs/decisions/step-time-target.md for the measurements behind it.
 pub const DEFAULT_TARGET_ITL: Duration = Duration::from_millis(150);
 
 #[derive(Clone, Debug)]

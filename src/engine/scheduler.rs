@@ -14,9 +14,9 @@
 //! [`STARVATION_STEPS`] steps goes first whatever its length, so a long prompt is delayed
 //! by a bounded number of steps, not starved. Prompts that arrive together thus start
 //! decoding one after another; rows shared equally made them finish together, and clients
-//! sending the same lengths then stayed in step, every round a burst (BENCHMARKS.md,
-//! "Waiting prompts sharing each step's rows"). A job whose deadline would pass before its
-//! first token by that estimate is refused at admission instead of holding a slot.
+//! sending the same lengths then stayed in step, every round a burst
+//! (docs/decisions/waiting-prompts-shortest-first.md). A job whose deadline would pass
+//! before its first token by that estimate is refused at admission instead of holding a slot.
 
 use super::job::Job;
 use super::kv_pool::{Fit, KvPool};

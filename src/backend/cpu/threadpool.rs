@@ -339,7 +339,7 @@ pub fn split(total: usize, id: usize, n: usize) -> (usize, usize) {
 /// than an equal one, so a thread the OS deschedules still holds a job up by at most that.
 /// Over the jobs of eight decoding streams (Zen 4, two threads) the two threads' ends of a
 /// job were 4.5–4.8 µs apart on average with equal chunks, 1.3–1.9 µs with these
-/// (BENCHMARKS.md).
+/// (docs/decisions/shrinking-chunks.md).
 #[derive(Clone, Copy, Debug)]
 pub struct Chunks {
     units: usize,

@@ -396,7 +396,8 @@ pub struct Bid {
 /// two Zen 3 cores, eight streams of which a few repeated themselves (97% of drafts
 /// accepted) gave the same throughput as without drafts, and the streams that drafted
 /// nothing waited 38–65% longer between tokens at the 99th percentile, when rows went
-/// wherever they raised the tokens of the whole step per unit of time (BENCHMARKS.md).
+/// wherever they raised the tokens of the whole step per unit of time
+/// (docs/decisions/draft-rows-by-step-cost.md).
 pub fn share_rows<T>(
     items: &mut [T],
     bid: impl Fn(&mut T) -> &mut Bid,

@@ -173,7 +173,8 @@ impl Isa {
     /// F), except on AMD's family 19h (Zen 4), which splits each 512-bit operation into two
     /// 256-bit halves. There the 16-lane forms won on F32 rows and on Q8_0 rows as stored,
     /// and lost on F16 rows and on Q8_0 chunks widened to f32 for a prompt (`cargo bench
-    /// --bench kernels -- attention_`, BENCHMARKS.md). Every form gives the same bits.
+    /// --bench kernels -- attention_`; docs/decisions/attention-forms-by-cpu.md). Every form
+    /// gives the same bits.
     fn attention_width(self) -> AttentionWidth {
         match self {
             Isa::Avx512Vnni if splits_512_bit_ops() => AttentionWidth::ZmmExceptF16OrWidened,

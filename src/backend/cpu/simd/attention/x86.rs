@@ -866,7 +866,7 @@ unsafe fn attend_part_on<K: KvLoad, V: KvLoad>(
             AttentionWidth::Ymm => attend_part_avx2::<K, V>(s, rows, kv, range, bufs, state),
             // Widened chunks keep to sixteen registers: with 32 the 64-token prompt at 2048
             // over a Q8_0 cache ran 22.0 against 18.0 ms (Zen 4), the same slowdown as
-            // their 16-lane forms', not understood (BENCHMARKS.md).
+            // their 16-lane forms', not understood (docs/decisions/attention-forms-by-cpu.md).
             AttentionWidth::ZmmExceptF16OrWidened if widens::<K, V>(s.head_dim, rows.len()) => {
                 attend_part_avx2::<K, V>(s, rows, kv, range, bufs, state)
             }

@@ -1704,8 +1704,9 @@ fn with_next_share(
 /// Whether a product whose tokens fit in one tile (a decode step) prefetches the next group
 /// too. On an Intel Xeon (Emerald Rapids) the hardware prefetcher alone left one decoding
 /// thread at 18–22 tok/s on the Qwen3-0.6B-shaped Q4_K_M file, 24–31 with the bursts; on AMD
-/// Zen 4 the same bursts measured slower (38 against 51 tok/s), so only Intel CPUs take them.
-/// `INFERNO_DECODE_PREFETCH=0` or `1` overrides the choice, to measure both on one machine.
+/// Zen 4 the same bursts measured slower (38 against 51 tok/s), so only Intel CPUs take them
+/// (docs/decisions/prefetch-by-vendor.md). `INFERNO_DECODE_PREFETCH=0` or `1` overrides the
+/// choice, to measure both on one machine.
 /// Decided once per process.
 fn prefetch_single_tile() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -1918,7 +1919,7 @@ const fn i16_lines(kind: u8) -> usize {
 /// rather than in registers. Q2_K and Q3_K `madd` every 4 lines, and with those sums held
 /// beside the 2·T i16 sums the compiler spilled the i16 sums inside the window instead; kept
 /// in memory the 8-token products took 8% (Q2_K) and 7% (Q3_K) less time on a Zen 3. Q4_K,
-/// Q5_K and Q6_K measured the same or slower so (BENCHMARKS.md, 2026-12-05).
+/// Q5_K and Q6_K measured the same or slower so (docs/decisions/avx2-sums-in-memory.md).
 const fn sums_in_memory(kind: u8) -> bool {
     matches!(kind, KIND_Q2 | KIND_Q3)
 }
