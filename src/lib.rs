@@ -1,7 +1,7 @@
 //! Inferno: an LLM inference engine for GGUF models, served over gRPC and an
 //! OpenAI-compatible HTTP API.
 
-pub mod backend;
+pub use inferno_backend as backend;
 pub mod cli;
 pub mod engine;
 pub use inferno_gguf as gguf;
