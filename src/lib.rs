@@ -2,15 +2,11 @@
 //! OpenAI-compatible HTTP API.
 
 pub use inferno_backend as backend;
-pub mod cli;
-pub mod engine;
+pub use inferno_engine as engine;
 pub use inferno_gguf as gguf;
 pub use inferno_hub as hub;
-pub mod model;
+pub use inferno_model as model;
 pub use inferno_sampling as sampling;
 pub mod server;
 pub use inferno_tensor as tensor;
 pub use inferno_tokenizer as tokenizer;
-
-#[cfg(test)]
-pub(crate) use inferno_tensor::test_rng;

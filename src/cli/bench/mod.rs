@@ -35,7 +35,6 @@
 mod measure;
 mod report;
 
-pub use measure::{BenchResult, ConstraintResult, SpecResult, TimeSummary};
 pub(super) use report::bytes_shown;
 
 use crate::sampling::constraint::ResponseFormat;

@@ -355,7 +355,7 @@ pub(super) fn plan<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{Event, GenerateOptions};
+    use crate::{Event, GenerateOptions};
     use tokio::sync::mpsc;
 
     fn limits() -> Limits {

@@ -8,13 +8,13 @@ pub mod synth;
 pub mod transformer;
 pub mod weights;
 
-pub use crate::backend::{KvCache, Logits, Scratch, SeqStep};
 pub use config::{Architecture, ModelConfig, MoeConfig};
+pub use inferno_backend::{KvCache, Logits, Scratch, SeqStep};
 pub use transformer::{Model, State};
 pub use weights::{ExpertWeights, Ffn, ModelWeights, MoeWeights};
 
-use crate::gguf::GgufError;
-use crate::tensor::GgmlType;
+use inferno_gguf::GgufError;
+use inferno_tensor::GgmlType;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -49,5 +49,5 @@ pub enum ModelError {
     #[error("logits buffer holds {got} values, {needed} needed")]
     LogitsBuffer { needed: usize, got: usize },
     #[error(transparent)]
-    Device(#[from] crate::backend::DeviceError),
+    Device(#[from] inferno_backend::DeviceError),
 }

@@ -13,10 +13,10 @@ use super::limits::Limits;
 use super::loader::ModelDescription;
 use super::memory::KvMemory;
 use super::speculative::SpecInfo;
-use crate::model::ModelConfig;
-use crate::sampling::constraint::{ConstraintError, GrammarCompiler, ResponseFormat};
-use crate::sampling::{SamplingError, SamplingParams};
-use crate::tokenizer::{ChatMessage, ChatTemplate, TemplateArgs, Tokenizer};
+use inferno_model::ModelConfig;
+use inferno_sampling::constraint::{ConstraintError, GrammarCompiler, ResponseFormat};
+use inferno_sampling::{SamplingError, SamplingParams};
+use inferno_tokenizer::{ChatMessage, ChatTemplate, TemplateArgs, Tokenizer};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 

@@ -7,10 +7,10 @@
 //! level, inside the caller's span when it has one.
 
 use super::speculative::{Solo, SpecCounts};
-use crate::model::{Logits, Model, ModelError, State};
-use crate::sampling::constraint::{Constraint, Grammar, MaskHandle, MaskWorker};
-use crate::sampling::{Sampler, SamplingError, SamplingParams};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use inferno_model::{Logits, Model, ModelError, State};
+use inferno_sampling::constraint::{Constraint, Grammar, MaskHandle, MaskWorker};
+use inferno_sampling::{Sampler, SamplingError, SamplingParams};
+use inferno_tokenizer::{StreamDecoder, Tokenizer};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 use tracing::debug_span;
@@ -425,7 +425,7 @@ impl<'t> Sequence<'t> {
             })
         };
         for (i, row) in logits.chunks_exact(vocab).take(needed).enumerate() {
-            crate::sampling::check_logits(row)?;
+            inferno_sampling::check_logits(row)?;
             let before = self.out_tokens.len();
             let step = self.pick(row, room > i, &mut on_token)?;
             let draft = drafts.get(i).copied();
@@ -770,9 +770,9 @@ pub fn generate_speculative(
 mod tests {
     use super::StopScan;
     use super::{FinishReason, Flow, GenerateOptions, Sequence, Step, Verified};
-    use crate::sampling::{SamplingError, SamplingParams};
-    use crate::tokenizer::test_vocab::{VocabBuilder, CONTROL};
-    use crate::tokenizer::Tokenizer;
+    use inferno_sampling::{SamplingError, SamplingParams};
+    use inferno_tokenizer::test_vocab::{VocabBuilder, CONTROL};
+    use inferno_tokenizer::Tokenizer;
 
     fn vocab() -> (Tokenizer, u32) {
         let mut v = VocabBuilder::new();
@@ -933,7 +933,7 @@ mod tests {
     #[test]
     fn stop_scan_matches_its_rule_on_random_replies() {
         let alphabet = ["a", "b", "ab", "é", "\n"];
-        let mut rng = crate::test_rng::TestRng::new(0x2545_f491_4f6c_dd1d);
+        let mut rng = inferno_tensor::test_rng::TestRng::new(0x2545_f491_4f6c_dd1d);
         let mut next = |n: usize| rng.below(n);
         for case in 0..4000 {
             let stops: Vec<String> = (0..1 + next(3))

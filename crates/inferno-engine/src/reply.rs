@@ -6,8 +6,8 @@
 use super::generate::FinishReason;
 use super::job::{Done, TokenOut};
 use super::plan::ToolCall;
-use crate::tokenizer::reasoning::{ReplyParser, ReplyPiece};
-use crate::tokenizer::tool_calls::Parsed;
+use inferno_tokenizer::reasoning::{ReplyParser, ReplyPiece};
+use inferno_tokenizer::tool_calls::Parsed;
 
 /// What one generated token added to the reply.
 #[derive(Debug)]
@@ -124,8 +124,8 @@ impl Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Timings;
-    use crate::tokenizer::reasoning::ReasoningParser;
+    use crate::Timings;
+    use inferno_tokenizer::reasoning::ReasoningParser;
 
     fn token(index: usize, text: &str) -> TokenOut {
         TokenOut {

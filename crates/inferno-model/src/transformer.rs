@@ -28,12 +28,12 @@
 
 use super::weights::{ExpertWeights, Ffn};
 use super::{ModelConfig, ModelError, ModelWeights};
-use crate::backend::exec::MoeFfn;
-use crate::backend::{
+use inferno_backend::exec::MoeFfn;
+use inferno_backend::{
     Buf, Device, Executor, KvCache, KvShape, KvType, Logits, Scratch, ScratchSpec, SeqStep, LOGITS,
 };
-use crate::gguf::GgufFile;
-use crate::tensor::GgmlType;
+use inferno_gguf::GgufFile;
+use inferno_tensor::GgmlType;
 
 /// The activation buffers of a pass: the residual stream, the normalized input of a
 /// projection, queries, keys, values, the attention output, and the MLP's gate and up rows.

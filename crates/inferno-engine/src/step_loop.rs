@@ -30,9 +30,9 @@ use super::scheduler::{self, Role, StepClock, StepPlan, StepTimes, Verdict};
 use super::shared::Shared;
 use super::speculative::draft::{self, DraftModel};
 use super::speculative::{share_rows, DraftCost, Method, Speculation, StepCost};
-use crate::backend::exec::recycle;
-use crate::model::{Model, Scratch, SeqStep};
-use crate::sampling::constraint::MaskWorker;
+use inferno_backend::exec::recycle;
+use inferno_model::{Model, Scratch, SeqStep};
+use inferno_sampling::constraint::MaskWorker;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 use tracing::{debug_span, info, warn, Span};
@@ -410,7 +410,7 @@ fn draft(
     active.iter_mut().map(|r| r.take_drafts()).sum()
 }
 
-type ForwardResult = std::thread::Result<Result<(), crate::model::ModelError>>;
+type ForwardResult = std::thread::Result<Result<(), inferno_model::ModelError>>;
 
 /// Runs the forward pass of one step over the sequences' planned rows.
 fn forward(

@@ -15,9 +15,9 @@ use super::scheduler::{self, Role, Slot, StopCause};
 use super::shared::Shared;
 use super::speculative::draft::{DraftCache, DraftJob, DraftModel};
 use super::speculative::{ngram, Acceptance, Bid, Method, Proposer, Speculation};
-use crate::model::{KvCache, Logits, SeqStep};
-use crate::sampling::constraint::MaskWorker;
-use crate::sampling::SamplingError;
+use inferno_model::{KvCache, Logits, SeqStep};
+use inferno_sampling::constraint::MaskWorker;
+use inferno_sampling::SamplingError;
 use std::time::{Duration, Instant};
 use tracing::{debug_span, error, info, info_span, warn, Span};
 
@@ -657,7 +657,7 @@ fn failed_done(
 
 /// The chosen token's log-probability and the `n` most likely tokens'.
 fn logprobs_of(logits: &[f32], chosen: u32, n: usize, buf: &mut [f32]) -> Logprobs {
-    crate::sampling::log_softmax(logits, buf);
+    inferno_sampling::log_softmax(logits, buf);
     let mut top: Vec<TokenLogprob> = Vec::with_capacity(n + 1);
     for (id, &lp) in buf.iter().enumerate() {
         if top.len() == n && top.last().is_none_or(|t| lp <= t.logprob) {

@@ -8,7 +8,7 @@
 //! engine's default budget ([`super::Limits`]) is then as many positions as fit, at least one
 //! context: an upper limit, since caches are only allocated per admitted sequence.
 
-use crate::backend::KvType;
+use inferno_backend::KvType;
 
 /// Percent of the machine's total memory left free for the rest of the system.
 pub const MARGIN_PERCENT: u64 = 20;

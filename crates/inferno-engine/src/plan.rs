@@ -12,11 +12,11 @@
 
 use super::request::{self, Prompt, RequestError, Served};
 use super::GenerateOptions;
-use crate::sampling::constraint::{tool_call_grammar, ConstraintError, ResponseFormat};
-use crate::sampling::{SamplingError, SamplingParams};
-use crate::tokenizer::chat::RESERVED_TEMPLATE_VARIABLES;
-use crate::tokenizer::reasoning::{ReasoningParser, ReplyParser};
-use crate::tokenizer::{ChatEnding, ChatMessage, TemplateArgs};
+use inferno_sampling::constraint::{tool_call_grammar, ConstraintError, ResponseFormat};
+use inferno_sampling::{SamplingError, SamplingParams};
+use inferno_tokenizer::chat::RESERVED_TEMPLATE_VARIABLES;
+use inferno_tokenizer::reasoning::{ReasoningParser, ReplyParser};
+use inferno_tokenizer::{ChatEnding, ChatMessage, TemplateArgs};
 use serde_json::{json, Value};
 use std::fmt;
 use std::time::Duration;
@@ -770,7 +770,10 @@ mod tests {
     /// `gen_tokenizer_fixture.py` with the Qwen3 template).
     #[test]
     fn tool_requests_render_as_transformers_renders_them() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizer");
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/tokenizer"
+        );
         let raw = std::fs::read_to_string(format!("{dir}/chat.json")).unwrap();
         let file: Value = serde_json::from_str(&raw).unwrap();
         let conv = file["conversations"]
@@ -779,8 +782,8 @@ mod tests {
             .iter()
             .find(|c| c["name"] == "tools_and_tool_calls")
             .unwrap();
-        let gguf = crate::gguf::GgufFile::open(format!("{dir}/qwen3-vocab.gguf")).unwrap();
-        let template = crate::tokenizer::ChatTemplate::for_model(&gguf);
+        let gguf = inferno_gguf::GgufFile::open(format!("{dir}/qwen3-vocab.gguf")).unwrap();
+        let template = inferno_tokenizer::ChatTemplate::for_model(&gguf);
         let messages: Vec<Message> = conv["messages"]
             .as_array()
             .unwrap()
@@ -835,11 +838,11 @@ mod tests {
     fn tool_conversations_render_as_transformers_renders_them_with_qwen25s_template() {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/chat_tools/qwen2.5-coder-tools.json"
+            "/../../tests/fixtures/chat_tools/qwen2.5-coder-tools.json"
         );
         let file: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let template =
-            crate::tokenizer::ChatTemplate::new(file["chat_template"].as_str().unwrap()).unwrap();
+            inferno_tokenizer::ChatTemplate::new(file["chat_template"].as_str().unwrap()).unwrap();
         let convs = file["conversations"].as_array().unwrap();
         assert_eq!(convs.len(), 3);
         for conv in convs {
@@ -906,10 +909,10 @@ mod tests {
     /// where the messages fit its types; what transformers refuses is refused.
     #[test]
     fn chat_endings_and_template_variables_render_as_transformers_renders_them() {
-        use crate::tokenizer::ChatTemplate;
+        use inferno_tokenizer::ChatTemplate;
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/chat_tools/chat-endings.json"
+            "/../../tests/fixtures/chat_tools/chat-endings.json"
         );
         let file: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let template = |name: &str| {

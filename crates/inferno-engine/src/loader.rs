@@ -5,12 +5,12 @@
 
 use super::memory::{self, gib, KvMemory, SystemMemory};
 use super::speculative::draft::DraftModel;
-use crate::backend::{create_backend, BackendOptions, KvType};
-use crate::gguf::{GgufError, GgufFile};
-use crate::model::synth::{self, SynthSpec};
-use crate::model::{ExpertWeights, Model};
-use crate::tensor::GgmlType;
-use crate::tokenizer::{ChatTemplate, Tokenizer};
+use inferno_backend::{create_backend, BackendOptions, KvType};
+use inferno_gguf::{GgufError, GgufFile};
+use inferno_model::synth::{self, SynthSpec};
+use inferno_model::{ExpertWeights, Model};
+use inferno_tensor::GgmlType;
+use inferno_tokenizer::{ChatTemplate, Tokenizer};
 use std::path::Path;
 use std::sync::Arc;
 use tracing::{debug, info, warn};
@@ -20,7 +20,7 @@ pub const DEMO_NOTE: &str = "this is a built-in demo model with random weights, 
     is random: serve a real model by name with `inferno serve --model \
     Qwen/Qwen3-0.6B-GGUF:Q8_0`";
 
-/// Token rows of a single-sequence [`crate::model::State`]: the most prompt tokens one of
+/// Token rows of a single-sequence [`inferno_model::State`]: the most prompt tokens one of
 /// its forward calls runs.
 pub const STATE_ROWS: usize = 512;
 
@@ -151,7 +151,7 @@ pub struct EngineAssets {
     pub ctx_size: usize,
     /// The KV cache's types, size per position and the memory it may take.
     pub kv: KvMemory,
-    /// Token rows for a single-sequence [`crate::model::State`] ([`STATE_ROWS`]; the engine
+    /// Token rows for a single-sequence [`inferno_model::State`] ([`STATE_ROWS`]; the engine
     /// itself runs [`super::EngineConfig::prefill_chunk`] prompt tokens per step).
     pub state_rows: usize,
     pub description: ModelDescription,
@@ -316,7 +316,7 @@ pub fn load_draft(
     let draft_tok = Tokenizer::from_gguf(&gguf)
         .map_err(|e| format!("cannot load the tokenizer of the draft model {name}: {e}"))?;
     // Checked before the weights load: a wrong file fails at once.
-    crate::engine::speculative::draft::same_vocabulary(tokenizer, &draft_tok)
+    crate::speculative::draft::same_vocabulary(tokenizer, &draft_tok)
         .map_err(|e| format!("the draft model {name} cannot draft for this model: {e}"))?;
     let mut model = Model::load(&gguf, main.device().clone())
         .map_err(|e| format!("cannot load the draft model {name}: {e}"))?;
@@ -423,7 +423,7 @@ mod tests {
         assert_eq!(threads("pool", 3), 3);
         assert_eq!(
             threads("parallel", 0),
-            crate::backend::cpu::threadpool::default_threads()
+            inferno_backend::cpu::threadpool::default_threads()
         );
     }
 

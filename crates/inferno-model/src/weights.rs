@@ -16,9 +16,9 @@
 //! dimensions it sums over.
 
 use super::{Architecture, ModelConfig, ModelError};
-use crate::backend::Device;
-use crate::gguf::GgufFile;
-use crate::tensor::{self, GgmlType, Matrix, TensorBytes, Vector};
+use inferno_backend::Device;
+use inferno_gguf::GgufFile;
+use inferno_tensor::{self as tensor, GgmlType, Matrix, TensorBytes, Vector};
 use rayon::prelude::*;
 
 /// One transformer block's weights.

@@ -491,8 +491,8 @@ enum SoloSource<'d> {
 struct SoloDraft<'d> {
     draft: &'d draft::DraftModel,
     cache: draft::DraftCache,
-    scratch: crate::model::Scratch,
-    steps: Vec<crate::model::SeqStep<'static>>,
+    scratch: inferno_model::Scratch,
+    steps: Vec<inferno_model::SeqStep<'static>>,
 }
 
 impl SoloDraft<'_> {
@@ -553,7 +553,7 @@ impl<'d> Solo<'d> {
                 SoloSource::Draft(Box::new(SoloDraft {
                     draft,
                     cache: draft.new_cache(capacity),
-                    scratch: draft.new_scratch(crate::engine::loader::STATE_ROWS, 0),
+                    scratch: draft.new_scratch(crate::loader::STATE_ROWS, 0),
                     steps: Vec::with_capacity(1),
                 }))
             }

@@ -18,10 +18,10 @@
 //! every other token, end tokens included, all but impossible. Its text is still random,
 //! only no longer one repeated character.
 
-use crate::gguf::{GgufError, GgufWriter, Value};
-use crate::model::config::RopeScaling;
-use crate::model::{Architecture, ModelConfig, MoeConfig};
-use crate::tensor::{float, q8_0, GgmlType};
+use crate::config::RopeScaling;
+use crate::{Architecture, ModelConfig, MoeConfig};
+use inferno_gguf::{GgufError, GgufWriter, Value};
+use inferno_tensor::{float, q8_0, GgmlType};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::ops::{Deref, DerefMut};
@@ -279,7 +279,7 @@ fn tokenizer_metadata(w: &mut GgufWriter, vocab: usize) {
     w.add(
         "tokenizer.chat_template",
         Value::String(
-            crate::tokenizer::ChatTemplate::chatml()
+            inferno_tokenizer::ChatTemplate::chatml()
                 .source()
                 .to_string(),
         ),
@@ -305,7 +305,7 @@ fn normal_values(rng: &mut ChaCha8Rng, n: usize, std: f32) -> Vec<f32> {
 fn encode(vals: &[f32], dtype: GgmlType) -> Vec<u8> {
     // The synthesizer only builds shapes whose rows are whole Q8_0 blocks, and only
     // accepts the types `tensor::encode` writes; anything else falls back to f32.
-    crate::tensor::encode(vals, dtype).unwrap_or_else(|_| float::f32_to_le_bytes(vals))
+    inferno_tensor::encode(vals, dtype).unwrap_or_else(|_| float::f32_to_le_bytes(vals))
 }
 
 /// Residual dimension that carries a constant (no layer writes to it), through which a
@@ -447,7 +447,7 @@ pub fn build_with_progress(
     w.add("general.name", Value::String(spec.name.clone()));
     w.add(
         "general.file_type",
-        Value::U32(crate::tensor::file_type(spec.dtype).unwrap_or(0)),
+        Value::U32(inferno_tensor::file_type(spec.dtype).unwrap_or(0)),
     );
     w.add(format!("{a}.block_count"), Value::U32(spec.n_layers as u32));
     w.add(
@@ -645,7 +645,7 @@ fn llama3_rope_factors(theta: f32, head_dim: usize) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::GgufFile;
+    use inferno_gguf::GgufFile;
 
     #[test]
     fn demo_model_loads_and_is_deterministic() {
@@ -654,11 +654,11 @@ mod tests {
         let b = build(&spec).unwrap().to_bytes();
         assert_eq!(a, b);
         let g = GgufFile::from_bytes(a).unwrap();
-        let cfg = crate::model::ModelConfig::from_gguf(&g).unwrap();
+        let cfg = crate::ModelConfig::from_gguf(&g).unwrap();
         assert_eq!(cfg.n_layers, 4);
         // The file describes exactly the spec's config.
         assert_eq!(cfg, spec.config);
-        let tok = crate::tokenizer::Tokenizer::from_gguf(&g).unwrap();
+        let tok = inferno_tokenizer::Tokenizer::from_gguf(&g).unwrap();
         let ids = tok.encode("héllo <|im_end|>", true).unwrap();
         assert_eq!(tok.decode(&ids, false).unwrap(), "héllo <|im_end|>");
         assert!(tok.is_eog(tok.token_id("<|im_end|>").unwrap()));
@@ -697,8 +697,8 @@ mod tests {
             ..spec
         };
         let g = GgufFile::from_bytes(build(&small).unwrap().to_bytes()).unwrap();
-        let be = crate::backend::create_backend("scalar", &Default::default()).unwrap();
-        let model = crate::model::Model::load(&g, be).unwrap();
+        let be = inferno_backend::create_backend("scalar", &Default::default()).unwrap();
+        let model = crate::Model::load(&g, be).unwrap();
         assert_eq!(model.config.arch, Architecture::Llama);
         assert_eq!(model.config, small.config);
         let f = model
@@ -711,7 +711,7 @@ mod tests {
         let mut st = model.new_state(4, 4);
         let mut out = vec![0.0; model.config.vocab];
         model
-            .forward(&mut st, &[1, 2, 3], crate::model::Logits::Last(&mut out))
+            .forward(&mut st, &[1, 2, 3], crate::Logits::Last(&mut out))
             .unwrap();
         assert!(out.iter().all(|v| v.is_finite()));
         assert!(SynthSpec::preset_for(Architecture::Llama, "0.6b", GgmlType::Q8_0).is_none());
@@ -729,11 +729,11 @@ mod tests {
         let g = GgufFile::from_bytes(bytes).unwrap();
         let info = g.tensor_info("blk.1.ffn_down_exps.weight").unwrap();
         assert_eq!(info.dims, vec![32, 64, 8]);
-        let be = crate::backend::create_backend("scalar", &Default::default()).unwrap();
-        let model = crate::model::Model::load(&g, be).unwrap();
+        let be = inferno_backend::create_backend("scalar", &Default::default()).unwrap();
+        let model = crate::Model::load(&g, be).unwrap();
         assert_eq!(model.config.arch, Architecture::Qwen3Moe);
         assert_eq!(model.config, tiny.config);
-        let crate::model::Ffn::Moe(m) = &model.weights.layers[0].ffn else {
+        let crate::Ffn::Moe(m) = &model.weights.layers[0].ffn else {
             panic!("a qwen3moe layer has experts");
         };
         assert_eq!((m.gate.len(), m.down[7].rows, m.down[7].cols), (8, 64, 32));
@@ -741,7 +741,7 @@ mod tests {
         let mut st = model.new_state(16, 4);
         let mut row = vec![0.0; model.config.vocab];
         model
-            .forward(&mut st, &[1, 2, 3], crate::model::Logits::Last(&mut row))
+            .forward(&mut st, &[1, 2, 3], crate::Logits::Last(&mut row))
             .unwrap();
         for _ in 0..8 {
             assert!(row.iter().all(|v| v.is_finite()));
@@ -749,7 +749,7 @@ mod tests {
                 .max_by(|&a, &b| row[a].total_cmp(&row[b]))
                 .unwrap() as u32;
             model
-                .forward(&mut st, &[id], crate::model::Logits::Last(&mut row))
+                .forward(&mut st, &[id], crate::Logits::Last(&mut row))
                 .unwrap();
         }
         assert_eq!(st.position(), 11);

@@ -2,7 +2,7 @@
 //! metadata, including how RoPE frequencies are scaled and how tokens are routed to experts.
 
 use super::ModelError;
-use crate::gguf::GgufFile;
+use inferno_gguf::GgufFile;
 
 /// The architectures this engine runs; they share one forward pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,9 +9,9 @@
 //! long, and only a sequence that is caught up drafts. After verification the cache keeps
 //! the drafts that were accepted and drops the rest.
 
-use crate::backend::exec::recycle;
-use crate::model::{KvCache, Logits, Model, ModelError, Scratch, SeqStep};
-use crate::tokenizer::Tokenizer;
+use inferno_backend::exec::recycle;
+use inferno_model::{KvCache, Logits, Model, ModelError, Scratch, SeqStep};
+use inferno_tokenizer::Tokenizer;
 
 /// A draft model, loaded on the served model's device.
 pub struct DraftModel {
@@ -209,7 +209,7 @@ pub fn draft_step(
         }
         for j in jobs.iter_mut() {
             if round < j.want && !j.cache.broken {
-                j.out[round] = crate::sampling::argmax(&j.cache.logits[..vocab]);
+                j.out[round] = inferno_sampling::argmax(&j.cache.logits[..vocab]);
                 j.cache.drafted = round + 1;
             }
         }

@@ -8,7 +8,7 @@
 //! it extends all of it or room is short) and computes only the rest. Kept caches are
 //! evicted least recently used first when room is needed.
 
-use crate::model::{KvCache, Model};
+use inferno_model::{KvCache, Model};
 
 /// At most this many finished caches are kept, so matching a prompt stays cheap.
 const MAX_CACHED: usize = 64;
@@ -214,10 +214,10 @@ impl KvPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{create_backend, BackendOptions};
-    use crate::gguf::GgufFile;
-    use crate::model::synth::{self, SynthSpec};
-    use crate::tensor::GgmlType;
+    use inferno_backend::{create_backend, BackendOptions};
+    use inferno_gguf::GgufFile;
+    use inferno_model::synth::{self, SynthSpec};
+    use inferno_tensor::GgmlType;
 
     fn demo() -> Model {
         let spec = SynthSpec::preset("demo", GgmlType::Q8_0).unwrap();
