@@ -237,6 +237,8 @@ fn gpu_logits_match_transformers_like_the_cpu() {
 }
 
 #[test]
+// Steps index both the solo runs (`want[i][step]`) and the tokens fed.
+#[allow(clippy::needless_range_loop)]
 fn a_batched_gpu_pass_gives_each_sequence_its_logits_alone_bit_for_bit() {
     let Some(gpu) = gpu() else { return };
     // Mixtures of experts route each row on its own: batched rows share the expert

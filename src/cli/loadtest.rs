@@ -357,7 +357,8 @@ fn authorized(
 enum Target {
     Grpc {
         client: InferenceClient<Channel>,
-        req: pb::GenerateRequest,
+        // Boxed: a request is far larger than the other variant.
+        req: Box<pb::GenerateRequest>,
         token: Option<String>,
     },
     Http(Arc<HttpTarget>),
@@ -369,7 +370,7 @@ impl Target {
             LoadProtocol::Grpc => Target::Grpc {
                 client: InferenceClient::new(connect(a).await?)
                     .max_decoding_message_size(64 * 1024 * 1024),
-                req: request(a),
+                req: Box::new(request(a)),
                 token,
             },
             LoadProtocol::Http => Target::Http(Arc::new(HttpTarget::new(a, token)?)),
@@ -380,7 +381,7 @@ impl Target {
     async fn send(&mut self, timeout: Duration) -> Sample {
         match self {
             Target::Grpc { client, req, token } => {
-                let r = authorized(req.clone(), token, timeout);
+                let r = authorized((**req).clone(), token, timeout);
                 one(client, r, timeout).await
             }
             Target::Http(h) => h.one(timeout).await,

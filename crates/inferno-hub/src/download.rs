@@ -3,7 +3,7 @@
 //! `huggingface_hub` shares: its cross-process lock, reuse of a blob already cached under
 //! another commit, a `.incomplete` file resumed after a dropped connection, the sha256 check
 //! of every download, progress as log lines when stderr is not a terminal, and errors that
-//! say what to do. The requests go through [`super::http`], which keeps the token on the
+//! say what to do. The requests go through the `http` module, which keeps the token on the
 //! Hub's own origin.
 
 use std::fs;

@@ -85,7 +85,7 @@ impl HubOptions {
 }
 
 /// A Hub access token. It shows as `***` when printed, so no log line or error carries
-/// it; only the Hub's client reads it ([`Token::expose`]).
+/// it; only the Hub's client reads it (`Token::expose`).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Token(String);
 

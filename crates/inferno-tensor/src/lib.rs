@@ -53,28 +53,32 @@ pub fn is_supported(dtype: GgmlType) -> bool {
 pub struct QuantDot {
     pub weight: GgmlType,
     pub activation: GgmlType,
-    pub quantize: fn(&[f32], &mut [u8]),
-    pub dot: fn(&[u8], &[u8]) -> f32,
+    pub quantize: QuantizeFn,
+    pub dot: DotFn,
 }
+
+/// Quantizes a row of activations into the blocks of their type.
+pub type QuantizeFn = fn(&[f32], &mut [u8]);
+/// The dot product of a quantized weight row with a quantized activation row.
+pub type DotFn = fn(&[u8], &[u8]) -> f32;
 
 /// The integer-dot scheme for a quantized weight type; `None` for float types (multiplied
 /// in f32) and for types this build cannot multiply.
 pub fn quant_dot(weight: GgmlType) -> Option<QuantDot> {
     use GgmlType::*;
-    let (activation, quantize, dot): (GgmlType, fn(&[f32], &mut [u8]), fn(&[u8], &[u8]) -> f32) =
-        match weight {
-            Q8_0 => (Q8_0, q8_0::quantize, q8_0::dot),
-            Q4_0 => (Q8_0, q8_0::quantize, legacy::dot_q4_0_q8_0),
-            Q5_0 => (Q8_0, q8_0::quantize, legacy::dot_q5_0_q8_0),
-            Q4_1 => (Q8_1, legacy::quantize_q8_1, legacy::dot_q4_1_q8_1),
-            Q5_1 => (Q8_1, legacy::quantize_q8_1, legacy::dot_q5_1_q8_1),
-            Q2_K => (Q8_K, k_quants::quantize_q8_k, k_quants::dot_q2_k_q8_k),
-            Q3_K => (Q8_K, k_quants::quantize_q8_k, k_quants::dot_q3_k_q8_k),
-            Q4_K => (Q8_K, k_quants::quantize_q8_k, k_quants::dot_q4_k_q8_k),
-            Q5_K => (Q8_K, k_quants::quantize_q8_k, k_quants::dot_q5_k_q8_k),
-            Q6_K => (Q8_K, k_quants::quantize_q8_k, k_quants::dot_q6_k_q8_k),
-            _ => return None,
-        };
+    let (activation, quantize, dot): (GgmlType, QuantizeFn, DotFn) = match weight {
+        Q8_0 => (Q8_0, q8_0::quantize, q8_0::dot),
+        Q4_0 => (Q8_0, q8_0::quantize, legacy::dot_q4_0_q8_0),
+        Q5_0 => (Q8_0, q8_0::quantize, legacy::dot_q5_0_q8_0),
+        Q4_1 => (Q8_1, legacy::quantize_q8_1, legacy::dot_q4_1_q8_1),
+        Q5_1 => (Q8_1, legacy::quantize_q8_1, legacy::dot_q5_1_q8_1),
+        Q2_K => (Q8_K, k_quants::quantize_q8_k, k_quants::dot_q2_k_q8_k),
+        Q3_K => (Q8_K, k_quants::quantize_q8_k, k_quants::dot_q3_k_q8_k),
+        Q4_K => (Q8_K, k_quants::quantize_q8_k, k_quants::dot_q4_k_q8_k),
+        Q5_K => (Q8_K, k_quants::quantize_q8_k, k_quants::dot_q5_k_q8_k),
+        Q6_K => (Q8_K, k_quants::quantize_q8_k, k_quants::dot_q6_k_q8_k),
+        _ => return None,
+    };
     Some(QuantDot {
         weight,
         activation,
@@ -92,7 +96,7 @@ pub fn activation_type(weight: GgmlType) -> Option<GgmlType> {
 /// Quantizes the activation row `x` to `act` (Q8_0, Q8_1 or Q8_K) into `out`, which must
 /// hold exactly `act.row_size(x.len())` bytes.
 pub fn quantize_activation(act: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), TensorError> {
-    let quantize: fn(&[f32], &mut [u8]) = match act {
+    let quantize: QuantizeFn = match act {
         GgmlType::Q8_0 => q8_0::quantize,
         GgmlType::Q8_1 => legacy::quantize_q8_1,
         GgmlType::Q8_K => k_quants::quantize_q8_k,

@@ -35,6 +35,12 @@ pub struct VocabBuilder {
     pub model: &'static str,
 }
 
+impl Default for VocabBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl VocabBuilder {
     pub fn new() -> Self {
         Self {

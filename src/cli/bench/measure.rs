@@ -413,8 +413,7 @@ pub fn run(
                 model,
                 threads: shown_threads,
                 experts,
-            } = load_model(&gguf, &path.display().to_string(), &opts)
-                .map_err(anyhow::Error::msg)?;
+            } = load_model(gguf, &path.display().to_string(), &opts).map_err(anyhow::Error::msg)?;
             let on_gpu = model.device().gpu_backend();
             if let Some(g) = on_gpu {
                 bar.suspend(|| eprintln!("gpu: {}", g.context().describe()));

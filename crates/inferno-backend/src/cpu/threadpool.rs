@@ -278,7 +278,7 @@ fn wait_for_job(s: &Shared, seen: usize) -> usize {
         std::hint::spin_loop();
         spins = spins.wrapping_add(1);
         // Reading the clock costs more than a spin; look at it now and then.
-        if spins % 256 == 0 && start.elapsed() >= SPIN_WINDOW {
+        if spins.is_multiple_of(256) && start.elapsed() >= SPIN_WINDOW {
             break;
         }
     }

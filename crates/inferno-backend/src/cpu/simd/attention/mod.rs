@@ -17,7 +17,7 @@ impl Kernels {
     /// each key and value read), elsewhere one.
     fn attention_tokens_per_item(&self, s: &AttentionShape) -> usize {
         #[cfg(target_arch = "x86_64")]
-        if self.isa.x86_vector() && s.head_dim % 8 == 0 && s.n_kv_heads > 0 {
+        if self.isa.x86_vector() && s.head_dim.is_multiple_of(8) && s.n_kv_heads > 0 {
             return (x86::MAX_ROWS / (s.n_heads / s.n_kv_heads).max(1)).max(1);
         }
         let _ = s;
@@ -37,7 +37,7 @@ impl Kernels {
     pub fn attention_parts(&self, s: &AttentionShape) -> usize {
         #[cfg(target_arch = "x86_64")]
         if self.isa.x86_vector()
-            && s.head_dim % 8 == 0
+            && s.head_dim.is_multiple_of(8)
             && s.n_kv_heads > 0
             && s.n_tokens <= self.attention_tokens_per_item(s)
         {
@@ -106,7 +106,7 @@ impl Kernels {
     /// # Safety
     /// `scratch` holds every item written by [`Kernels::attention_partial`]; `out` as for
     /// [`Kernels::attention`], these heads being this call's alone.
-    #[allow(unused_variables)]
+    #[allow(clippy::too_many_arguments, unused_variables)]
     pub unsafe fn attention_merge(
         &self,
         s: &AttentionShape,
@@ -216,6 +216,7 @@ impl Kernels {
     /// # Safety
     /// `out` points to `n_tokens × n_heads × head_dim` floats of which this call writes its
     /// items' heads; no other thread writes those during the call.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn attention(
         &self,
         s: &AttentionShape,
@@ -246,7 +247,7 @@ impl Kernels {
             let base = |t: usize| (t * s.n_heads + kvh * group) * hd;
             assert!(base(tokens.end - 1) + group * hd <= out_len.min(q.len()));
             #[cfg(target_arch = "x86_64")]
-            if self.isa.x86_vector() && hd % 8 == 0 {
+            if self.isa.x86_vector() && hd.is_multiple_of(8) {
                 let width = self.attention_width;
                 let mut rows = [x86::AttnRow {
                     q: std::ptr::null(),

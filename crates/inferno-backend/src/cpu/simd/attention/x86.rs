@@ -4,6 +4,10 @@
 //! merges in order. Callers check the CPU features first; every function here is `unsafe`
 //! for that reason.
 
+// The register tiles are indexed by query row and lane together (`a[r][u]`): an index loop
+// says that more plainly than nested iterators.
+#![allow(clippy::needless_range_loop)]
+
 use super::super::x86::{exp256, exp512, hmax, hsum, hsum8};
 use super::super::AttentionWidth;
 use crate::{AttentionShape, KvRows};
@@ -520,7 +524,7 @@ unsafe fn put_scores<const N: usize, const R: usize>(
     scale: f32,
     a: &[[__m256; N]; R],
 ) {
-    if N * R % 8 != 0 {
+    if !(N * R).is_multiple_of(8) {
         for (row, ar) in ph.iter_mut().zip(a) {
             for (pj, v) in row[j..j + N].iter_mut().zip(ar) {
                 *pj = hsum(*v) * scale;
@@ -1019,7 +1023,7 @@ unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
     v: *const u8,
 ) {
     let hd = s.head_dim;
-    debug_assert!(rows.len() <= MAX_ROWS && hd % 8 == 0 && hd <= MAX_HD);
+    debug_assert!(rows.len() <= MAX_ROWS && hd.is_multiple_of(8) && hd <= MAX_HD);
     let kv_max = rows.iter().map(|r| r.kv_len).max().unwrap_or(0);
     let mut state = [PartState::EMPTY; MAX_ROWS];
     let total = if kv_max <= PART {
@@ -1066,6 +1070,7 @@ unsafe fn attend_rows<K: KvLoad, V: KvLoad>(
 ///
 /// # Safety
 /// As for [`attend_rows_any`]; `bufs` has room for `rows.len() * hd` floats.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn attend_rows_partial(
     width: AttentionWidth,
     s: &AttentionShape,

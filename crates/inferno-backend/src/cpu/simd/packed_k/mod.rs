@@ -135,7 +135,7 @@ impl PackedK {
         } else {
             FifthBits::Bytes
         };
-        if !Self::packs(t) || m.cols % QK != 0 || m.rows == 0 {
+        if !Self::packs(t) || !m.cols.is_multiple_of(QK) || m.rows == 0 {
             return None;
         }
         let nsb = m.cols / QK;

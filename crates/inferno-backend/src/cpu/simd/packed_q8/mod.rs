@@ -32,7 +32,7 @@ pub struct PackedQ8 {
 impl PackedQ8 {
     /// Repacks a Q8_0 matrix for `isa`'s kernels; `None` for other types or a bad size.
     pub fn pack(isa: Isa, m: &Matrix) -> Option<PackedQ8> {
-        if m.dtype != GgmlType::Q8_0 || m.cols % q8_0::BLOCK != 0 || m.rows == 0 {
+        if m.dtype != GgmlType::Q8_0 || !m.cols.is_multiple_of(q8_0::BLOCK) || m.rows == 0 {
             return None;
         }
         let nb = m.cols / q8_0::BLOCK;

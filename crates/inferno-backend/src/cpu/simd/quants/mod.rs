@@ -141,7 +141,7 @@ fn simd_dot(isa: Isa, weight: GgmlType) -> Option<DotFn> {
 
 /// The vector quantizer for activations of type `act` on `isa`, where there is one (each
 /// writes exactly the bytes of the scalar quantizer).
-fn simd_quantize(isa: Isa, act: GgmlType) -> Option<fn(&[f32], &mut [u8])> {
+fn simd_quantize(isa: Isa, act: GgmlType) -> Option<tensor::QuantizeFn> {
     match (isa, act) {
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx512Vnni, GgmlType::Q8_K) if isa.is_available() => Some(avx2::quantize_q8_k_avx512),
