@@ -95,7 +95,9 @@ pub struct PackedK {
     pub nsb: usize,
     pub groups: usize,
     /// Whether the VNNI Q2_K products scale the codes by a byte lookup (see
-    /// [`q2_lookups`]): set only where this CPU has the instructions, so not public.
+    /// [`q2_lookups`]): set only where this CPU has the instructions, so not public. Only
+    /// the x86 kernels read it.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     q2_lookups: bool,
     lines: Vec<Line>,
 }
@@ -556,7 +558,9 @@ pub(super) const KIND_Q5: u8 = 1;
 pub(super) const KIND_Q6: u8 = 2;
 pub(super) const KIND_Q3: u8 = 3;
 pub(super) const KIND_Q2: u8 = 4;
-/// Q2_K with each code times its sub-block scale in the unpacked bytes ([`q2_lookups`]).
+/// Q2_K with each code times its sub-block scale in the unpacked bytes ([`q2_lookups`]);
+/// an x86 kernel's form only.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) const KIND_Q2_SCALED: u8 = 5;
 
 // ---------------------------------------------------------------------------------------
