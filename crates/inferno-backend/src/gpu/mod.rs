@@ -21,6 +21,8 @@
 mod buffers;
 mod exec;
 mod kv;
+#[cfg(test)]
+mod metal_translation;
 
 pub use buffers::{GpuScratch, StepTimes};
 pub(crate) use exec::GpuExec;
@@ -291,6 +293,68 @@ mod word {
     impl Word for f32 {}
 }
 
+/// The WGSL of the three shader modules (weights, elementwise, attention) for a device's
+/// features: subgroup reductions, packed 8-bit dot products, and how many rows a workgroup
+/// of subgroups takes. Every variant a device can ask for is one of these.
+fn shader_sources(subgroups: bool, dot4: bool, rows_per_group: u32) -> [(&'static str, String); 3] {
+    let common = include_str!("shaders/common.wgsl");
+    let mut weights_src = include_str!("shaders/weights.wgsl").to_string();
+    if rows_per_group > 1 {
+        weights_src.push_str(
+            &include_str!("shaders/rows.wgsl").replace("SG_ROWS", &format!("{rows_per_group}u")),
+        );
+    }
+    let weights_src = weights_src
+        .replace(
+            "DOT4_BODY",
+            if dot4 {
+                "return dot4I8Packed(a, b);"
+            } else {
+                "let x = vec4<i32>(i32(a << 24u) >> 24u, i32(a << 16u) >> 24u, \
+                 i32(a << 8u) >> 24u, i32(a) >> 24u);\n    \
+                 let y = vec4<i32>(i32(b << 24u) >> 24u, i32(b << 16u) >> 24u, \
+                 i32(b << 8u) >> 24u, i32(b) >> 24u);\n    return dot(x, y);"
+            },
+        )
+        .replace(
+            "REDUCE_BODY",
+            if subgroups {
+                REDUCE_SUBGROUP
+            } else {
+                REDUCE_PLAIN
+            },
+        )
+        .replace(
+            "SG_ARGS",
+            if subgroups {
+                ", @builtin(subgroup_invocation_id) sg_lane: u32, \
+                 @builtin(subgroup_id) sg_id: u32, @builtin(num_subgroups) sg_n: u32"
+            } else {
+                ""
+            },
+        )
+        .replace(
+            "SG_VALUES",
+            if subgroups {
+                "sg_lane, sg_id, sg_n"
+            } else {
+                "0u, 0u, 1u"
+            },
+        );
+    [
+        ("weights", weights_src),
+        (
+            "elementwise",
+            include_str!("shaders/elementwise.wgsl").to_string(),
+        ),
+        (
+            "attention",
+            include_str!("shaders/attention.wgsl").to_string(),
+        ),
+    ]
+    .map(|(label, body)| (label, format!("{common}\n{body}")))
+}
+
 impl Kernels {
     fn compile(device: &wgpu::Device, subgroups: bool, dot4: bool, rows_per_group: u32) -> Self {
         let layout = |label: &str, entries: &[wgpu::BindGroupLayoutEntry]| {
@@ -304,61 +368,13 @@ impl Kernels {
         let aux_layout = layout("aux", &[storage_entry(0, true)]);
         let kv_layout = layout("kv", &[storage_entry(0, false), storage_entry(1, false)]);
 
-        let common = include_str!("shaders/common.wgsl");
-        let module = |label: &str, body: &str| {
-            let src = format!("{common}\n{body}");
-            device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(label),
-                source: wgpu::ShaderSource::Wgsl(Cow::Owned(src)),
-            })
-        };
-        let mut weights_src = include_str!("shaders/weights.wgsl").to_string();
-        if rows_per_group > 1 {
-            weights_src.push_str(
-                &include_str!("shaders/rows.wgsl")
-                    .replace("SG_ROWS", &format!("{rows_per_group}u")),
-            );
-        }
-        let weights_src = weights_src
-            .replace(
-                "DOT4_BODY",
-                if dot4 {
-                    "return dot4I8Packed(a, b);"
-                } else {
-                    "let x = vec4<i32>(i32(a << 24u) >> 24u, i32(a << 16u) >> 24u, \
-                     i32(a << 8u) >> 24u, i32(a) >> 24u);\n    \
-                     let y = vec4<i32>(i32(b << 24u) >> 24u, i32(b << 16u) >> 24u, \
-                     i32(b << 8u) >> 24u, i32(b) >> 24u);\n    return dot(x, y);"
-                },
-            )
-            .replace(
-                "REDUCE_BODY",
-                if subgroups {
-                    REDUCE_SUBGROUP
-                } else {
-                    REDUCE_PLAIN
-                },
-            )
-            .replace(
-                "SG_ARGS",
-                if subgroups {
-                    ", @builtin(subgroup_invocation_id) sg_lane: u32, \
-                     @builtin(subgroup_id) sg_id: u32, @builtin(num_subgroups) sg_n: u32"
-                } else {
-                    ""
-                },
-            )
-            .replace(
-                "SG_VALUES",
-                if subgroups {
-                    "sg_lane, sg_id, sg_n"
-                } else {
-                    "0u, 0u, 1u"
-                },
-            );
-        let weights = module("weights", &weights_src);
-        let elementwise = module("elementwise", include_str!("shaders/elementwise.wgsl"));
-        let attention = module("attention", include_str!("shaders/attention.wgsl"));
+        let [weights, elementwise, attention] = shader_sources(subgroups, dot4, rows_per_group)
+            .map(|(label, src)| {
+                device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(label),
+                    source: wgpu::ShaderSource::Wgsl(Cow::Owned(src)),
+                })
+            });
 
         let pipeline_layout = |group1: &wgpu::BindGroupLayout| {
             device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
