@@ -2,7 +2,7 @@
 //! checked with naga (the translator wgpu's Metal backend uses) on any host, so a shader
 //! change that would fail only on the Apple Silicon hosts fails here first.
 
-use super::shader_sources;
+use super::{rows_per_group, shader_sources};
 use naga::back::msl;
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
@@ -22,9 +22,13 @@ fn every_shader_variant_translates_to_metal_within_apple_limits() {
     let mut translated = 0;
     for subgroups in [false, true] {
         for dot4 in [false, true] {
-            // Rows per workgroup as `Gpu::new` derives them from a fixed subgroup size.
-            let rows: &[u32] = if subgroups { &[1, 2, 4, 8, 16] } else { &[1] };
-            for &rows_per_group in rows {
+            // Every row count a device's subgroup sizes can select.
+            let mut rows: Vec<u32> = (1..=128)
+                .map(|size| rows_per_group(subgroups, size, size))
+                .collect();
+            rows.sort_unstable();
+            rows.dedup();
+            for rows_per_group in rows {
                 for (label, src) in shader_sources(subgroups, dot4, rows_per_group) {
                     let what = format!(
                         "{label} (subgroups {subgroups}, dot4 {dot4}, rows {rows_per_group})"

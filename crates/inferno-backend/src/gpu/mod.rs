@@ -214,11 +214,8 @@ impl GpuContext {
             let mut slot = sink.lock().unwrap_or_else(|p| p.into_inner());
             slot.get_or_insert_with(|| e.to_string());
         }));
-        // Subgroup-per-row products need to know how many subgroups a workgroup holds.
-        let rows_per_group = match (info.subgroup_min_size, info.subgroup_max_size) {
-            (a, b) if subgroups && a == b && (4..=64).contains(&a) && 64 % a == 0 => 64 / a,
-            _ => 1,
-        };
+        let rows_per_group =
+            rows_per_group(subgroups, info.subgroup_min_size, info.subgroup_max_size);
         let kernels = Kernels::compile(&device, subgroups, dot4, rows_per_group);
         let max_binding = device
             .limits()
@@ -291,6 +288,15 @@ mod word {
     pub trait Word: Copy {}
     impl Word for u32 {}
     impl Word for f32 {}
+}
+
+/// Rows of a Q8_0 product one workgroup of 64 threads takes: one per subgroup, where the
+/// subgroup size is fixed (`min == max`) and divides 64; else one for the whole workgroup.
+fn rows_per_group(subgroups: bool, min: u32, max: u32) -> u32 {
+    match (min, max) {
+        (a, b) if subgroups && a == b && (4..=64).contains(&a) && 64 % a == 0 => 64 / a,
+        _ => 1,
+    }
 }
 
 /// The WGSL of the three shader modules (weights, elementwise, attention) for a device's
